@@ -1,8 +1,9 @@
 // Placeholder linear executor until the lane runtime lands (issue 4 replaces this file).
 #include "treetensor/runtime/dispatch.hpp"
 
+#include "treetensor/runtime/errors.hpp"
+
 #include <exception>
-#include <stdexcept>
 #include <vector>
 
 namespace treetensor::runtime {
@@ -16,7 +17,13 @@ void run(const LeafCall& call) {
       errors.emplace_back(i, std::current_exception());
     }
   }
-  if (!errors.empty()) std::rethrow_exception(errors.front().second);
+  if (errors.empty()) return;
+  std::vector<std::string> others;
+  for (std::size_t k = 1; k < errors.size(); ++k)
+    others.push_back("'" + call.label(errors[k].first) + "': " + message_of(errors[k].second));
+  rethrow_with_context(errors.front().second,
+                       std::string(call.op) + " at leaf '" + call.label(errors.front().first) + "'",
+                       others);
 }
 
 }  // namespace treetensor::runtime

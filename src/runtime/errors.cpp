@@ -1,0 +1,96 @@
+#include "treetensor/runtime/errors.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <new>
+#include <stdexcept>
+#include <typeinfo>
+
+namespace treetensor::runtime {
+namespace {
+
+std::string with_context(std::string_view context, std::string_view message,
+                         const std::vector<std::string>& others) {
+  std::string text;
+  text.reserve(context.size() + message.size() + 2);
+  text.append(context).append(": ").append(message);
+  if (others.empty()) return text;
+  text += "; " + std::to_string(others.size()) + " other failure(s): ";
+  for (std::size_t i = 0; i < others.size(); ++i) {
+    if (i > 0) text += "; ";
+    text += others[i];
+  }
+  return text;
+}
+
+// Throws a copy of `err` with message `text` when its dynamic type is exactly E.
+template <class E>
+void rebuild_c10_if(const c10::Error& err, const std::string& text) {
+  if (typeid(err) == typeid(E)) throw E(text, err.backtrace(), err.caller());
+}
+
+template <class E>
+void rebuild_std_if(const std::exception& err, const std::string& text) {
+  if (typeid(err) == typeid(E)) throw E(text);
+}
+
+[[noreturn]] void rethrow_c10(const c10::Error& err, const std::exception_ptr& e,
+                              std::string_view context, const std::vector<std::string>& others) {
+  const std::string text = with_context(context, err.what_without_backtrace(), others);
+  rebuild_c10_if<c10::Error>(err, text);
+  rebuild_c10_if<c10::IndexError>(err, text);
+  rebuild_c10_if<c10::ValueError>(err, text);
+  rebuild_c10_if<c10::TypeError>(err, text);
+  rebuild_c10_if<c10::NotImplementedError>(err, text);
+  rebuild_c10_if<c10::EnforceFiniteError>(err, text);
+  rebuild_c10_if<c10::LinAlgError>(err, text);
+  rebuild_c10_if<c10::OutOfMemoryError>(err, text);
+  std::rethrow_exception(e);
+}
+
+[[noreturn]] void rethrow_std(const std::exception& err, const std::exception_ptr& e,
+                              std::string_view context, const std::vector<std::string>& others) {
+  const std::string text = with_context(context, err.what(), others);
+  rebuild_std_if<std::invalid_argument>(err, text);
+  rebuild_std_if<std::domain_error>(err, text);
+  rebuild_std_if<std::length_error>(err, text);
+  rebuild_std_if<std::out_of_range>(err, text);
+  rebuild_std_if<std::logic_error>(err, text);
+  rebuild_std_if<std::range_error>(err, text);
+  rebuild_std_if<std::overflow_error>(err, text);
+  rebuild_std_if<std::underflow_error>(err, text);
+  rebuild_std_if<std::runtime_error>(err, text);
+  std::rethrow_exception(e);
+}
+
+}  // namespace
+
+void rethrow_with_context(std::exception_ptr e, std::string_view context,
+                          const std::vector<std::string>& others) {
+  if (!e) throw std::invalid_argument("rethrow_with_context: null exception_ptr");
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const c10::Error& err) {
+    rethrow_c10(err, e, context, others);
+  } catch (const std::exception& err) {
+    rethrow_std(err, e, context, others);
+  }
+  // Unknown non-std types propagate from the try block unchanged.
+}
+
+std::string message_of(const std::exception_ptr& e) {
+  if (!e) return "no exception";
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error& err) {
+    return err.what_without_backtrace();
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace treetensor::runtime
