@@ -1,0 +1,296 @@
+#pragma once
+// Tree<T>: a leaf holding a T, or a map from string keys to trees, in sorted key order
+// (DESIGN.md §1). Standard library only.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "treetensor/tree/path.hpp"
+
+namespace treetensor::tree {
+
+template <class T>
+class Tree;
+
+namespace detail {
+template <class T>
+T leaf_type_of(const Tree<T>*);
+}  // namespace detail
+
+/// True for Tree<T> and classes derived from it (e.g. TreeTensor).
+template <class A>
+concept TreeLike = requires { detail::leaf_type_of(static_cast<const std::decay_t<A>*>(nullptr)); };
+
+/// The leaf type of a TreeLike type.
+template <TreeLike A>
+using leaf_type_t = decltype(detail::leaf_type_of(static_cast<const std::decay_t<A>*>(nullptr)));
+
+/// A tree of T: either a leaf holding a T, or an internal node mapping string keys to subtrees.
+///
+/// Children are kept sorted by key, so iteration, printing and flatten order are the same in
+/// every process that builds the same tree (DESIGN.md §1). Trees are values: copying a tree
+/// copies its structure (and each leaf T), so a change to one copy never shows in the other.
+/// A default-constructed tree is an empty internal node.
+///
+/// Example:
+///   Tree<int> t = {{"a", 1}, {"b", 2}, {"x", {{"c", 3}, {"d", 4}}}};
+///   t.at("x.c") == Tree<int>(3);  t["x"]["d"].leaf() == 4;
+template <class T>
+class Tree {
+ public:
+  using value_type = T;
+  using Entry = std::pair<std::string, Tree>;
+  using Children = std::vector<Entry>;
+
+  /// The empty tree (an internal node without children).
+  Tree() = default;
+
+  /// A leaf holding T(value).
+  template <class U>
+    requires(std::constructible_from<T, U &&> && !TreeLike<U>)
+  Tree(U&& value) : node_(std::in_place_index<1>, std::forward<U>(value)) {}  // NOLINT
+
+  /// A leaf of a container type from a braced list: `Tree<std::vector<int64_t>> s = {2, 3};`.
+  template <class V = T>
+    requires requires { typename V::value_type; } &&
+             std::constructible_from<V, std::initializer_list<typename V::value_type>>
+  Tree(std::initializer_list<typename V::value_type> values)  // NOLINT
+      : node_(std::in_place_index<1>, T(values)) {}
+
+  /// An internal node from (key, subtree) pairs in any order.
+  /// Throws std::invalid_argument on a duplicate key.
+  Tree(std::initializer_list<Entry> entries) : node_(std::in_place_index<0>, entries) {
+    sort_and_check(std::get<0>(node_));
+  }
+
+  /// An internal node from (key, subtree) pairs in any order; duplicate keys throw.
+  static Tree from_children(Children entries) {
+    Tree t;
+    sort_and_check(entries);
+    std::get<0>(t.node_) = std::move(entries);
+    return t;
+  }
+
+  // ---- structure ----------------------------------------------------------------------
+  bool is_leaf() const noexcept { return node_.index() == 1; }
+  /// An internal node without children.
+  bool empty() const noexcept { return !is_leaf() && std::get<0>(node_).empty(); }
+  /// Number of children (0 for a leaf).
+  std::size_t size() const noexcept { return is_leaf() ? 0 : std::get<0>(node_).size(); }
+  /// Number of key levels: 0 for a leaf or an empty tree, 1 for {a: 1}, 2 for {x: {c: 3}}.
+  std::size_t depth() const;
+  /// Number of leaves below this node (1 for a leaf).
+  std::size_t leaf_count() const;
+
+  /// The leaf value. Throws StructureError when this node is not a leaf.
+  const T& leaf() const {
+    if (!is_leaf()) throw StructureError({}, "tree node is not a leaf (it has " +
+                                                 std::to_string(size()) + " children)");
+    return std::get<1>(node_);
+  }
+  T& leaf() { return const_cast<T&>(std::as_const(*this).leaf()); }
+
+  /// The sorted (key, subtree) pairs. Throws StructureError on a leaf.
+  const Children& children() const {
+    if (is_leaf()) throw StructureError({}, "tree node is a leaf, it has no children");
+    return std::get<0>(node_);
+  }
+  Children& children() { return const_cast<Children&>(std::as_const(*this).children()); }
+
+  auto begin() const { return children().begin(); }
+  auto end() const { return children().end(); }
+
+  // ---- access -------------------------------------------------------------------------
+  /// The child under one key (no path splitting). Throws KeyError naming the key and the
+  /// available keys when it is missing, or when this node is a leaf.
+  const Tree& operator[](std::string_view key) const { return *child_or_throw(key, {}); }
+  Tree& operator[](std::string_view key) { return const_cast<Tree&>(std::as_const(*this)[key]); }
+
+  /// The node at a dotted path ("x.c") or key sequence (Path{"x", "c"}); the empty path is
+  /// this node. Throws KeyError naming the path and the keys available where it stopped.
+  const Tree& at(const Path& path) const {
+    const Tree* node = this;
+    Path walked;
+    for (const auto& key : path) {
+      node = node->child_or_throw(key, walked);
+      walked.push_back(key);
+    }
+    return *node;
+  }
+  const Tree& at(std::string_view dotted) const { return at(Path::parse(dotted)); }
+  Tree& at(const Path& path) { return const_cast<Tree&>(std::as_const(*this).at(path)); }
+  Tree& at(std::string_view dotted) { return at(Path::parse(dotted)); }
+
+  /// Whether a node exists at the path (dotted or key sequence).
+  bool contains(const Path& path) const { return find(path) != nullptr; }
+  bool contains(std::string_view dotted) const { return contains(Path::parse(dotted)); }
+
+  /// The node at the path, or nullptr.
+  const Tree* find(const Path& path) const {
+    const Tree* node = this;
+    for (const auto& key : path) {
+      node = node->find_child(key);
+      if (!node) return nullptr;
+    }
+    return node;
+  }
+
+  /// Puts `value` at the path, replacing what was there and creating missing internal nodes.
+  /// Throws KeyError when the path runs through a leaf, or is empty.
+  Tree& insert(const Path& path, Tree value);
+  Tree& insert(std::string_view dotted, Tree value) {
+    return insert(Path::parse(dotted), std::move(value));
+  }
+
+  /// Removes the node at the path; returns whether there was one.
+  bool erase(const Path& path);
+  bool erase(std::string_view dotted) { return erase(Path::parse(dotted)); }
+
+  /// Leaf paths in flatten (sorted, depth-first) order.
+  std::vector<Path> paths() const;
+
+  /// Structural and leaf equality (same keys, same shape, leaves equal with T's ==).
+  friend bool operator==(const Tree& a, const Tree& b)
+    requires std::equality_comparable<T>
+  {
+    return a.node_ == b.node_;
+  }
+
+ private:
+  static void sort_and_check(Children& entries) {
+    std::sort(entries.begin(), entries.end(),
+              [](const Entry& a, const Entry& b) { return a.first < b.first; });
+    auto dup = std::adjacent_find(entries.begin(), entries.end(),
+                                  [](const Entry& a, const Entry& b) { return a.first == b.first; });
+    if (dup != entries.end())
+      throw std::invalid_argument("duplicate tree key '" + dup->first + "'");
+  }
+
+  const Tree* find_child(std::string_view key) const {
+    if (is_leaf()) return nullptr;
+    const auto& c = std::get<0>(node_);
+    auto it = std::lower_bound(c.begin(), c.end(), key,
+                               [](const Entry& e, std::string_view k) { return e.first < k; });
+    return it != c.end() && it->first == key ? &it->second : nullptr;
+  }
+
+  std::vector<std::string> keys() const {
+    std::vector<std::string> out;
+    if (!is_leaf())
+      for (const auto& e : std::get<0>(node_)) out.push_back(e.first);
+    return out;
+  }
+
+  const Tree* child_or_throw(std::string_view key, const Path& walked) const {
+    if (const Tree* c = find_child(key)) return c;
+    Path full = walked / key;
+    if (is_leaf())
+      throw KeyError(full, {},
+                     "no key '" + std::string(key) + "' at path '" + full.describe() + "': '" +
+                         walked.describe() + "' is a leaf");
+    throw KeyError(full, keys(),
+                   "no key '" + std::string(key) + "' at path '" + full.describe() +
+                       "'; available keys at '" + walked.describe() + "': " + format_keys(keys()));
+  }
+
+  void collect_paths(Path& prefix, std::vector<Path>& out) const;
+
+  std::variant<Children, T> node_;
+};
+
+// ---- out-of-line members ------------------------------------------------------------------
+
+template <class T>
+std::size_t Tree<T>::depth() const {
+  if (is_leaf()) return 0;
+  std::size_t d = 0;
+  for (const auto& [key, child] : std::get<0>(node_)) d = std::max(d, child.depth() + 1);
+  return d;
+}
+
+template <class T>
+std::size_t Tree<T>::leaf_count() const {
+  if (is_leaf()) return 1;
+  std::size_t n = 0;
+  for (const auto& [key, child] : std::get<0>(node_)) n += child.leaf_count();
+  return n;
+}
+
+template <class T>
+Tree<T>& Tree<T>::insert(const Path& path, Tree value) {
+  if (path.empty()) throw KeyError(path, {}, "cannot insert at the root path");
+  Tree* node = this;
+  Path walked;
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (node->is_leaf())
+      throw KeyError(path, {},
+                     "cannot insert at '" + path.describe() + "': '" + walked.describe() +
+                         "' is a leaf");
+    auto& c = std::get<0>(node->node_);
+    const std::string& key = path[i];
+    auto it = std::lower_bound(c.begin(), c.end(), key,
+                               [](const Entry& e, const std::string& k) { return e.first < k; });
+    if (it == c.end() || it->first != key) it = c.emplace(it, key, Tree());
+    if (i + 1 == path.size()) {
+      it->second = std::move(value);
+      return it->second;
+    }
+    node = &it->second;
+    walked.push_back(key);
+  }
+  return *node;  // unreachable: the loop returns on the last key
+}
+
+template <class T>
+bool Tree<T>::erase(const Path& path) {
+  if (path.empty()) return false;
+  Path parent_path(std::vector<std::string>(path.begin(), path.end() - 1));
+  const Tree* parent = find(parent_path);
+  if (!parent || parent->is_leaf()) return false;
+  auto& c = std::get<0>(const_cast<Tree*>(parent)->node_);
+  auto it = std::lower_bound(c.begin(), c.end(), path.keys().back(),
+                             [](const Entry& e, const std::string& k) { return e.first < k; });
+  if (it == c.end() || it->first != path.keys().back()) return false;
+  c.erase(it);
+  return true;
+}
+
+template <class T>
+void Tree<T>::collect_paths(Path& prefix, std::vector<Path>& out) const {
+  if (is_leaf()) {
+    out.push_back(prefix);
+    return;
+  }
+  for (const auto& [key, child] : std::get<0>(node_)) {
+    prefix.push_back(key);
+    child.collect_paths(prefix, out);
+    prefix.pop_back();
+  }
+}
+
+template <class T>
+std::vector<Path> Tree<T>::paths() const {
+  std::vector<Path> out;
+  Path prefix;
+  collect_paths(prefix, out);
+  return out;
+}
+
+/// Upcasts a TreeLike argument (e.g. a TreeTensor) to its Tree<T> base.
+template <TreeLike A>
+const Tree<leaf_type_t<A>>& as_tree(const A& a) {
+  return a;
+}
+
+}  // namespace treetensor::tree

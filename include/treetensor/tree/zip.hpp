@@ -1,0 +1,353 @@
+#pragma once
+// map and n-ary zip-map with treevalue's modes (DESIGN.md §2).
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "treetensor/tree/core.hpp"
+
+namespace treetensor::tree {
+
+/// How zip_map() matches the keys of several trees at each internal node (treevalue parity).
+enum class ZipMode {
+  strict,  ///< every tree must have the same keys (default)
+  inner,   ///< the keys all trees have
+  outer,   ///< the keys any tree has; absent leaves are filled from a missing value
+  left,    ///< the first tree's keys; absent leaves are filled from a missing value
+};
+
+/// Options of zip_map(). `inherit` lets a leaf that faces a subtree in another argument be
+/// broadcast into every leaf of that subtree; without it that is a StructureError, because
+/// silently broadcasting changes results (DESIGN.md §2).
+struct ZipOptions {
+  ZipMode mode = ZipMode::strict;
+  bool inherit = false;
+};
+
+/// The value that fills an absent leaf in outer/left zips: made by calling a factory each
+/// time it is needed (so mutable fills such as lists are never shared).
+template <class M>
+struct Missing {
+  std::function<M()> make;
+};
+/// A Missing that copies `value` each time.
+template <class M>
+Missing<std::decay_t<M>> missing(M value) {
+  return {[v = std::move(value)] { return v; }};
+}
+/// A Missing that calls `factory` each time.
+template <class F>
+Missing<std::invoke_result_t<F&>> missing_from(F factory) {
+  return {std::move(factory)};
+}
+
+/// Applies f to every leaf: f(leaf) or f(path, leaf). Returns a tree of the same structure.
+/// Exceptions thrown by f propagate unchanged.
+template <class F, TreeLike A>
+auto map(F&& f, const A& tree);
+
+namespace detail {
+
+struct NoMissing {};
+
+template <class M>
+constexpr bool is_missing_v = false;
+template <class M>
+constexpr bool is_missing_v<Missing<M>> = true;
+
+template <class F, class T>
+constexpr bool takes_path_v = std::is_invocable_v<F&, const Path&, const T&>;
+
+inline Path make_path(const std::vector<const std::string*>& trail) {
+  std::vector<std::string> keys;
+  keys.reserve(trail.size());
+  for (const auto* k : trail) keys.push_back(*k);
+  return Path(std::move(keys));
+}
+
+template <class R, class T, class F>
+Tree<R> map_node(const Tree<T>& node, F& f, std::vector<const std::string*>& trail) {
+  if (node.is_leaf()) {
+    if constexpr (takes_path_v<F, T>)
+      return Tree<R>(f(make_path(trail), node.leaf()));
+    else
+      return Tree<R>(f(node.leaf()));
+  }
+  typename Tree<R>::Children out;
+  out.reserve(node.size());
+  for (const auto& [key, child] : node.children()) {
+    trail.push_back(&key);
+    out.emplace_back(key, map_node<R>(child, f, trail));
+    trail.pop_back();
+  }
+  Tree<R> t;
+  t.children() = std::move(out);
+  return t;
+}
+
+// A zip argument: a tree node (possibly absent) or a value broadcast to every leaf.
+template <class A>
+struct Cursor;
+
+template <class T>
+struct TreeCursor {
+  using leaf_t = T;
+  static constexpr bool is_tree = true;
+  const Tree<T>* node;  // nullptr: absent here (outer/left zips)
+};
+
+template <class V>
+struct ValueCursor {
+  using leaf_t = V;
+  static constexpr bool is_tree = false;
+  const V* value;
+};
+
+template <class A>
+auto make_cursor(const A& a) {
+  if constexpr (TreeLike<A>)
+    return TreeCursor<leaf_type_t<A>>{&as_tree(a)};
+  else
+    return ValueCursor<A>{&a};
+}
+
+template <class C>
+using cursor_leaf_t = typename C::leaf_t;
+
+// The leaf a cursor yields at a leaf call: the tree's leaf, the broadcast value, or a fill.
+template <class C, class M>
+const typename C::leaf_t& leaf_of(const C& c, std::optional<typename C::leaf_t>& fill,
+                                  const M& missing, std::size_t pos,
+                                  const std::vector<const std::string*>& trail) {
+  using L = typename C::leaf_t;
+  if constexpr (!C::is_tree) {
+    return *c.value;
+  } else {
+    if (c.node) return c.node->leaf();
+    if constexpr (std::is_same_v<M, NoMissing>) {
+      throw StructureError(make_path(trail),
+                           "zip: argument " + std::to_string(pos) + " has no leaf at '" +
+                               make_path(trail).describe() + "' and no missing value was given");
+    } else if constexpr (std::is_constructible_v<L, decltype(missing.make())>) {
+      return fill.emplace(missing.make());
+    } else {
+      throw StructureError(make_path(trail), "zip: the missing value cannot fill argument " +
+                                                 std::to_string(pos) + " at '" +
+                                                 make_path(trail).describe() + "'");
+    }
+  }
+}
+
+template <class C>
+const std::vector<typename Tree<typename C::leaf_t>::Entry>* children_of(const C& c) {
+  if constexpr (C::is_tree) {
+    if (c.node && !c.node->is_leaf()) return &c.node->children();
+  }
+  return nullptr;
+}
+
+template <class C>
+bool is_leaf_cursor(const C& c) {
+  if constexpr (C::is_tree) return c.node && c.node->is_leaf();
+  return false;
+}
+
+template <class C>
+C child_cursor(const C& c, const std::string& key) {
+  if constexpr (!C::is_tree) {
+    return c;
+  } else {
+    if (!c.node || c.node->is_leaf()) return c;  // absent stays absent; a leaf is inherited
+    return C{c.node->find(Path{key})};
+  }
+}
+
+template <class C>
+std::vector<std::string> keys_of(const C& c) {
+  std::vector<std::string> out;
+  if (const auto* ch = children_of(c))
+    for (const auto& e : *ch) out.push_back(e.first);
+  return out;
+}
+
+template <class F, class... C>
+using zip_result_t = std::decay_t<typename std::conditional_t<
+    std::is_invocable_v<F&, const Path&, const cursor_leaf_t<C>&...>,
+    std::invoke_result<F&, const Path&, const cursor_leaf_t<C>&...>,
+    std::invoke_result<F&, const cursor_leaf_t<C>&...>>::type>;
+
+template <class F, class M, class... C>
+class Zipper {
+ public:
+  using R = zip_result_t<F, C...>;
+
+  Zipper(F& f, const ZipOptions& o, const M& missing) : f_(f), o_(o), missing_(missing) {}
+
+  Tree<R> zip(const C&... cs) {
+    std::size_t internal = 0, leaves = 0;
+    ((children_of(cs) ? ++internal : 0), ...);
+    ((is_leaf_cursor(cs) ? ++leaves : 0), ...);
+    if (internal == 0) return Tree<R>(call(cs...));
+    if (leaves && !o_.inherit) leaf_faces_subtree(cs...);
+    std::vector<std::string> keys = merged_keys(cs...);
+    typename Tree<R>::Children out;
+    out.reserve(keys.size());
+    for (const auto& key : keys) {
+      trail_.push_back(&key);
+      out.emplace_back(key, zip(child_cursor(cs, key)...));
+      trail_.pop_back();
+    }
+    Tree<R> t;
+    t.children() = std::move(out);
+    return t;
+  }
+
+  decltype(auto) call(const C&... cs) {
+    return call_impl(std::index_sequence_for<C...>{}, cs...);
+  }
+
+ private:
+  template <std::size_t... I>
+  decltype(auto) call_impl(std::index_sequence<I...>, const C&... cs) {
+    std::tuple<std::optional<cursor_leaf_t<C>>...> fills;
+    if constexpr (std::is_invocable_v<F&, const Path&, const cursor_leaf_t<C>&...>)
+      return f_(make_path(trail_), leaf_of(cs, std::get<I>(fills), missing_, I, trail_)...);
+    else
+      return f_(leaf_of(cs, std::get<I>(fills), missing_, I, trail_)...);
+  }
+
+  [[noreturn]] void leaf_faces_subtree(const C&... cs) {
+    std::size_t pos = 0, leaf_pos = 0, tree_pos = 0;
+    bool seen_leaf = false, seen_tree = false;
+    ((is_leaf_cursor(cs) && !seen_leaf ? (seen_leaf = true, leaf_pos = pos) : 0,
+      children_of(cs) && !seen_tree ? (seen_tree = true, tree_pos = pos) : 0, ++pos),
+     ...);
+    std::vector<std::vector<std::string>> all{keys_of(cs)...};
+    Path here = make_path(trail_);
+    throw StructureError(here, "zip: at '" + here.describe() + "' argument " +
+                                   std::to_string(leaf_pos) + " is a leaf but argument " +
+                                   std::to_string(tree_pos) + " is a subtree with keys " +
+                                   format_keys(all[tree_pos]) +
+                                   "; pass inherit to broadcast the leaf into the subtree");
+  }
+
+  // The key list at one internal node, per mode; strict mismatches and unfillable gaps throw.
+  std::vector<std::string> merged_keys(const C&... cs) {
+    std::vector<std::vector<std::string>> sets;  // key sets of the internal cursors
+    std::vector<std::size_t> positions;          // their argument positions
+    std::size_t pos = 0;
+    ((children_of(cs) ? (sets.push_back(keys_of(cs)), positions.push_back(pos)) : void(), ++pos),
+     ...);
+    std::vector<std::string> keys = sets[0];  // left mode: the first internal tree's keys
+    for (std::size_t s = 1; s < sets.size(); ++s) {
+      if (sets[s] == keys) continue;
+      std::vector<std::string> merged;
+      if (o_.mode == ZipMode::strict) mismatch(positions[0], sets[0], positions[s], sets[s]);
+      if (o_.mode == ZipMode::inner)
+        std::set_intersection(keys.begin(), keys.end(), sets[s].begin(), sets[s].end(),
+                              std::back_inserter(merged));
+      if (o_.mode == ZipMode::outer)
+        std::set_union(keys.begin(), keys.end(), sets[s].begin(), sets[s].end(),
+                       std::back_inserter(merged));
+      if (o_.mode != ZipMode::left) keys = std::move(merged);
+    }
+    if constexpr (std::is_same_v<M, NoMissing>) {
+      for (std::size_t s = 0; s < sets.size(); ++s)
+        if (!std::includes(sets[s].begin(), sets[s].end(), keys.begin(), keys.end()))
+          for (std::size_t t = 0; t < sets.size(); ++t)
+            if (!std::includes(sets[s].begin(), sets[s].end(), sets[t].begin(), sets[t].end()))
+              mismatch(positions[t], sets[t], positions[s], sets[s],
+                       " and no missing value was given");
+    }
+    return keys;
+  }
+
+  [[noreturn]] void mismatch(std::size_t pa, const std::vector<std::string>& ka, std::size_t pb,
+                             const std::vector<std::string>& kb, const std::string& tail = "") {
+    Path here = make_path(trail_);
+    throw StructureError(here, "zip: key mismatch at '" + here.describe() + "': argument " +
+                                   std::to_string(pa) + " has keys " + format_keys(ka) +
+                                   ", argument " + std::to_string(pb) + " has keys " +
+                                   format_keys(kb) + tail);
+  }
+
+  F& f_;
+  ZipOptions o_;
+  const M& missing_;
+  std::vector<const std::string*> trail_;
+};
+
+template <class F, class M, class... A>
+auto zip_impl(const ZipOptions& o, const M& missing, F& f, const A&... args) {
+  static_assert((TreeLike<A> || ...), "zip_map needs at least one tree argument");
+  using Z = Zipper<F, M, decltype(make_cursor(args))...>;
+  Z z(f, o, missing);
+  return z.zip(make_cursor(args)...);
+}
+
+}  // namespace detail
+
+template <class F, TreeLike A>
+auto map(F&& f, const A& tree) {
+  using T = leaf_type_t<A>;
+  using R = detail::zip_result_t<F, detail::TreeCursor<T>>;
+  std::vector<const std::string*> trail;
+  return detail::map_node<R>(as_tree(tree), f, trail);
+}
+
+/// Applies f leaf-wise over several arguments: trees are zipped key by key, other arguments
+/// (scalars, single values) are broadcast to every leaf. f takes the leaves, or (path, leaves)
+/// when it is invocable that way (so a variadic generic lambda receives the path first).
+///
+/// Throws StructureError naming the path, the argument positions and both key sets when the
+/// structures do not fit the mode, or when a leaf faces a subtree without `inherit`.
+/// Example: zip_map(std::plus<>{}, t, u) is t + u leaf-wise.
+template <class F, class... A>
+  requires(!std::is_same_v<std::decay_t<F>, ZipOptions>)
+auto zip_map(F&& f, const A&... args) {
+  return detail::zip_impl(ZipOptions{}, detail::NoMissing{}, f, args...);
+}
+
+/// zip_map() with a mode and inherit flag, without a missing value (absent keys throw).
+template <class F, class... A>
+  requires(!detail::is_missing_v<std::decay_t<F>>)
+auto zip_map(const ZipOptions& options, F&& f, const A&... args) {
+  return detail::zip_impl(options, detail::NoMissing{}, f, args...);
+}
+
+/// zip_map() whose absent leaves (outer/left modes) are filled from `missing`.
+template <class M, class F, class... A>
+auto zip_map(const ZipOptions& options, const Missing<M>& fill, F&& f, const A&... args) {
+  return detail::zip_impl(options, fill, f, args...);
+}
+
+/// Calls f(leaf) or f(path, leaf) on every leaf in flatten order; f may modify the leaf when
+/// the tree is not const.
+template <class T, class F>
+void for_each(Tree<T>& tree, F&& f) {
+  std::vector<const std::string*> trail;
+  auto walk = [&](auto& self, Tree<T>& node) -> void {
+    if (node.is_leaf()) {
+      if constexpr (std::is_invocable_v<F&, const Path&, T&>)
+        f(detail::make_path(trail), node.leaf());
+      else
+        f(node.leaf());
+      return;
+    }
+    for (auto& [key, child] : node.children()) {
+      trail.push_back(&key);
+      self(self, child);
+      trail.pop_back();
+    }
+  };
+  walk(walk, tree);
+}
+
+}  // namespace treetensor::tree
