@@ -1,0 +1,22 @@
+# ctest driver: installs this build into a fresh prefix, then configures, builds and runs
+# examples/consumer against it with find_package(treetensor CONFIG REQUIRED).
+# Usage: cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -P ConsumerTest.cmake
+foreach(var BUILD_DIR SOURCE_DIR WORK_DIR)
+  if(NOT ${var})
+    message(FATAL_ERROR "ConsumerTest.cmake needs -D${var}=...")
+  endif()
+endforeach()
+
+function(step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "consumer test: '${ARGN}' failed (${rc})")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK_DIR}/build -G Ninja
+     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
+step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+step(${WORK_DIR}/build/consumer)
