@@ -168,9 +168,21 @@ class Tree {
   }
 
  private:
+  // Sorts by key through an index permutation: entries are moved once each, and GCC 12's
+  // -Wmaybe-uninitialized false positive on std::sort swapping variants is avoided.
   static void sort_and_check(Children& entries) {
-    std::sort(entries.begin(), entries.end(),
-              [](const Entry& a, const Entry& b) { return a.first < b.first; });
+    auto by_key = [](const Entry& a, const Entry& b) { return a.first < b.first; };
+    if (!std::is_sorted(entries.begin(), entries.end(), by_key)) {
+      std::vector<std::size_t> order(entries.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+        return entries[a].first < entries[b].first;
+      });
+      Children sorted;
+      sorted.reserve(entries.size());
+      for (std::size_t i : order) sorted.push_back(std::move(entries[i]));
+      entries = std::move(sorted);
+    }
     auto dup = std::adjacent_find(entries.begin(), entries.end(),
                                   [](const Entry& a, const Entry& b) { return a.first == b.first; });
     if (dup != entries.end())
