@@ -1,0 +1,319 @@
+#pragma once
+// asyncs threads: named worker threads that run submitted work beside the main compute
+// (DESIGN.md §10; OneFlow parity: `oneflow.asyncs.thread(worker)`), with errors that surface
+// instead of aborting the process.
+//
+//     runtime::Thread metrics;                                  // takes worker id 1..N
+//     auto f = metrics.submit([&] { return loss.item<double>(); }, {loss}, {});
+//     ... next training step ...
+//     double l = f.get();                                       // rethrows the job's error
+//
+//     { runtime::ThreadScope scope(metrics);                    // tree calls of this block
+//       ... tree ops ... }                                      // run on `metrics`
+//     runtime::synchronize();                                   // all asyncs work done
+//
+// Rules that hold everywhere below:
+//  - FIFO: the jobs of one Thread run one after another in submission order, on one OS thread.
+//  - Streams: with CUDA, each worker runs its jobs on its own stream per device (from c10's
+//    stream pool). A job first waits (device-side event) for the submitter's current stream on
+//    each device of its operand tensors; get()/wait()/await_operands() make the caller's
+//    current stream wait for the job's streams. Tensors that are not passed as operands get no
+//    such ordering. Without CUDA none of this costs anything.
+//  - Thread-local state of the submitter (grad mode, inference mode, autocast, dispatch keys;
+//    at::ThreadLocalState) is captured at submit() and installed around the job.
+//  - Errors: an exception thrown by a job is stored, never lost and never fatal. It is rethrown
+//    with its original type (see rethrow_with_context) and the context
+//    "asyncs thread <id>, job <n>[ '<label>']" by Future::get()/wait(); a job error that no
+//    get()/wait() has observed is reported by the next synchronize(). The runtime stays usable.
+//  - Watchdog: with a timeout set (TREETENSOR_WATCHDOG_MS or set_watchdog_timeout()), every
+//    blocking wait of this API — get, wait, synchronize, await_operands, back-pressure, scoped
+//    tree calls — throws WatchdogTimeout, listing the in-flight jobs, when no asyncs job
+//    anywhere finishes for that long. Off by default.
+//  - Back-pressure: at most max_in_flight() jobs (queued plus running) per thread; submit()
+//    blocks past that until the thread drains below it.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/util/ArrayRef.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace treetensor::runtime {
+
+/// Thrown by the Thread constructor when every worker id of the pool is taken.
+class ThreadPoolExhausted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Thrown for a use of the asyncs API that could only deadlock or cannot work: waiting from a
+/// job for a job queued behind it on the same thread, synchronize() from inside a job,
+/// submitting to a moved-from Thread.
+class AsyncsUsageError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+/// One job that had not finished when a WatchdogTimeout was raised.
+struct InFlightJob {
+  int thread = 0;            ///< asyncs thread id (1..max_threads())
+  std::uint64_t job = 0;     ///< job number on that thread, counting from 1
+  std::string label;         ///< the submitter's label, may be empty
+  bool running = false;      ///< running (true) or still queued (false)
+  double seconds = 0;        ///< seconds since the job started (running) or was submitted
+};
+
+/// A blocking asyncs wait made no progress (no asyncs job finished) for the watchdog timeout.
+/// what() names the wait and lists the in-flight jobs; jobs() gives them structured.
+class WatchdogTimeout : public std::runtime_error {
+ public:
+  WatchdogTimeout(const std::string& what, std::vector<InFlightJob> jobs)
+      : std::runtime_error(what), jobs_(std::move(jobs)) {}
+  const std::vector<InFlightJob>& jobs() const noexcept { return jobs_; }
+
+ private:
+  std::vector<InFlightJob> jobs_;
+};
+
+/// Size of the worker id pool: environment TREETENSOR_ASYNCS_THREADS (1..1024) read once, else
+/// 8. Thread safety: safe from any thread.
+std::size_t max_threads();
+
+/// Watchdog timeout; zero means off. Initial value: TREETENSOR_WATCHDOG_MS (milliseconds) or
+/// off. The setter takes effect for waits that start afterwards.
+/// @throws std::invalid_argument for a negative timeout.
+/// Thread safety: safe from any thread.
+void set_watchdog_timeout(std::chrono::milliseconds timeout);
+std::chrono::milliseconds watchdog_timeout() noexcept;
+
+/// Back-pressure high-water mark: jobs in flight (queued plus running) per thread past which
+/// submit() blocks. Initial value: TREETENSOR_ASYNCS_MAX_IN_FLIGHT or 1024.
+/// @throws std::invalid_argument for zero.
+/// Thread safety: safe from any thread; applies to submits that start afterwards.
+void set_max_in_flight(std::size_t jobs);
+std::size_t max_in_flight() noexcept;
+
+/// Waits until every asyncs job submitted before this call (on any Thread, live or destroyed)
+/// has finished; with CUDA, then synchronizes (host waits) every asyncs worker stream and the
+/// caller's current stream on each device. Afterwards reports job errors not yet observed by a
+/// Future::get()/wait(): the first (by thread id, then job number) is rethrown with its
+/// original type and context, the others listed in its message; they count as observed.
+/// Lanes need no synchronize: a tree call returns only when its leaves are done and its lane
+/// streams are joined back to the caller's stream (DESIGN.md §7).
+/// @throws the first unobserved job error; WatchdogTimeout; AsyncsUsageError when called from
+///         inside an asyncs job (it would wait for itself; get() the futures you need instead).
+/// Thread safety: safe from any thread that is not running an asyncs job.
+void synchronize();
+
+/// Id of the asyncs thread whose job the calling OS thread is running — on the worker itself
+/// or in a lane running a leaf of a tree call made by that job — or nullopt.
+std::optional<int> current_thread_id() noexcept;
+
+class Thread;
+class ThreadScope;
+template <class T>
+class Future;
+
+namespace detail {
+
+class Worker;
+
+/// State shared by a job and its futures. `done` is set (release) after the result and error
+/// are stored; the other fields are written once before the job is queued or before `done`.
+struct JobState {
+  virtual ~JobState() = default;
+  std::atomic<bool> done{false};
+  int thread = 0;
+  std::uint64_t number = 0;      // job number on its thread, from 1
+  std::uint64_t seq = 0;         // global submission order
+  std::uint64_t submitter = 0;   // seq of the job that submitted this one, 0 if none
+  std::string label;
+  std::exception_ptr error;
+  bool observed = false;         // guarded by the runtime lock
+  std::vector<c10::Event> finished;  // CUDA: recorded on the worker streams after the job
+};
+
+template <class T>
+struct Result final : JobState {
+  std::optional<T> value;
+};
+template <>
+struct Result<void> final : JobState {};
+
+template <class T>
+struct GetResult {
+  using type = const T&;
+};
+template <>
+struct GetResult<void> {
+  using type = void;
+};
+
+/// A type-erased job body; run() stores its result into the job's state.
+struct Task {
+  virtual ~Task() = default;
+  virtual void run() = 0;
+};
+
+template <class F, class T>
+struct TaskImpl final : Task {
+  TaskImpl(F f, std::shared_ptr<Result<T>> r) : fn(std::move(f)), out(std::move(r)) {}
+  void run() override {
+    if constexpr (std::is_void_v<T>) {
+      std::invoke(fn);
+    } else {
+      out->value.emplace(std::invoke(fn));
+    }
+  }
+  F fn;
+  std::shared_ptr<Result<T>> out;
+};
+
+/// Queues a job on `worker` (blocking for back-pressure) and fills in state's ids.
+void enqueue(Worker& worker, std::shared_ptr<JobState> state, std::unique_ptr<Task> task,
+             c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes,
+             std::string label);
+/// Blocks until `state` is done (watchdog), joins streams, marks its error observed, rethrows it.
+void wait_job(JobState& state);
+
+}  // namespace detail
+
+/// The result of one submitted job (like std::shared_future: copyable, get() may be called
+/// any number of times, from any thread).
+template <class T>
+class Future {
+ public:
+  Future() = default;
+
+  /// Whether this future refers to a job (a default-constructed one does not).
+  bool valid() const noexcept { return state_ != nullptr; }
+  /// Whether the job has finished (successfully or not). Never blocks, never throws.
+  bool ready() const noexcept { return state_ && state_->done.load(std::memory_order_acquire); }
+  /// Blocks until the job has finished; rethrows its exception with original type and context
+  /// "asyncs thread <id>, job <n>".
+  /// @throws the job's exception; WatchdogTimeout; AsyncsUsageError when called from a job of
+  ///         the same thread for a job queued behind it, or on an invalid future.
+  void wait() const { detail::wait_job(checked()); }
+  /// wait(), then the job's value (a reference valid while a future of this job lives).
+  typename detail::GetResult<T>::type get() const {
+    wait();
+    if constexpr (!std::is_void_v<T>) return *state_->value;
+  }
+  /// Asyncs thread id (1..max_threads()) and job number (from 1) of the job.
+  int thread_id() const { return checked().thread; }
+  std::uint64_t job() const { return checked().number; }
+
+ private:
+  friend class Thread;
+  explicit Future(std::shared_ptr<detail::Result<T>> s) : state_(std::move(s)) {}
+  detail::Result<T>& checked() const {
+    if (!state_) throw AsyncsUsageError("treetensor asyncs: use of an invalid (default) Future");
+    return *state_;
+  }
+  std::shared_ptr<detail::Result<T>> state_;
+};
+
+/// An asyncs worker thread (OneFlow parity: `oneflow.asyncs.thread`). Owns a worker id taken
+/// from a pool of max_threads() ids, and one OS thread that runs the submitted jobs in FIFO
+/// order.
+///
+/// Destruction rule (drain): the destructor waits until every job already submitted has run,
+/// then returns the id to the pool. It never throws: errors of jobs whose futures were not
+/// observed are kept and reported by the next synchronize(). With the watchdog on, a drain that
+/// makes no progress prints the in-flight jobs to stderr once per timeout and keeps waiting.
+/// A Thread must not be destroyed from one of its own jobs.
+///
+/// Thread safety: submit(), id(), in_flight() and wait_idle() may be called concurrently from
+/// any threads; construction, move and destruction may not race with other calls.
+class Thread {
+ public:
+  /// Takes the smallest free worker id and starts the worker.
+  /// @param name  optional name shown in watchdog reports and in errors' context.
+  /// @throws ThreadPoolExhausted when all max_threads() ids are taken.
+  explicit Thread(std::string name = {});
+  ~Thread();
+  Thread(Thread&& other) noexcept;
+  Thread(const Thread&) = delete;
+  Thread& operator=(const Thread&) = delete;
+  Thread& operator=(Thread&&) = delete;
+
+  /// Queues `fn()` on this thread after every job submitted before.
+  ///
+  /// Operand ordering (OneFlow parity): the job starts only when the jobs submitted before it
+  /// on other threads that conflict with its operands (one writes what the other reads or
+  /// writes) have finished; later tree calls on the submitting side wait for it through
+  /// await_operands(). Tensors the job touches without declaring them get no ordering.
+  ///
+  /// @param fn      a callable taking no arguments (moved or copied into the job; it may be
+  ///                move-only). Its result (decayed) is the future's value; void is supported.
+  /// @param reads   tensors `fn` reads: later in-place ops on them wait for the job
+  ///                (await_operands). Kept alive until the job has finished.
+  /// @param writes  tensors `fn` writes: later reads and writes of them wait for the job.
+  /// @param label   short text naming the job in errors and watchdog reports.
+  /// @returns a Future for the job's value or error.
+  /// @throws AsyncsUsageError on a moved-from Thread; WatchdogTimeout while blocked for
+  ///         back-pressure. Never blocks for back-pressure when called from this thread's own
+  ///         jobs (the queue could not drain meanwhile).
+  template <class F>
+  auto submit(F&& fn, c10::ArrayRef<at::Tensor> reads = {},
+              c10::ArrayRef<at::Tensor> writes = {}, std::string label = {})
+      -> Future<std::remove_cvref_t<std::invoke_result_t<std::decay_t<F>&>>> {
+    using T = std::remove_cvref_t<std::invoke_result_t<std::decay_t<F>&>>;
+    auto state = std::make_shared<detail::Result<T>>();
+    auto task = std::make_unique<detail::TaskImpl<std::decay_t<F>, T>>(std::forward<F>(fn), state);
+    detail::enqueue(worker(), state, std::move(task), reads, writes, std::move(label));
+    return Future<T>(std::move(state));
+  }
+
+  /// Worker id, 1..max_threads(). @throws AsyncsUsageError on a moved-from Thread.
+  int id() const;
+  /// Jobs submitted and not yet finished (queued plus running).
+  std::size_t in_flight() const;
+  /// Blocks until every job submitted so far has finished. Does not throw job errors (they
+  /// stay with futures and synchronize()). @throws WatchdogTimeout; AsyncsUsageError when
+  /// called from this thread's own jobs.
+  void wait_idle() const;
+
+ private:
+  friend class ThreadScope;
+  detail::Worker& worker() const;
+  std::shared_ptr<detail::Worker> worker_;
+};
+
+/// Makes the tree calls (runtime::run) of a block run on an asyncs thread (OneFlow parity:
+/// `with oneflow.asyncs.thread(worker):`).
+///
+/// Inside the scope, each runtime::run() on the calling OS thread is queued on `thread` as a
+/// job (FIFO after earlier submits) and the caller blocks until it has finished, so values are
+/// ready when the tree call returns, while the work ran on the thread's worker and streams.
+/// The tree call's error is rethrown to its caller with context "asyncs thread <id>, job <n>".
+/// Scopes nest: the innermost wins and the outer one is restored when it ends. A scope naming
+/// the thread that is already running the code (inside its own job) runs calls inline.
+/// Only the OS thread that created the scope is affected; lanes used by the call are not.
+///
+/// Thread safety: a scope is bound to the OS thread that created it and must be destroyed on
+/// it, in reverse order of creation. `thread` must outlive the scope.
+class ThreadScope {
+ public:
+  explicit ThreadScope(const Thread& thread);
+  ~ThreadScope();
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  std::shared_ptr<detail::Worker> previous_;
+};
+
+}  // namespace treetensor::runtime

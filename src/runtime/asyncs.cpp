@@ -1,0 +1,469 @@
+// asyncs threads: worker pool, job queue, futures, watchdog, synchronize (asyncs.hpp).
+#include "treetensor/runtime/asyncs.hpp"
+
+#include "runtime/asyncs_hook.hpp"
+#include "runtime/asyncs_internal.hpp"
+#include "treetensor/runtime/errors.hpp"
+#include "treetensor/runtime/operands.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+namespace treetensor::runtime {
+namespace detail {
+namespace {
+
+// Reads a positive integer from the environment; `fallback` when unset.
+std::size_t env_count(const char* name, std::size_t fallback, std::size_t max) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  if (*end != '\0' || v == 0 || v > max)
+    throw std::invalid_argument(std::string("treetensor asyncs: environment variable ") + name +
+                                "='" + text + "' must be an integer in 1.." +
+                                std::to_string(max));
+  return static_cast<std::size_t>(v);
+}
+
+std::atomic<long long>& watchdog_ms() {
+  static std::atomic<long long> ms{
+      static_cast<long long>(env_count("TREETENSOR_WATCHDOG_MS", 0, 86'400'000))};
+  return ms;
+}
+
+std::atomic<std::size_t>& in_flight_limit() {
+  static std::atomic<std::size_t> n{
+      env_count("TREETENSOR_ASYNCS_MAX_IN_FLIGHT", 1024, std::size_t{1} << 30)};
+  return n;
+}
+
+// The ThreadScope stack of the calling OS thread: its innermost scope's worker.
+std::shared_ptr<Worker>& scoped_worker() {
+  thread_local std::shared_ptr<Worker> worker;
+  return worker;
+}
+
+// Set by the hook right before it re-dispatches a wrapped call, so that the nested run()
+// does not wrap it again.
+thread_local bool t_skip_hook = false;
+
+class ActingGuard {
+ public:
+  explicit ActingGuard(Acting now) : saved_(acting()) { acting() = now; }
+  ~ActingGuard() { acting() = saved_; }
+  ActingGuard(const ActingGuard&) = delete;
+  ActingGuard& operator=(const ActingGuard&) = delete;
+
+ private:
+  Acting saved_;
+};
+
+void run_job(Worker& w, Job& job) {
+  ActingGuard acting_guard({&w, job.state->seq});
+  try {
+    at::ThreadLocalStateGuard tls(job.tls);
+    // OneFlow's operand ordering: start after conflicting work submitted earlier elsewhere.
+    await_keys(job.keys, acting(), job.state.get());
+    block_streams(job.submitted_on, w.streams);
+    job.task->run();
+    job.state->finished = record_on(w.streams);
+  } catch (...) {
+    job.state->error = std::current_exception();
+  }
+  job.task.reset();  // user destructors run here: outside the lock, with the context set
+}
+
+void finish_job(Runtime& rt, Worker& w, Job& job) {
+  unregister_operands(rt, job);
+  if (job.state->error) rt.unobserved.push_back(job.state);
+  job.state->done.store(true, std::memory_order_release);
+  w.running = nullptr;
+  ++w.finished;
+  ++rt.finished_total;
+  rt.progress.notify_all();
+}
+
+void worker_main(Worker& w) {
+  install_streams(w.streams);
+  Runtime& rt = runtime_state();
+  for (;;) {
+    std::unique_ptr<Job> job;
+    {
+      std::unique_lock lock(rt.mu);
+      w.wake.wait(lock, [&] { return !w.queue.empty() || w.stopping; });
+      if (w.queue.empty()) return;  // stopping, and every job has run
+      job = std::move(w.queue.front());
+      w.queue.pop_front();
+      job->started = Clock::now();
+      w.running = job.get();
+    }
+    run_job(w, *job);
+    {
+      std::lock_guard lock(rt.mu);
+      finish_job(rt, w, *job);
+    }
+    job.reset();  // releases the operand tensors outside the lock
+  }
+}
+
+std::string describe(const std::vector<InFlightJob>& jobs) {
+  std::ostringstream out;
+  out << jobs.size() << " job(s) in flight";
+  for (const auto& j : jobs) {
+    out << "; asyncs thread " << j.thread << " job " << j.job;
+    if (!j.label.empty()) out << " '" << j.label << "'";
+    out << (j.running ? " running for " : " queued for ") << j.seconds << " s";
+  }
+  return out.str();
+}
+
+// Waits for a job that borrows its waiter's stack (a scoped tree call). On a watchdog timeout
+// a job that has not started is withdrawn and the error thrown; a running one cannot be
+// abandoned, so the report goes to stderr and the wait goes on.
+void wait_borrowing(Worker& w, JobState& s) {
+  Runtime& rt = runtime_state();
+  std::unique_lock lock(rt.mu);
+  const auto done = [&] { return s.done.load(std::memory_order_relaxed); };
+  const std::string what = "scoped tree call (" + job_context(s) + ")";
+  try {
+    wait_progress(lock, done, what);
+    return;
+  } catch (const WatchdogTimeout&) {
+    auto it = std::find_if(w.queue.begin(), w.queue.end(),
+                           [&](const auto& j) { return j->state.get() == &s; });
+    if (it != w.queue.end()) {
+      std::unique_ptr<Job> job = std::move(*it);
+      w.queue.erase(it);
+      ++w.finished;
+      s.done.store(true, std::memory_order_release);
+      rt.progress.notify_all();
+      lock.unlock();
+      throw;
+    }
+    std::fprintf(stderr, "treetensor asyncs watchdog: %s is running and borrows its caller: "
+                 "waiting on; %s\n", what.c_str(), describe(in_flight_jobs(rt)).c_str());
+  }
+  rt.progress.wait(lock, done);
+}
+
+void run_scoped(Worker& w, const LeafCall& call) {
+  auto state = std::make_shared<Result<void>>();
+  auto body = [&call] { run(call); };
+  enqueue(w, state, std::make_unique<TaskImpl<decltype(body), void>>(body, state), {}, {},
+          "tree call " + std::string(call.op));
+  wait_borrowing(w, *state);
+  wait_job(*state);  // joins streams, rethrows the call's error with the asyncs context
+}
+
+// Re-dispatches `call` with each leaf run under `ctx`, so that whichever lane runs a leaf
+// knows the asyncs job it belongs to.
+void run_as(const LeafCall& call, Acting ctx) {
+  auto leaf = [&call, ctx](std::size_t i) {
+    ActingGuard g(ctx);
+    call.run(i);
+  };
+  auto fused = [&call, ctx] {
+    ActingGuard g(ctx);
+    return call.fused();
+  };
+  LeafCall wrapped = call;
+  wrapped.run = leaf;
+  if (call.fused) wrapped.fused = fused;
+  t_skip_hook = true;
+  run(wrapped);
+}
+
+}  // namespace
+
+Worker::Worker(int id_, std::string name_)
+    : id(id_), name(std::move(name_)), streams(pool_streams()) {}
+
+Acting& acting() noexcept {
+  thread_local Acting a;
+  return a;
+}
+
+Runtime& runtime_state() {
+  // Leaked on purpose: worker threads and futures may outlive static destruction order.
+  static Runtime* rt = [] {
+    auto* r = new Runtime();
+    r->id_taken.assign(max_threads(), false);
+    return r;
+  }();
+  return *rt;
+}
+
+std::string job_context(const JobState& job) {
+  std::string text = "asyncs thread " + std::to_string(job.thread) + ", job " +
+                     std::to_string(job.number);
+  if (!job.label.empty()) text += " '" + job.label + "'";
+  return text;
+}
+
+std::vector<InFlightJob> in_flight_jobs(const Runtime& rt) {
+  const auto now = Clock::now();
+  const auto since = [&](Clock::time_point t) {
+    return std::chrono::duration<double>(now - t).count();
+  };
+  std::vector<InFlightJob> jobs;
+  for (const auto& w : rt.live) {
+    if (w->running != nullptr) {
+      const auto& s = *w->running->state;
+      jobs.push_back({w->id, s.number, s.label, true, since(w->running->started)});
+    }
+    for (const auto& j : w->queue)
+      jobs.push_back({w->id, j->state->number, j->state->label, false, since(j->submitted)});
+  }
+  return jobs;
+}
+
+void throw_watchdog(const Runtime& rt, std::string_view what, std::chrono::milliseconds timeout) {
+  auto jobs = in_flight_jobs(rt);
+  const std::string text = "treetensor asyncs watchdog: " + std::string(what) +
+                           " made no progress for " + std::to_string(timeout.count()) +
+                           " ms (TREETENSOR_WATCHDOG_MS); " + describe(jobs);
+  throw WatchdogTimeout(text, std::move(jobs));
+}
+
+void enqueue(Worker& w, std::shared_ptr<JobState> state, std::unique_ptr<Task> task,
+             c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes,
+             std::string label) {
+  auto job = std::make_unique<Job>();  // captures the submitter's thread-local state
+  job->keys = operand_keys(reads, writes, &job->operands);
+  job->submitted_on = record_submitter(job->operands, w.streams);
+  job->submitted = Clock::now();
+  const Acting self = acting();
+  state->thread = w.id;
+  state->label = std::move(label);
+  state->submitter = self.seq;
+  job->state = std::move(state);
+  job->task = std::move(task);
+
+  Runtime& rt = runtime_state();
+  std::unique_lock lock(rt.mu);
+  // The worker's own jobs never wait for back-pressure: the queue cannot drain meanwhile.
+  if (self.worker != &w) {
+    wait_progress(
+        lock, [&] { return w.stopping || w.submitted - w.finished < max_in_flight(); },
+        "submit (back-pressure)");
+  }
+  if (w.stopping)
+    throw AsyncsUsageError("treetensor asyncs: submit to asyncs thread " + std::to_string(w.id) +
+                           " after its Thread was destroyed");
+  job->state->number = ++w.submitted;
+  job->state->seq = rt.next_seq++;
+  register_operands(rt, *job);
+  w.queue.push_back(std::move(job));
+  lock.unlock();
+  w.wake.notify_one();
+}
+
+void wait_job(JobState& s) {
+  if (!s.done.load(std::memory_order_acquire)) {
+    const Acting self = acting();
+    if (self.worker != nullptr && self.worker->id == s.thread)
+      throw AsyncsUsageError("treetensor asyncs: waiting from asyncs thread " +
+                             std::to_string(s.thread) + " for its own " + job_context(s) +
+                             ", which is queued behind the calling job: it would deadlock");
+    Runtime& rt = runtime_state();
+    std::unique_lock lock(rt.mu);
+    wait_progress(
+        lock, [&] { return s.done.load(std::memory_order_relaxed); },
+        "Future::wait for " + job_context(s));
+  }
+  block_current(s.finished);
+  if (!s.error) return;
+  {
+    Runtime& rt = runtime_state();
+    std::lock_guard lock(rt.mu);
+    s.observed = true;
+    auto& u = rt.unobserved;
+    u.erase(std::remove_if(u.begin(), u.end(), [&](const auto& j) { return j.get() == &s; }),
+            u.end());
+  }
+  rethrow_with_context(s.error, job_context(s));
+}
+
+bool run_on_scoped_thread(const LeafCall& call) {
+  if (t_skip_hook) {
+    t_skip_hook = false;
+    return false;
+  }
+  const Acting self = acting();
+  Worker* scoped = scoped_worker().get();
+  if (scoped != nullptr && scoped != self.worker) {
+    run_scoped(*scoped, call);
+    return true;
+  }
+  if (self.worker == nullptr && !tracking_active()) return false;
+  run_as(call, self);
+  return true;
+}
+
+}  // namespace detail
+
+using detail::Runtime;
+using detail::runtime_state;
+using detail::Worker;
+
+std::size_t max_threads() {
+  static const std::size_t n = detail::env_count("TREETENSOR_ASYNCS_THREADS", 8, 1024);
+  return n;
+}
+
+void set_watchdog_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0)
+    throw std::invalid_argument("treetensor asyncs: watchdog timeout must be >= 0 ms, got " +
+                                std::to_string(timeout.count()));
+  detail::watchdog_ms().store(timeout.count(), std::memory_order_relaxed);
+}
+
+std::chrono::milliseconds watchdog_timeout() noexcept {
+  return std::chrono::milliseconds(detail::watchdog_ms().load(std::memory_order_relaxed));
+}
+
+void set_max_in_flight(std::size_t jobs) {
+  if (jobs == 0) throw std::invalid_argument("treetensor asyncs: max_in_flight must be >= 1");
+  detail::in_flight_limit().store(jobs, std::memory_order_relaxed);
+}
+
+std::size_t max_in_flight() noexcept {
+  return detail::in_flight_limit().load(std::memory_order_relaxed);
+}
+
+std::optional<int> current_thread_id() noexcept {
+  const auto& a = detail::acting();
+  if (a.worker == nullptr) return std::nullopt;
+  return a.worker->id;
+}
+
+void synchronize() {
+  if (const auto& self = detail::acting(); self.worker != nullptr)
+    throw AsyncsUsageError("treetensor asyncs: synchronize() called from asyncs thread " +
+                           std::to_string(self.worker->id) +
+                           ": it would wait for itself; get() the futures you need instead");
+  Runtime& rt = runtime_state();
+  std::unique_lock lock(rt.mu);
+  std::vector<std::pair<std::shared_ptr<Worker>, std::uint64_t>> targets;
+  for (const auto& w : rt.live) targets.emplace_back(w, w->submitted);
+  detail::wait_progress(
+      lock,
+      [&] {
+        return std::all_of(targets.begin(), targets.end(),
+                           [](const auto& t) { return t.first->finished >= t.second; });
+      },
+      "synchronize");
+  std::vector<c10::Stream> streams;
+  for (const auto& t : targets)
+    streams.insert(streams.end(), t.first->streams.begin(), t.first->streams.end());
+  auto errors = std::move(rt.unobserved);
+  rt.unobserved.clear();
+  for (const auto& e : errors) e->observed = true;
+  lock.unlock();
+
+  detail::synchronize_streams(streams);
+  if (errors.empty()) return;
+  std::sort(errors.begin(), errors.end(), [](const auto& a, const auto& b) {
+    return a->seq < b->seq;
+  });
+  std::vector<std::string> others;
+  for (std::size_t i = 1; i < errors.size(); ++i)
+    others.push_back(detail::job_context(*errors[i]) + ": " + message_of(errors[i]->error));
+  rethrow_with_context(errors.front()->error, detail::job_context(*errors.front()), others);
+}
+
+// --- Thread ----------------------------------------------------------------------------------
+
+Thread::Thread(std::string name) {
+  Runtime& rt = runtime_state();
+  int id = 0;
+  {
+    std::lock_guard lock(rt.mu);
+    const auto free = std::find(rt.id_taken.begin(), rt.id_taken.end(), false);
+    if (free == rt.id_taken.end())
+      throw ThreadPoolExhausted(
+          "treetensor asyncs: all " + std::to_string(rt.id_taken.size()) +
+          " worker ids are taken (pool size from TREETENSOR_ASYNCS_THREADS); destroy a "
+          "runtime::Thread first or raise the limit");
+    *free = true;
+    id = static_cast<int>(free - rt.id_taken.begin()) + 1;
+  }
+  try {
+    worker_ = std::make_shared<Worker>(id, std::move(name));
+    worker_->os = std::thread(detail::worker_main, std::ref(*worker_));
+  } catch (...) {
+    std::lock_guard lock(rt.mu);
+    rt.id_taken[id - 1] = false;
+    throw;
+  }
+  std::lock_guard lock(rt.mu);
+  rt.live.push_back(worker_);
+}
+
+Thread::Thread(Thread&& other) noexcept : worker_(std::move(other.worker_)) {}
+
+Thread::~Thread() {
+  if (!worker_) return;
+  Worker& w = *worker_;
+  Runtime& rt = runtime_state();
+  std::unique_lock lock(rt.mu);
+  // Drain: a destructor cannot throw, so the watchdog only reports on stderr here.
+  const auto drained = [&] { return w.finished == w.submitted; };
+  while (!drained()) {
+    const auto timeout = watchdog_timeout();
+    if (timeout.count() == 0) {
+      rt.progress.wait(lock, drained);
+      break;
+    }
+    const auto seen = rt.finished_total;
+    if (!rt.progress.wait_for(lock, timeout,
+                              [&] { return drained() || rt.finished_total != seen; }))
+      std::fprintf(stderr, "treetensor asyncs watchdog: ~Thread of asyncs thread %d waits; %s\n",
+                   w.id, detail::describe(detail::in_flight_jobs(rt)).c_str());
+  }
+  w.stopping = true;
+  lock.unlock();
+  w.wake.notify_one();
+  w.os.join();
+  lock.lock();
+  rt.live.erase(std::find(rt.live.begin(), rt.live.end(), worker_));
+  rt.id_taken[w.id - 1] = false;
+}
+
+detail::Worker& Thread::worker() const {
+  if (!worker_) throw AsyncsUsageError("treetensor asyncs: use of a moved-from runtime::Thread");
+  return *worker_;
+}
+
+int Thread::id() const { return worker().id; }
+
+std::size_t Thread::in_flight() const {
+  Worker& w = worker();
+  std::lock_guard lock(runtime_state().mu);
+  return w.submitted - w.finished;
+}
+
+void Thread::wait_idle() const {
+  Worker& w = worker();
+  if (detail::acting().worker == &w)
+    throw AsyncsUsageError("treetensor asyncs: wait_idle() of asyncs thread " +
+                           std::to_string(w.id) + " called from its own job: it would deadlock");
+  std::unique_lock lock(runtime_state().mu);
+  const auto target = w.submitted;
+  detail::wait_progress(lock, [&] { return w.finished >= target; },
+                        "wait_idle of asyncs thread " + std::to_string(w.id));
+}
+
+// --- ThreadScope -----------------------------------------------------------------------------
+
+ThreadScope::ThreadScope(const Thread& thread) : previous_(detail::scoped_worker()) {
+  thread.worker();  // throws on a moved-from Thread
+  detail::scoped_worker() = thread.worker_;
+}
+
+ThreadScope::~ThreadScope() { detail::scoped_worker() = std::move(previous_); }
+
+}  // namespace treetensor::runtime

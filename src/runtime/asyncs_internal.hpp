@@ -1,0 +1,151 @@
+#pragma once
+// Internals shared by asyncs.cpp, operands.cpp and asyncs_streams.cpp (not installed).
+//
+// One process-wide lock (Runtime::mu) guards every queue, counter and the operand registry:
+// asyncs jobs are coarse (metric writing, data decoding), so one lock keeps the reasoning about
+// deadlocks simple at no measurable cost. Jobs never run under it.
+
+#include "treetensor/runtime/asyncs.hpp"
+
+#include <ATen/ThreadLocalState.h>
+#include <c10/core/Stream.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace treetensor::runtime::detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// One registered operand of a pending job: its storage key and whether the job writes it.
+struct OperandKey {
+  const void* key = nullptr;
+  bool write = false;
+};
+
+struct Job {
+  std::shared_ptr<JobState> state;
+  std::unique_ptr<Task> task;
+  at::ThreadLocalState tls;           // the submitter's, installed around the job
+  std::vector<at::Tensor> operands;   // kept alive until the job has finished
+  std::vector<OperandKey> keys;       // deduplicated; write wins over read
+  std::vector<c10::Event> submitted_on;  // CUDA: recorded on the submitter's current streams
+  Clock::time_point submitted, started;
+};
+
+class Worker {
+ public:
+  Worker(int id, std::string name);
+  const int id;
+  const std::string name;
+  const std::vector<c10::Stream> streams;  // CUDA: one pool stream per device; else empty
+  // Guarded by Runtime::mu:
+  std::deque<std::unique_ptr<Job>> queue;
+  Job* running = nullptr;
+  std::uint64_t submitted = 0;
+  std::uint64_t finished = 0;
+  bool stopping = false;
+  std::condition_variable wake;
+  // Started by Thread's constructor, joined by its destructor.
+  std::thread os;
+};
+
+/// What the calling OS thread is doing for the asyncs runtime: running job `seq` of `worker`
+/// (on the worker itself, or in a lane running a leaf of a tree call that job made).
+struct Acting {
+  Worker* worker = nullptr;
+  std::uint64_t seq = 0;
+};
+Acting& acting() noexcept;
+
+/// A pending job's use of one operand key.
+struct Use {
+  std::shared_ptr<JobState> job;
+  bool write = false;
+};
+
+struct Runtime {
+  std::mutex mu;
+  std::condition_variable progress;           // notified whenever a job finishes
+  std::uint64_t finished_total = 0;           // progress counter for the watchdog
+  std::uint64_t next_seq = 1;
+  std::vector<bool> id_taken;                 // index id-1
+  std::vector<std::shared_ptr<Worker>> live;  // workers of live Thread objects
+  std::vector<std::shared_ptr<JobState>> unobserved;  // failed jobs no one has waited for
+  std::unordered_map<const void*, std::vector<Use>> uses;  // operand registry
+};
+Runtime& runtime_state();
+
+/// Lists the jobs in flight on every live worker (caller holds Runtime::mu).
+std::vector<InFlightJob> in_flight_jobs(const Runtime& rt);
+/// "asyncs thread 2, job 7 'label'".
+std::string job_context(const JobState& job);
+
+/// Blocks on Runtime::progress until `done()` (caller holds `lock` on Runtime::mu). With the
+/// watchdog on, throws WatchdogTimeout naming `what` when no job finishes for the timeout.
+template <class Pred>
+void wait_progress(std::unique_lock<std::mutex>& lock, Pred done, std::string_view what);
+[[noreturn]] void throw_watchdog(const Runtime& rt, std::string_view what,
+                                 std::chrono::milliseconds timeout);
+
+template <class Pred>
+void wait_progress(std::unique_lock<std::mutex>& lock, Pred done, std::string_view what) {
+  Runtime& rt = runtime_state();
+  const auto timeout = watchdog_timeout();
+  if (timeout.count() == 0) {
+    rt.progress.wait(lock, done);
+    return;
+  }
+  std::uint64_t seen = rt.finished_total;
+  auto deadline = Clock::now() + timeout;
+  while (!done()) {
+    const bool timed_out = rt.progress.wait_until(lock, deadline) == std::cv_status::timeout;
+    if (rt.finished_total != seen) {
+      seen = rt.finished_total;
+      deadline = Clock::now() + timeout;
+    } else if (timed_out && !done()) {
+      throw_watchdog(rt, what, timeout);
+    }
+  }
+}
+
+// --- operand tracking (operands.cpp); registry functions need Runtime::mu held -------------
+/// Keys of `reads` and `writes`, deduplicated, write winning; fills `keep` with the tensors.
+std::vector<OperandKey> operand_keys(c10::ArrayRef<at::Tensor> reads,
+                                     c10::ArrayRef<at::Tensor> writes,
+                                     std::vector<at::Tensor>* keep);
+void register_operands(Runtime& rt, const Job& job);
+void unregister_operands(Runtime& rt, const Job& job);
+/// Waits for the pending jobs that conflict with `keys` (await_operands' rule, seen from
+/// `self`); then the caller's current streams wait for theirs. `job`, when not null, is the
+/// job about to start (named in a watchdog report). Takes Runtime::mu itself.
+void await_keys(const std::vector<OperandKey>& keys, const Acting& self, const JobState* job);
+
+// --- device streams (asyncs_streams.cpp); all no-ops without CUDA devices ----------------
+std::vector<c10::Stream> pool_streams();
+/// Makes `streams` the calling OS thread's current streams.
+void install_streams(const std::vector<c10::Stream>& streams);
+/// Events recorded on the caller's current streams of the devices of `tensors`; also marks
+/// their memory as used on the worker's stream of that device (caching allocator).
+std::vector<c10::Event> record_submitter(const std::vector<at::Tensor>& tensors,
+                                         const std::vector<c10::Stream>& worker_streams);
+/// Makes `streams` wait for `events` (device-side).
+void block_streams(const std::vector<c10::Event>& events,
+                   const std::vector<c10::Stream>& streams);
+/// One event recorded on each of `streams` (a job's end, for the caller to wait on).
+std::vector<c10::Event> record_on(const std::vector<c10::Stream>& streams);
+/// Makes the caller's current streams wait for `events` (device-side).
+void block_current(const std::vector<c10::Event>& events);
+/// Host waits for `streams` and the caller's current streams.
+void synchronize_streams(const std::vector<c10::Stream>& streams);
+
+}  // namespace treetensor::runtime::detail

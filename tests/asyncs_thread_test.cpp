@@ -1,0 +1,305 @@
+// asyncs threads: FIFO, futures, errors, pool, scopes, watchdog, back-pressure, destruction.
+#include "asyncs_test_util.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace rt = treetensor::runtime;
+using treetensor::testing::AsyncsTest;
+using treetensor::testing::Gate;
+using treetensor::testing::tree_call;
+using treetensor::testing::contains;
+using namespace std::chrono_literals;
+
+namespace {
+
+using AsyncsThread = AsyncsTest;
+
+TEST_F(AsyncsThread, JobsOfOneThreadRunInSubmissionOrder) {
+  rt::Thread t;
+  std::vector<int> order;  // touched by the worker only, read after wait_idle
+  std::vector<rt::Future<void>> futures;
+  for (int i = 0; i < 200; ++i) futures.push_back(t.submit([&order, i] { order.push_back(i); }));
+  t.wait_idle();
+  ASSERT_EQ(order.size(), 200u);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(order[i], i);
+  for (std::size_t i = 0; i < futures.size(); ++i) {
+    EXPECT_TRUE(futures[i].ready());
+    EXPECT_EQ(futures[i].job(), i + 1);
+    EXPECT_EQ(futures[i].thread_id(), t.id());
+  }
+}
+
+TEST_F(AsyncsThread, FuturesCarryValuesOfAnyType) {
+  rt::Thread t;
+  const at::Tensor x = at::arange(6, at::kFloat).reshape({2, 3});
+  auto sum = t.submit([x] { return x.sum(); }, {x}, {});
+  auto text = t.submit([] { return std::string("metrics"); });
+  auto owned = t.submit([p = std::make_unique<int>(7)] { return std::make_unique<int>(*p * 6); });
+  int side = 0;
+  auto none = t.submit([&side] { side = 3; });
+  EXPECT_EQ(sum.get().item<float>(), 15.0f);
+  EXPECT_EQ(text.get(), "metrics");
+  EXPECT_EQ(*owned.get(), 42);
+  none.get();
+  EXPECT_EQ(side, 3);
+  EXPECT_EQ(text.get(), "metrics") << "get() may be called again";
+}
+
+TEST_F(AsyncsThread, JobsRunOnTheirWorkerWithTheSubmittersGradMode) {
+  rt::Thread t;
+  EXPECT_EQ(rt::current_thread_id(), std::nullopt);
+  auto where = t.submit([] { return rt::current_thread_id(); });
+  auto grad_on = t.submit([] { return at::GradMode::is_enabled(); });
+  rt::Future<bool> grad_off;
+  {
+    at::NoGradGuard no_grad;
+    grad_off = t.submit([] { return at::GradMode::is_enabled(); });
+  }
+  EXPECT_EQ(where.get(), t.id());
+  EXPECT_TRUE(grad_on.get());
+  EXPECT_FALSE(grad_off.get());
+}
+
+TEST_F(AsyncsThread, JobErrorReachesGetWithItsTypeAndContext) {
+  rt::Thread t;
+  auto f = t.submit([]() -> int { throw std::out_of_range("index 9 of 3"); }, {}, {}, "lookup");
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      f.get();
+      FAIL() << "get() must rethrow";
+    } catch (const std::out_of_range& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "asyncs thread " + std::to_string(t.id()) + ", job 1 'lookup': index 9 of 3");
+    }
+  }
+  auto g = t.submit([] { TORCH_CHECK_INDEX(false, "torch index error"); });
+  try {
+    g.wait();
+    FAIL() << "wait() must rethrow";
+  } catch (const c10::IndexError& e) {
+    EXPECT_TRUE(contains(e.what_without_backtrace(), ", job 2: torch index error"));
+  }
+  EXPECT_NO_THROW(rt::synchronize()) << "errors seen by get()/wait() are not reported again";
+  EXPECT_EQ(t.submit([] { return 5; }).get(), 5) << "the thread stays usable";
+}
+
+TEST_F(AsyncsThread, UnobservedErrorsAllSurfaceAtSynchronize) {
+  rt::Thread a;
+  rt::Thread b;
+  a.submit([] { throw std::invalid_argument("first"); });
+  b.submit([] { return 1; });
+  b.submit([] { throw std::runtime_error("second"); });
+  a.submit([] { throw std::domain_error("third"); });
+  try {
+    rt::synchronize();
+    FAIL() << "synchronize() must report the errors";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(contains(what, "asyncs thread " + std::to_string(a.id()) + ", job 1: first"));
+    EXPECT_TRUE(contains(what, "2 other failure(s)"));
+    EXPECT_TRUE(contains(what, "asyncs thread " + std::to_string(b.id()) + ", job 2: second"));
+    EXPECT_TRUE(contains(what, "asyncs thread " + std::to_string(a.id()) + ", job 2: third"));
+  }
+  EXPECT_NO_THROW(rt::synchronize()) << "each error is reported once";
+  EXPECT_EQ(a.submit([] { return 2; }).get(), 2);
+}
+
+TEST_F(AsyncsThread, PoolExhaustionIsATypedErrorAndIdsAreReused) {
+  std::vector<std::unique_ptr<rt::Thread>> threads;
+  for (std::size_t i = 0; i < rt::max_threads(); ++i)
+    threads.push_back(std::make_unique<rt::Thread>());
+  for (std::size_t i = 0; i < threads.size(); ++i)
+    EXPECT_EQ(threads[i]->id(), static_cast<int>(i) + 1);
+  try {
+    rt::Thread extra;
+    FAIL() << "the pool must be exhausted";
+  } catch (const rt::ThreadPoolExhausted& e) {
+    EXPECT_TRUE(contains(e.what(), "TREETENSOR_ASYNCS_THREADS"));
+  }
+  const int freed = threads.back()->id();
+  threads.back().reset();
+  rt::Thread again;
+  EXPECT_EQ(again.id(), freed);
+}
+
+TEST_F(AsyncsThread, ScopesRunTreeCallsOnTheirThreadAndNest) {
+  rt::Thread outer;
+  rt::Thread inner;
+  const auto where = [] {
+    std::optional<int> id;
+    tree_call("where", 1, [&](std::size_t) { id = rt::current_thread_id(); });
+    return id;
+  };
+  EXPECT_EQ(where(), std::nullopt);
+  {
+    rt::ThreadScope a(outer);
+    EXPECT_EQ(where(), outer.id());
+    {
+      rt::ThreadScope b(inner);
+      EXPECT_EQ(where(), inner.id());
+    }
+    EXPECT_EQ(where(), outer.id()) << "the outer scope is restored";
+  }
+  EXPECT_EQ(where(), std::nullopt);
+}
+
+TEST_F(AsyncsThread, ScopedTreeCallRunsAfterEarlierSubmitsAndReportsErrors) {
+  rt::Thread t;
+  std::vector<std::string> log;  // written by the worker only
+  Gate gate;
+  t.submit([&log, wait = gate.waiter()] {
+    wait();
+    log.push_back("submitted job");
+  });
+  std::thread opener([&] {
+    std::this_thread::sleep_for(20ms);
+    gate.open();
+  });
+  {
+    rt::ThreadScope scope(t);
+    tree_call("append", 2, [&](std::size_t i) { log.push_back("leaf" + std::to_string(i)); });
+    EXPECT_EQ(log, (std::vector<std::string>{"submitted job", "leaf0", "leaf1"}));
+    try {
+      tree_call("boom", 1, [](std::size_t) { throw std::range_error("bad leaf"); });
+      FAIL() << "the scoped call must rethrow";
+    } catch (const std::range_error& e) {
+      EXPECT_TRUE(contains(e.what(), "asyncs thread " + std::to_string(t.id())));
+      EXPECT_TRUE(contains(e.what(), "bad leaf"));
+    }
+  }
+  opener.join();
+}
+
+TEST_F(AsyncsThread, NestedTreeCallsInsideJobsKnowTheirThread) {
+  rt::Thread t;
+  auto f = t.submit([] {
+    std::vector<std::optional<int>> ids(4);
+    tree_call("outer", 2, [&](std::size_t i) {
+      tree_call("inner", 2, [&](std::size_t j) { ids[2 * i + j] = rt::current_thread_id(); });
+    });
+    return ids;
+  });
+  for (const auto& id : f.get()) EXPECT_EQ(id, t.id());
+}
+
+TEST_F(AsyncsThread, WaitsThatCouldOnlyDeadlockAreUsageErrors) {
+  rt::Thread t;
+  Gate gate;
+  rt::Future<void> later;
+  auto first = t.submit([&later, wait = gate.waiter()] {
+    wait();
+    try {
+      later.wait();
+    } catch (const rt::AsyncsUsageError&) {
+      try {
+        rt::synchronize();
+      } catch (const rt::AsyncsUsageError&) {
+        return true;
+      }
+    }
+    return false;
+  });
+  later = t.submit([] {});
+  gate.open();
+  EXPECT_TRUE(first.get());
+  EXPECT_THROW(rt::Future<int>().get(), rt::AsyncsUsageError);
+}
+
+TEST_F(AsyncsThread, WatchdogNamesTheBlockedJobWithinASecond) {
+  rt::set_watchdog_timeout(50ms);
+  rt::Thread t("blocker");
+  Gate gate;
+  auto f = t.submit([wait = gate.waiter()] {
+    wait();
+    return 11;
+  }, {}, {}, "blocked on latch");
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    f.get();
+    FAIL() << "the watchdog must fire";
+  } catch (const rt::WatchdogTimeout& e) {
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+    EXPECT_TRUE(contains(e.what(), "'blocked on latch' running"));
+    ASSERT_EQ(e.jobs().size(), 1u);
+    EXPECT_EQ(e.jobs()[0].thread, t.id());
+    EXPECT_EQ(e.jobs()[0].job, 1u);
+    EXPECT_TRUE(e.jobs()[0].running);
+  }
+  EXPECT_THROW(rt::synchronize(), rt::WatchdogTimeout);
+  gate.open();
+  EXPECT_EQ(f.get(), 11) << "the job completes once released";
+}
+
+TEST_F(AsyncsThread, WatchdogWithdrawsAQueuedScopedCall) {
+  rt::set_watchdog_timeout(50ms);
+  rt::Thread t;
+  Gate gate;
+  t.submit(gate.waiter(), {}, {}, "blocker");
+  bool ran = false;
+  {
+    rt::ThreadScope scope(t);
+    EXPECT_THROW(tree_call("never", 1, [&](std::size_t) { ran = true; }), rt::WatchdogTimeout);
+  }
+  gate.open();
+  t.wait_idle();
+  EXPECT_FALSE(ran) << "a withdrawn call never runs (it borrowed the caller's stack)";
+}
+
+TEST_F(AsyncsThread, BackPressureBlocksTheSubmitterUntilTheQueueDrains) {
+  rt::set_max_in_flight(2);
+  rt::Thread t;
+  Gate gate;
+  std::vector<int> order;
+  t.submit([&order, wait = gate.waiter()] {
+    wait();
+    order.push_back(1);
+  });
+  t.submit([&order] { order.push_back(2); });
+  std::atomic<bool> submitted{false};
+  std::thread submitter([&] {
+    t.submit([&order] { order.push_back(3); });
+    submitted = true;
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(submitted) << "a third job past the high-water mark of 2 must block";
+  EXPECT_EQ(t.in_flight(), 2u);
+  gate.open();
+  submitter.join();
+  EXPECT_TRUE(submitted);
+  t.wait_idle();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+}
+
+TEST_F(AsyncsThread, DestructorDrainsPendingJobsAndKeepsTheirErrors) {
+  std::atomic<int> ran{0};
+  int id = 0;
+  {
+    rt::Thread t;
+    id = t.id();
+    for (int i = 0; i < 10; ++i) {
+      t.submit([&ran, i] {
+        std::this_thread::sleep_for(2ms);
+        ++ran;
+        if (i == 4) throw std::overflow_error("job five failed");
+      });
+    }
+  }
+  EXPECT_EQ(ran.load(), 10) << "the destructor waits for every pending job";
+  try {
+    rt::synchronize();
+    FAIL() << "the un-got error must surface";
+  } catch (const std::overflow_error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "asyncs thread " + std::to_string(id) + ", job 5: job five failed");
+  }
+}
+
+}  // namespace
