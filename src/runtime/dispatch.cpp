@@ -1,14 +1,62 @@
-// Placeholder linear executor until the lane runtime lands (issue 4 replaces this file).
+// runtime::run(): the single dispatch point, executing a LeafCall linearly, on lanes or fused.
 #include "treetensor/runtime/dispatch.hpp"
 
+#include "runtime/asyncs_hook.hpp"
+#include "runtime/device_streams.hpp"
+#include "runtime/kernel_threads.hpp"
+#include "runtime/lanes.hpp"
+#include "runtime/policy.hpp"
 #include "treetensor/runtime/errors.hpp"
 
+#include <ATen/ThreadLocalState.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <exception>
+#include <optional>
 #include <vector>
 
 namespace treetensor::runtime {
+namespace {
 
-void run(const LeafCall& call) {
+// Leaf exceptions of one call, by leaf index. Each slot is written only by the thread that ran
+// that leaf; they are read after the join.
+class LeafErrors {
+ public:
+  explicit LeafErrors(std::size_t leaves) : slots_(leaves) {}
+  void set(std::size_t leaf, std::exception_ptr e) {
+    slots_[leaf] = std::move(e);
+    any_.store(true, std::memory_order_relaxed);  // read after the join, which orders it
+  }
+  /// Rethrows the first failing leaf's exception with context; the others are listed.
+  void rethrow_if_any(const LeafCall& call) const;
+
+ private:
+  std::vector<std::exception_ptr> slots_;
+  std::atomic<bool> any_{false};
+};
+
+void rethrow_leaf_errors(const LeafCall& call,
+                         const std::vector<std::pair<std::size_t, std::exception_ptr>>& errors) {
+  std::vector<std::string> others;
+  others.reserve(errors.size() - 1);
+  for (std::size_t k = 1; k < errors.size(); ++k)
+    others.push_back("'" + call.label(errors[k].first) + "': " + message_of(errors[k].second));
+  rethrow_with_context(errors.front().second,
+                       std::string(call.op) + " at leaf '" + call.label(errors.front().first) + "'",
+                       others);
+}
+
+void LeafErrors::rethrow_if_any(const LeafCall& call) const {
+  if (!any_.load(std::memory_order_relaxed)) return;
+  std::vector<std::pair<std::size_t, std::exception_ptr>> errors;
+  for (std::size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i]) errors.emplace_back(i, slots_[i]);
+  rethrow_leaf_errors(call, errors);
+}
+
+void run_linear(const LeafCall& call) {
   std::vector<std::pair<std::size_t, std::exception_ptr>> errors;
   for (std::size_t i = 0; i < call.leaves; ++i) {
     try {
@@ -17,13 +65,170 @@ void run(const LeafCall& call) {
       errors.emplace_back(i, std::current_exception());
     }
   }
-  if (errors.empty()) return;
-  std::vector<std::string> others;
-  for (std::size_t k = 1; k < errors.size(); ++k)
-    others.push_back("'" + call.label(errors[k].first) + "': " + message_of(errors[k].second));
-  rethrow_with_context(errors.front().second,
-                       std::string(call.op) + " at leaf '" + call.label(errors.front().first) + "'",
-                       others);
+  if (!errors.empty()) rethrow_leaf_errors(call, errors);
+}
+
+// Piece boundaries: contiguous leaf ranges of about equal estimated cost, `per_lane` pieces
+// per lane. Contiguous ranges keep leaf order within a lane (outputs allocated in order, one
+// atomic claim per piece instead of per leaf); several pieces per lane let a lane that starts
+// late (a parked worker wakes in tens of µs) or runs slow take fewer, so the estimate need
+// not be exact.
+std::vector<std::size_t> piece_bounds(const LeafCall& call, std::size_t lanes) {
+  constexpr std::size_t per_lane = 4;
+  const std::size_t pieces = std::min(call.leaves, lanes * per_lane);
+  std::vector<std::size_t> bounds{0};
+  bounds.reserve(pieces + 1);
+  if (!call.cost) {
+    for (std::size_t p = 1; p <= pieces; ++p) bounds.push_back(call.leaves * p / pieces);
+    return bounds;
+  }
+  // Weight: flops and bytes at rough single-thread rates, plus a fixed per-leaf dispatch.
+  std::vector<double> prefix(call.leaves + 1, 0.0);
+  for (std::size_t i = 0; i < call.leaves; ++i) {
+    const LeafCost c = call.cost(i);
+    prefix[i + 1] = prefix[i] + c.flops / 1e10 + c.bytes / 5e9 + 1e-6;
+  }
+  for (std::size_t p = 1; p < pieces; ++p) {
+    const double target = prefix.back() * static_cast<double>(p) / static_cast<double>(pieces);
+    std::size_t cut = static_cast<std::size_t>(
+        std::lower_bound(prefix.begin(), prefix.end(), target) - prefix.begin());
+    cut = std::clamp(cut, bounds.back() + 1, call.leaves - (pieces - p));
+    bounds.push_back(cut);
+  }
+  bounds.push_back(call.leaves);
+  return bounds;
+}
+
+class LeafBatch final : public detail::Batch {
+ public:
+  LeafBatch(const LeafCall& call, std::size_t lanes, std::vector<std::size_t> bounds,
+            detail::CallerStreams* streams)
+      : Batch(bounds.size() - 1, lanes - 1),
+        call_(call),
+        bounds_(std::move(bounds)),
+        errors_(call.leaves),
+        mode_(current_stream_mode()),
+        streams_(streams) {}
+
+  // Caller side: claims pieces until none is left, on the caller's own stream.
+  void run_own_share() {
+    std::size_t piece = 0, ran = 0;
+    while (claim(piece)) {
+      run_piece(piece);
+      ++ran;
+    }
+    finish(ran);
+  }
+
+  void participate(std::size_t lane) noexcept override {
+    std::size_t ran = 0;
+    try {
+      at::ThreadLocalStateGuard tls(tls_);
+      detail::ThreadModeScope mode(mode_);
+      std::optional<detail::LaneStreams> streams;
+      if (streams_) streams.emplace(*streams_, lane);
+      std::size_t piece = 0;
+      while (claim(piece)) {
+        run_piece(piece);
+        ++ran;
+      }
+      if (streams) streams->finish();
+    } catch (...) {
+      // Only lane set-up can get here (leaf exceptions are caught per leaf); unclaimed pieces
+      // stay for the caller, and the failure is reported after the join.
+      lane_error_ = std::current_exception();
+    }
+    finish(ran);
+  }
+
+  void rethrow_if_failed() const {
+    errors_.rethrow_if_any(call_);
+    if (lane_error_) rethrow_with_context(lane_error_, std::string(call_.op) + ": lane set-up");
+  }
+
+ private:
+  void run_piece(std::size_t piece) {
+    for (std::size_t i = bounds_[piece]; i < bounds_[piece + 1]; ++i) {
+      try {
+        call_.run(i);
+      } catch (...) {
+        errors_.set(i, std::current_exception());
+      }
+    }
+  }
+
+  const LeafCall& call_;
+  const std::vector<std::size_t> bounds_;
+  LeafErrors errors_;
+  const at::ThreadLocalState tls_;  // captured on the caller: grad/inference mode, autocast, ...
+  const StreamMode mode_;
+  detail::CallerStreams* const streams_;
+  std::exception_ptr lane_error_;  // written by at most one lane before its finish()
+};
+
+void run_lanes(const LeafCall& call, std::size_t lanes) {
+  detail::ensure_workers(lanes - 1);
+  std::optional<detail::CallerStreams> streams;
+  if (auto backend = detail::backend_for(call.device)) streams.emplace(std::move(backend), call.device);
+  detail::OneBlasThread one_blas_thread;
+  auto batch = std::make_shared<LeafBatch>(call, lanes, piece_bounds(call, lanes),
+                                           streams ? &*streams : nullptr);
+  detail::submit(batch);
+  {
+    detail::OneIntraOpThread one_intra_op_thread;
+    batch->run_own_share();
+  }
+  batch->wait_done();
+  detail::retire(batch.get());
+  if (streams) streams->join();
+  batch->rethrow_if_failed();
+}
+
+// Runs the fused form; returns false (nothing ran) when it declines.
+bool run_fused(const LeafCall& call) {
+  try {
+    return call.fused();
+  } catch (...) {
+    rethrow_with_context(std::current_exception(), std::string(call.op) + " (fused)");
+  }
+}
+
+void execute(const LeafCall& call, const detail::Plan& plan) {
+  switch (plan.decision.strategy) {
+    case Strategy::linear: return run_linear(call);
+    case Strategy::lanes: return run_lanes(call, plan.decision.lanes);
+    case Strategy::fused:
+      if (!run_fused(call)) run_linear(call);
+      return;
+  }
+}
+
+}  // namespace
+
+void run(const LeafCall& call) {
+  if (call.leaves == 0) return;
+  // asyncs (issue 5): ThreadScope routing and job context for lanes; keep this line first.
+  if (detail::run_on_scoped_thread(call)) return;
+  const StreamMode mode = current_stream_mode();
+  if (mode == StreamMode{} && !detail::inline_mode()) return run_linear(call);  // the default
+  const detail::Plan plan = detail::plan(call, mode, /*commit=*/true);
+  if (plan.key == 0) return execute(call, plan);
+  // Timed for the automatic learner.
+  const auto t0 = std::chrono::steady_clock::now();
+  bool refused = false;
+  if (plan.decision.strategy == Strategy::fused) {
+    refused = !run_fused(call);
+    if (refused) run_linear(call);
+  } else {
+    execute(call, plan);
+  }
+  detail::report(plan, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 refused);
+}
+
+Decision explain(const LeafCall& call) {
+  if (call.leaves == 0) return Decision{Strategy::linear, 1, "no leaves"};
+  return detail::plan(call, current_stream_mode(), /*commit=*/false).decision;
 }
 
 }  // namespace treetensor::runtime

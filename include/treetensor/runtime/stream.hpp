@@ -1,0 +1,101 @@
+#pragma once
+// Execution modes of tree calls: linear, stream(M) lanes, automatic, fused (DESIGN.md §5, §6,
+// §8, §9), the scoped guard, and the inspectable policy decision.
+//
+// Modes (what runtime::run() does with one LeafCall):
+//  - stream(1)          linear: every leaf on the calling thread, in leaf order. The default.
+//  - stream(M), M > 1   M lanes: the calling thread plus up to M-1 persistent worker threads
+//                       share the leaves (treetensor parity: DI-treetensor's `stream(n)`;
+//                       unlike it, the caller takes part and all device streams are synchronised).
+//  - stream(automatic)  per call, the policy picks linear, lanes or fused (see explain()).
+//  - stream(fused)      the call's batched form (LeafCall::fused) when it has one and it accepts
+//                       the leaves; otherwise linear. Meant for tests and benchmarks.
+//  - TREETENSOR_INLINE=1 (environment, read once at first use): every call runs linearly on the
+//                       caller whatever the mode — the single-threaded debug mode.
+//  - TREETENSOR_LOG_POLICY=1: every automatic decision prints one line to stderr.
+// Values never depend on the mode (bitwise for deterministic kernels, DESIGN.md §5).
+
+#include "treetensor/runtime/dispatch.hpp"
+
+#include <cstddef>
+#include <string>
+
+namespace treetensor::runtime {
+
+/// Tag for stream(automatic).
+struct Automatic {};
+inline constexpr Automatic automatic{};
+/// Tag for stream(fused).
+struct Fused {};
+inline constexpr Fused fused{};
+
+/// An execution mode: linear/lanes (kind lanes, M = lanes), automatic, or fused.
+struct StreamMode {
+  enum class Kind { lanes, automatic, fused };
+  Kind kind = Kind::lanes;
+  std::size_t lanes = 1;  ///< M for Kind::lanes; the lane budget for Kind::automatic
+
+  static StreamMode of(std::size_t m);  ///< throws std::invalid_argument when m is 0 or > 64
+  static StreamMode of(Automatic);
+  static StreamMode of(Fused);
+  friend bool operator==(const StreamMode&, const StreamMode&) = default;
+  std::string to_string() const;  ///< "stream(2)", "stream(automatic)", "stream(fused)"
+};
+
+/// Largest M accepted by stream(M).
+inline constexpr std::size_t max_lanes = 64;
+
+/// Sets the process-wide mode (treetensor parity: `ttorch.stream(n)`).
+/// @param m  number of lanes, 1..max_lanes; 1 is linear.
+/// @throws std::invalid_argument when m is 0 or above max_lanes.
+/// Thread safety: thread-safe; calls already running keep the mode they started with. A
+/// StreamGuard on a thread takes precedence over the process-wide mode on that thread.
+void stream(std::size_t m);
+/// Sets the process-wide mode to automatic; the lane budget is the machine's hardware threads.
+void stream(Automatic);
+/// Sets the process-wide mode to fused.
+void stream(Fused);
+
+/// The mode that run() uses on this thread now: the innermost StreamGuard's, else the
+/// process-wide one. Inside a lane this is the mode of the call that spawned the leaf work.
+/// Thread safety: thread-safe.
+StreamMode current_stream_mode();
+
+/// Scoped mode for the calling thread (and for the lanes running its tree calls); restores the
+/// previous thread-local mode when destroyed. Guards nest; the innermost wins.
+/// Example: `{ runtime::StreamGuard g(2); tree_op(...); }  // two lanes inside the block`
+/// Thread safety: affects only the constructing thread; destroy it on that thread.
+class StreamGuard {
+ public:
+  explicit StreamGuard(std::size_t m);  ///< throws like stream(m)
+  explicit StreamGuard(Automatic);
+  explicit StreamGuard(Fused);
+  explicit StreamGuard(StreamMode mode);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  bool had_previous_;
+  StreamMode previous_;
+};
+
+/// How one call is (or would be) executed.
+enum class Strategy { linear, lanes, fused };
+
+/// A policy decision: the strategy, the number of lanes used (1 for linear and fused) and why.
+struct Decision {
+  Strategy strategy = Strategy::linear;
+  std::size_t lanes = 1;
+  std::string reason;
+};
+
+/// What run() would do with `call` under the current mode, without running it. Under
+/// automatic the answer reflects the measurements made so far, so a later call may differ.
+/// Thread safety: thread-safe.
+Decision explain(const LeafCall& call);
+
+/// "linear", "lanes" or "fused".
+const char* to_string(Strategy s);
+
+}  // namespace treetensor::runtime

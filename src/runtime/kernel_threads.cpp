@@ -1,0 +1,76 @@
+#include "runtime/kernel_threads.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+namespace treetensor::runtime::detail {
+namespace {
+
+using SetFn = void (*)(int);
+using GetFn = int (*)();
+
+struct Symbols {
+  SetFn omp_set = nullptr;
+  GetFn omp_get = nullptr;
+  SetFn blas_set = nullptr;
+  GetFn blas_get = nullptr;
+  SetFn mkl_set_local = nullptr;  // int mkl_set_num_threads_local(int); result unused
+
+  Symbols() {
+    omp_set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+    omp_get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+    blas_set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    blas_get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    mkl_set_local = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "mkl_set_num_threads_local"));
+  }
+};
+
+const Symbols& symbols() {
+  static const Symbols s;
+  return s;
+}
+
+std::mutex blas_mutex;
+int blas_users = 0;
+int blas_saved = 0;
+
+}  // namespace
+
+int omp_threads() { return symbols().omp_get ? symbols().omp_get() : 0; }
+int blas_threads() { return symbols().blas_get ? symbols().blas_get() : 0; }
+
+void pin_intra_op_to_one_thread() {
+  at::internal::lazy_init_num_threads();
+  if (symbols().omp_set) symbols().omp_set(1);
+  if (symbols().mkl_set_local) symbols().mkl_set_local(1);
+}
+
+OneIntraOpThread::OneIntraOpThread() : previous_(0) {
+  at::internal::lazy_init_num_threads();
+  previous_ = omp_threads();
+  if (previous_ > 1) symbols().omp_set(1);
+}
+
+OneIntraOpThread::~OneIntraOpThread() {
+  if (previous_ > 1) symbols().omp_set(previous_);
+}
+
+OneBlasThread::OneBlasThread() {
+  if (!symbols().blas_set) return;
+  std::lock_guard lock(blas_mutex);
+  if (blas_users++ == 0) {
+    blas_saved = symbols().blas_get();
+    if (blas_saved != 1) symbols().blas_set(1);
+  }
+}
+
+OneBlasThread::~OneBlasThread() {
+  if (!symbols().blas_set) return;
+  std::lock_guard lock(blas_mutex);
+  if (--blas_users == 0 && blas_saved != 1) symbols().blas_set(blas_saved);
+}
+
+}  // namespace treetensor::runtime::detail

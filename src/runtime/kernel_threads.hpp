@@ -1,0 +1,54 @@
+#pragma once
+// One intra-op thread and one BLAS thread for leaf kernels inside lanes (DESIGN.md §6).
+//
+// Found by reading LibTorch 1.13 (ATen/ParallelOpenMP.cpp) and OpenBLAS 0.3.21:
+//  - at::set_num_threads(n) is process-wide: it stores a global atomic that every thread's lazy
+//    init copies, resizes the global pthreadpool and (with MKL) MKL's global count. Calling it
+//    from a lane would change every other thread's kernels. But at::parallel_for with the
+//    OpenMP backend opens `#pragma omp parallel` with the calling thread's own nthreads-var ICV,
+//    so omp_set_num_threads(1) on a lane thread limits exactly that thread. The ICV must be set
+//    after ATen's per-thread lazy init, which otherwise overwrites it on the thread's first
+//    parallel_for — hence at::internal::lazy_init_num_threads() first.
+//  - OpenBLAS built with pthreads keeps one global thread count (blas_cpu_number); gemm reads it
+//    per call. Setting and restoring it around each leaf from several threads makes concurrent
+//    calls see each other's values (a restore to 2 in one lane makes the other lane's gemm hand
+//    work to OpenBLAS's own server threads, which then contend with the lanes for the cores).
+//    So the BLAS count is set to 1 while any parallel tree call is in flight (reference-counted
+//    across threads) and restored when the last one ends. MKL's per-thread
+//    mkl_set_num_threads_local is used when present.
+// All symbols are looked up with dlsym, so nothing is hard-linked and a missing library is a
+// no-op.
+
+namespace treetensor::runtime::detail {
+
+/// Makes the calling thread run ATen intra-op work on itself only, for good. For lane workers.
+void pin_intra_op_to_one_thread();
+
+/// RAII: one intra-op thread on the calling thread, restored on destruction.
+class OneIntraOpThread {
+ public:
+  OneIntraOpThread();
+  ~OneIntraOpThread();
+  OneIntraOpThread(const OneIntraOpThread&) = delete;
+  OneIntraOpThread& operator=(const OneIntraOpThread&) = delete;
+
+ private:
+  int previous_;
+};
+
+/// RAII: one BLAS thread process-wide while at least one instance lives (reference-counted);
+/// the count in effect before the first instance is restored when the last one dies.
+class OneBlasThread {
+ public:
+  OneBlasThread();
+  ~OneBlasThread();
+  OneBlasThread(const OneBlasThread&) = delete;
+  OneBlasThread& operator=(const OneBlasThread&) = delete;
+};
+
+/// Current OpenBLAS thread count, or 0 when OpenBLAS is not loaded.
+int blas_threads();
+/// Current OpenMP nthreads-var of the calling thread, or 0 without OpenMP.
+int omp_threads();
+
+}  // namespace treetensor::runtime::detail
