@@ -1,0 +1,205 @@
+#include "config.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <iostream>
+#include <map>
+
+#ifndef TREETENSOR_DATA_DIR
+#define TREETENSOR_DATA_DIR "data"
+#endif
+
+namespace treetensor::bench {
+namespace {
+
+const std::map<std::string, c10::ScalarType> kDtypes = {
+    {"float32", c10::kFloat}, {"float64", c10::kDouble},
+    {"float16", c10::kHalf},  {"bfloat16", c10::kBFloat16}};
+
+constexpr const char* kSeedRows = R"(Rows (one per strategy and size; every row is checked against `native` before timing):
+  min             the tree call (linear) on N/M leaves: the time a perfect M-way split of
+                  the N leaves could reach. Its GFLOP/s counts all N leaves, so it reads as
+                  the throughput of that ideal split.
+  native          a hand-written loop over std::map<std::string, at::Tensor> that keeps
+                  every result in a new map, as a tree call does. The baseline of every
+                  speed-up.
+  native-discard  the seed's own loop, which throws each result away (no new memory stays
+                  alive). For reference only; never a baseline.
+  linear          the tree call under stream(1): every leaf on the calling thread.
+  stream          the tree call under stream(M): leaves spread over M lanes.
+  auto            the tree call under stream(automatic): the policy picks linear, lanes or
+                  fused per call.
+  fused           the tree call under stream(fused): one bmm over the stacked leaves when
+                  shapes allow (all leaves share a shape here).
+Columns: mean and standard deviation of the T timed repetitions (ms), GFLOP/s =
+2*S1*S2*S3*N / mean time, speed-up = native mean / row mean, verified = allclose to native.
+Timing: strategies run round-robin within each repetition (the order rotates each
+repetition) so that noise from a shared machine hits all of them alike; each result is kept
+until the clock stops, then released outside the timed region; with --device cuda the
+device is synchronized after every repetition.)";
+
+constexpr const char* kOptimizerRows = R"(One Adam step (with bias correction and L2 weight decay, PyTorch's torch.optim.Adam
+arithmetic) over the trainable parameters of a real model: four trees (parameters,
+gradients, first and second moments) built from the shapes in data/models/<model>.json.
+Only weights and biases take part, not running_mean / running_var / num_batches_tracked
+(resnet50: 161 tensors, 25,557,032 elements; mobilenet_v3_small: 142, 2,542,856).
+Rows (each checked against `native`, allclose on the updated parameters, before timing):
+  native   a loop of per-tensor at:: ops, as a hand-written LibTorch optimizer does
+           (torch::optim::Adam's arithmetic). The baseline of every speed-up.
+  foreach  at::_foreach_* over the flat tensor lists, as PyTorch's own optimizer does
+           (foreach=True).
+  linear   the tree Adam step under stream(1).
+  stream   the tree Adam step under stream(M).
+  auto     the tree Adam step under stream(automatic).
+  fused    the tree Adam step under stream(fused): batched (_foreach_) arithmetic.
+Columns: mean and standard deviation of T timed steps (ms), GFLOP/s (null: not meaningful for
+a memory-bound update), speed-up = native mean / row mean, verified. Strategies take turns
+within each repetition on one shared state, so the step count keeps advancing.)";
+
+void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& device) {
+  sub.add_option("-M,--lanes", cfg.lanes, "M: lanes of the `stream` row; `min` uses N/M leaves")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  sub.add_option("-T,--reps", cfg.reps,
+                 "T: timed repetitions per strategy (default 20 on CPU, 50 with --device cuda)")
+      ->check(CLI::PositiveNumber);
+  sub.add_option("--warmup", cfg.warmup, "untimed repetitions per strategy before timing")
+      ->capture_default_str();
+  sub.add_option("--dtype", dtype, "element type of every tensor")
+      ->check(CLI::IsMember({"float32", "float64", "float16", "bfloat16"}))
+      ->capture_default_str();
+  sub.add_option("--device", device,
+                 "where tensors live: cpu, cuda or cuda:K (needs a CUDA build of LibTorch)")
+      ->type_name("DEVICE")
+      ->capture_default_str();
+  sub.add_option("--seed", cfg.seed, "random seed of the inputs")->capture_default_str();
+  sub.add_option("--json", cfg.json_path,
+                 "write {config, results} to FILE; results are records {workload, strategy, "
+                 "size, mean_ms, std_ms, gflops, speedup_vs_native, verified}")
+      ->type_name("FILE");
+  sub.add_option("--plot", cfg.plot_path,
+                 "draw speed-up vs native against leaf size, one line per strategy, into "
+                 "FILE.png (needs gnuplot: sudo apt-get install gnuplot-nox)")
+      ->type_name("FILE.png");
+  sub.add_flag("--no-progress", [&cfg](std::int64_t) { cfg.progress = false; },
+               "no progress line on stderr");
+}
+
+std::string resolve_model(const std::string& model) {
+  namespace fs = std::filesystem;
+  if (model.ends_with(".json") || model.find('/') != std::string::npos) return model;
+  for (const fs::path& dir : {fs::path("data/models"), fs::path(TREETENSOR_DATA_DIR) / "models"}) {
+    fs::path p = dir / (model + ".json");
+    if (fs::exists(p)) return p.string();
+  }
+  throw CLI::ValidationError("--model", "no model file '" + model + ".json' in ./data/models or " +
+                                            TREETENSOR_DATA_DIR + "/models; give a name there "
+                                            "(resnet50, mobilenet_v3_small) or a path to a .json");
+}
+
+std::vector<SeedSize> sweep(const std::vector<std::int64_t>& s) {
+  std::vector<SeedSize> out;
+  for (auto v : s) out.push_back({v, 2 * v, 4 * v});
+  return out;
+}
+
+}  // namespace
+
+std::string SeedSize::label() const {
+  if (is_sweep_shape()) return std::to_string(s1);
+  return std::to_string(s1) + "x" + std::to_string(s2) + "x" + std::to_string(s3);
+}
+
+std::string dtype_name(c10::ScalarType t) {
+  for (const auto& [name, type] : kDtypes)
+    if (type == t) return name;
+  return c10::toString(t);
+}
+
+std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) {
+  Config cfg;
+  std::string dtype = "float32", device = "cpu";
+  std::vector<std::int64_t> sizes = {16, 32, 64, 128};
+  std::int64_t s1 = 0, s2 = 0, s3 = 0;
+
+  CLI::App app{"treetensor-bench: does tree-level parallelism pay on your sizes, and which "
+               "strategy wins? Every figure is measured side by side in one run.",
+               "treetensor-bench"};
+  app.require_subcommand(1);
+  app.footer("Examples:\n  treetensor-bench seed --json out/seed.json --plot out/seed.png\n"
+             "  treetensor-bench optimizer --model resnet50 --json out/optimizer.json\n"
+             "  treetensor-bench seed --device cuda      # the seed's own sizes on a GPU\n"
+             "Run `treetensor-bench seed --help` or `... optimizer --help` for the rows.");
+
+  CLI::App* seed = app.add_subcommand(
+      "seed", "N leaves a0..a{N-1}; leaf i multiplies S1xS2 by S2xS3 (DI-treetensor's stream "
+              "experiment), over a size sweep");
+  add_common(*seed, cfg, dtype, device);
+  seed->add_option("-N,--leaves", cfg.leaves, "N: number of leaves (default 200)")
+      ->check(CLI::PositiveNumber);
+  auto* sizes_opt = seed->add_option(
+      "--sizes", sizes,
+      "sweep of S, comma-separated: S1=S, S2=2S, S3=4S (default 16,32,64,128 on CPU, 512 with "
+      "--device cuda)")->delimiter(',')->check(CLI::PositiveNumber);
+  seed->add_option("--s1", s1, "one explicit size instead of the sweep: rows of the left factor")
+      ->check(CLI::PositiveNumber)->excludes(sizes_opt);
+  seed->add_option("--s2", s2, "inner dimension (default 2*S1); needs --s1")
+      ->check(CLI::PositiveNumber)->excludes(sizes_opt);
+  seed->add_option("--s3", s3, "columns of the right factor (default 4*S1); needs --s1")
+      ->check(CLI::PositiveNumber)->excludes(sizes_opt);
+  seed->footer(kSeedRows);
+
+  CLI::App* opt = app.add_subcommand(
+      "optimizer", "one Adam step over the parameter tree of a real model (torchvision shapes)");
+  add_common(*opt, cfg, dtype, device);
+  opt->add_option("--model", cfg.model,
+                  "resnet50, mobilenet_v3_small (a file in data/models) or a path to a shapes "
+                  ".json {model, source, tensors: [{key, shape, dtype}]}")
+      ->type_name("NAME|FILE")
+      ->capture_default_str();
+  opt->add_option("--lr", cfg.adam.lr, "Adam learning rate")->capture_default_str();
+  opt->add_option("--beta1", cfg.adam.beta1, "Adam beta1")->capture_default_str();
+  opt->add_option("--beta2", cfg.adam.beta2, "Adam beta2")->capture_default_str();
+  opt->add_option("--eps", cfg.adam.eps, "Adam eps")->capture_default_str();
+  opt->add_option("--weight-decay", cfg.adam.weight_decay, "Adam L2 weight decay")
+      ->capture_default_str();
+  opt->footer(kOptimizerRows);
+
+  try {
+    app.parse(argc, argv);
+    cfg.workload = seed->parsed() ? Workload::seed : Workload::optimizer;
+    cfg.dtype = kDtypes.at(dtype);
+    try {
+      cfg.device = c10::Device(device);
+    } catch (const std::exception&) {
+      throw CLI::ValidationError("--device", "expected cpu, cuda or cuda:K, got '" + device + "'");
+    }
+    const bool cuda = cfg.device.is_cuda();
+    CLI::App* sub = seed->parsed() ? seed : opt;
+    if (sub->get_option("--reps")->count() == 0 && cuda) cfg.reps = 50;
+    if (sub->get_option("--warmup")->count() == 0 && cuda) cfg.warmup = 5;
+    if (cfg.workload == Workload::seed) {
+      if (s1 > 0) {
+        cfg.sizes = {{s1, s2 > 0 ? s2 : 2 * s1, s3 > 0 ? s3 : 4 * s1}};
+      } else if (s2 > 0 || s3 > 0) {
+        throw CLI::ValidationError("--s2/--s3", "need --s1 as well");
+      } else {
+        cfg.sizes = sweep(sizes_opt->count() == 0 && cuda ? std::vector<std::int64_t>{512} : sizes);
+      }
+      if (cfg.lanes > cfg.leaves)
+        throw CLI::ValidationError("--lanes", "M (" + std::to_string(cfg.lanes) +
+                                                  ") must not exceed N (" +
+                                                  std::to_string(cfg.leaves) + ")");
+    } else {
+      cfg.model_path = resolve_model(cfg.model);
+    }
+  } catch (const CLI::ParseError& e) {
+    exit_code = app.exit(e);
+    return std::nullopt;
+  }
+  for (int i = 0; i < argc; ++i) cfg.command_line += (i ? " " : "") + std::string(argv[i]);
+  return cfg;
+}
+
+}  // namespace treetensor::bench

@@ -1,0 +1,66 @@
+#pragma once
+// treetensor-bench settings and their command line (CLI11).
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace treetensor::bench {
+
+/// One seed leaf size: leaf i computes an s1×s2 @ s2×s3 matmul.
+struct SeedSize {
+  std::int64_t s1 = 0, s2 = 0, s3 = 0;
+  /// True when (s1, s2, s3) = (S, 2S, 4S), the sweep's shape; then label() is "S".
+  bool is_sweep_shape() const { return s2 == 2 * s1 && s3 == 4 * s1; }
+  /// "64" for a sweep shape, else "s1x s2 x s3" as "64x100x7".
+  std::string label() const;
+  /// Floating-point operations of one leaf's matmul: 2·s1·s2·s3.
+  double leaf_flops() const { return 2.0 * double(s1) * double(s2) * double(s3); }
+};
+
+/// Adam hyper-parameters (PyTorch's torch.optim.Adam / torch::optim::AdamOptions names).
+struct AdamSettings {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+enum class Workload { seed, optimizer };
+
+/// Every setting of one run; filled by parse_command_line() with device-dependent defaults.
+struct Config {
+  Workload workload = Workload::seed;
+  std::size_t leaves = 200;                  ///< N (seed)
+  std::size_t lanes = 2;                     ///< M for the stream row and the min row
+  std::size_t reps = 20;                     ///< T: timed repetitions per strategy
+  std::size_t warmup = 3;                    ///< untimed repetitions per strategy first
+  std::vector<SeedSize> sizes;               ///< seed sizes, in sweep order
+  c10::ScalarType dtype = c10::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::uint64_t seed = 0;                    ///< random seed of the inputs
+  std::string model = "resnet50";            ///< optimizer: a name in data/models or a .json path
+  std::string model_path;                    ///< resolved path of the model file
+  AdamSettings adam;
+  std::optional<std::string> json_path;      ///< --json FILE
+  std::optional<std::string> plot_path;      ///< --plot FILE.png
+  bool progress = true;                      ///< progress line on stderr
+  std::string command_line;                  ///< argv joined, recorded in the JSON
+};
+
+/// Parses argv into a Config, applying the CPU or CUDA defaults for what was not given.
+/// @returns the Config, or std::nullopt after printing --help or a usage error; `exit_code`
+///          then holds the code main() should return (0 for --help, non-zero for errors).
+/// Thread safety: not thread-safe (CLI11 state); call once from main().
+std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code);
+
+/// "float32", "float64", "float16", "bfloat16" for the supported dtypes.
+std::string dtype_name(c10::ScalarType t);
+
+}  // namespace treetensor::bench

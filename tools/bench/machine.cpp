@@ -1,0 +1,138 @@
+#include "machine.hpp"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+
+#if __has_include(<torch/version.h>)
+#include <torch/version.h>
+#endif
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+
+namespace treetensor::bench {
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("model name")) continue;
+    auto colon = line.find(':');
+    if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+  }
+  return "unknown";
+}
+
+std::string torch_version() {
+#ifdef TORCH_VERSION
+  return TORCH_VERSION;
+#else
+  // LibTorch builds without torch/version.h still print it in their build settings.
+  std::smatch m;
+  const std::string cfg = at::show_config();
+  if (std::regex_search(cfg, m, std::regex("TORCH_VERSION=([0-9][^,\\s]*)"))) return m[1];
+  return "unknown";
+#endif
+}
+
+// Shared libraries loaded into this process whose file name mentions BLAS or MKL: LibTorch's
+// own build settings often say only "BLAS_INFO=generic" (Debian's does), so the loaded library
+// is the reliable answer.
+std::set<std::string> loaded_blas_libraries() {
+  std::set<std::string> out;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        std::string path = info->dlpi_name ? info->dlpi_name : "";
+        std::string name = std::filesystem::path(path).filename().string();
+        if (name.find("blas") != std::string::npos || name.find("mkl_core") != std::string::npos) {
+          std::error_code ec;
+          auto real = std::filesystem::canonical(path, ec);
+          static_cast<std::set<std::string>*>(data)->insert(ec ? path : real.string());
+        }
+        return 0;
+      },
+      &out);
+  return out;
+}
+
+std::string blas_in_use(int& threads) {
+  // OpenBLAS answers through its own entry points when it is the BLAS this process loaded.
+  using TextFn = char* (*)();
+  using ThreadsFn = int (*)();
+  std::string text;
+  if (auto fn = reinterpret_cast<TextFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) text = fn();
+  if (auto fn = reinterpret_cast<TextFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
+    text += std::string(", core ") + fn();
+  if (auto fn = reinterpret_cast<ThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")))
+    threads = fn();
+  std::string libs;
+  for (const auto& lib : loaded_blas_libraries()) libs += (libs.empty() ? "" : ", ") + lib;
+  if (!libs.empty()) text += (text.empty() ? "" : "; ") + libs;
+  if (text.empty()) {
+    std::smatch m;
+    const std::string cfg = at::show_config();
+    if (std::regex_search(cfg, m, std::regex("BLAS_INFO=([^,\\s]*)")))
+      text = "BLAS_INFO=" + m[1].str() + " (from at::show_config)";
+  }
+  return text.empty() ? "unknown" : text;
+}
+
+std::string utc_now() {
+  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+MachineInfo collect_machine_info() {
+  MachineInfo m;
+  m.cpu = cpu_model();
+  m.cores = std::thread::hardware_concurrency();
+  m.torch_version = torch_version();
+  m.blas = blas_in_use(m.blas_threads);
+  m.intra_op_threads = at::get_num_threads();
+  m.inter_op_threads = at::get_num_interop_threads();
+  m.cuda = at::hasCUDA();
+  m.date = utc_now();
+  return m;
+}
+
+std::string MachineInfo::describe() const {
+  std::string s;
+  s += "machine: " + cpu + ", " + std::to_string(cores) + " cores" +
+       (cuda ? ", CUDA available" : "") + "\n";
+  s += "LibTorch " + torch_version + "; BLAS: " + blas + "\n";
+  s += "threads: intra-op " + std::to_string(intra_op_threads) + ", inter-op " +
+       std::to_string(inter_op_threads) + ", BLAS " +
+       (blas_threads < 0 ? std::string("unknown") : std::to_string(blas_threads)) + "\n";
+  s += "date: " + date + "\n";
+  return s;
+}
+
+nlohmann::json MachineInfo::to_json() const {
+  return {{"cpu", cpu},
+          {"cores", cores},
+          {"libtorch", torch_version},
+          {"blas", blas},
+          {"intra_op_threads", intra_op_threads},
+          {"inter_op_threads", inter_op_threads},
+          {"blas_threads", blas_threads < 0 ? nlohmann::json() : nlohmann::json(blas_threads)},
+          {"cuda_available", cuda},
+          {"date", date}};
+}
+
+}  // namespace treetensor::bench

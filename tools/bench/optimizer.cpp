@@ -1,0 +1,255 @@
+// One Adam step over the trainable parameters of a real model (torchvision shapes), under every
+// strategy, side by side.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "tree_calls.hpp"
+#include "treetensor/runtime/stream.hpp"
+#include "workloads.hpp"
+
+namespace treetensor::bench {
+namespace {
+
+struct ParamShape {
+  std::string key;
+  std::vector<std::int64_t> shape;
+};
+
+struct ModelShapes {
+  std::string name;
+  std::vector<ParamShape> trainable;
+  std::size_t skipped = 0;
+  std::int64_t elements = 0;
+};
+
+// Buffers that an optimizer never updates.
+bool is_buffer(const std::string& key) {
+  for (const char* suffix : {".running_mean", ".running_var", ".num_batches_tracked"})
+    if (key.ends_with(suffix) || key == suffix + 1) return true;
+  return false;
+}
+
+ModelShapes load_model(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot open model shapes file '" + path + "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("model shapes file '" + path + "' is not valid JSON: " + e.what());
+  }
+  ModelShapes m;
+  try {
+    m.name = j.at("model").get<std::string>();
+    const auto& tensors = j.at("tensors");
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      std::string key = tensors[i].at("key").get<std::string>();
+      if (is_buffer(key)) {
+        ++m.skipped;
+        continue;
+      }
+      auto shape = tensors[i].at("shape").get<std::vector<std::int64_t>>();
+      std::int64_t numel = 1;
+      for (auto d : shape) numel *= d;
+      m.elements += numel;
+      m.trainable.push_back({std::move(key), std::move(shape)});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("model shapes file '" + path +
+                             "' does not match {\"model\", \"tensors\": [{\"key\", \"shape\", "
+                             "\"dtype\"}]}: " + e.what());
+  }
+  return m;
+}
+
+// Parameters, gradients and both moments, as flat lists (native, foreach) and as trees built
+// from the same tensors (no copies).
+struct AdamState {
+  std::vector<std::string> keys;
+  std::vector<at::Tensor> p, g, m, v;
+  AdamTrees trees;
+
+  void build_trees() {
+    auto tree_of = [this](const std::vector<at::Tensor>& xs) {
+      std::vector<std::pair<std::string, at::Tensor>> pairs;
+      for (std::size_t i = 0; i < keys.size(); ++i) pairs.emplace_back(keys[i], xs[i]);
+      return tree::unflatten(pairs);
+    };
+    trees = {tree_of(p), tree_of(g), tree_of(m), tree_of(v)};
+  }
+
+  AdamState clone() const {
+    AdamState c{keys, {}, {}, {}, {}, {}};
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      c.p.push_back(p[i].clone());
+      c.g.push_back(g[i].clone());
+      c.m.push_back(m[i].clone());
+      c.v.push_back(v[i].clone());
+    }
+    c.build_trees();
+    return c;
+  }
+};
+
+AdamState make_state(const ModelShapes& model, const Config& cfg) {
+  AdamState s;
+  auto make = [&](const std::vector<std::int64_t>& shape, double scale, bool positive) {
+    at::Tensor x = positive ? at::rand(shape) : at::randn(shape);
+    return (x * scale).to(cfg.device, cfg.dtype);
+  };
+  for (const auto& t : model.trainable) {
+    s.keys.push_back(t.key);
+    s.p.push_back(make(t.shape, 0.05, false));
+    s.g.push_back(make(t.shape, 1e-2, false));
+    s.m.push_back(make(t.shape, 1e-3, false));
+    s.v.push_back(make(t.shape, 1e-5, true));  // a second moment is never negative
+  }
+  s.build_trees();
+  return s;
+}
+
+// torch::optim::Adam's per-parameter arithmetic, as a hand-written LibTorch optimizer does it.
+void adam_native(AdamState& s, std::int64_t step, const AdamSettings& o) {
+  const double bc1 = 1 - std::pow(o.beta1, double(step));
+  const double bc2_sqrt = std::sqrt(1 - std::pow(o.beta2, double(step)));
+  for (std::size_t i = 0; i < s.p.size(); ++i) {
+    at::Tensor grad = s.g[i];
+    if (o.weight_decay != 0) grad = grad.add(s.p[i], o.weight_decay);
+    s.m[i].mul_(o.beta1).add_(grad, 1 - o.beta1);
+    s.v[i].mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
+    at::Tensor denom = (s.v[i].sqrt() / bc2_sqrt).add_(o.eps);
+    s.p[i].addcdiv_(s.m[i], denom, -o.lr / bc1);
+  }
+}
+
+// PyTorch's multi-tensor Adam (torch.optim.Adam(foreach=True)): at::_foreach_* over the lists.
+void adam_foreach(AdamState& s, std::int64_t step, const AdamSettings& o) {
+  const double bc1 = 1 - std::pow(o.beta1, double(step));
+  const double bc2_sqrt = std::sqrt(1 - std::pow(o.beta2, double(step)));
+  std::vector<at::Tensor> grads = o.weight_decay != 0 ? at::_foreach_add(s.g, s.p, o.weight_decay) : s.g;
+  at::_foreach_mul_(s.m, o.beta1);
+  at::_foreach_add_(s.m, grads, 1 - o.beta1);
+  at::_foreach_mul_(s.v, o.beta2);
+  at::_foreach_addcmul_(s.v, grads, grads, 1 - o.beta2);
+  std::vector<at::Tensor> denom = at::_foreach_sqrt(s.v);
+  at::_foreach_div_(denom, bc2_sqrt);
+  at::_foreach_add_(denom, o.eps);
+  at::_foreach_addcdiv_(s.p, s.m, denom, -o.lr / bc1);
+}
+
+void adam_tree(AdamState& s, std::int64_t step, const AdamSettings& o, runtime::StreamMode mode) {
+  runtime::StreamGuard guard(mode);
+  tree_adam_step(s.trees, step, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay);
+}
+
+using Step = std::function<void(AdamState&, std::int64_t)>;
+
+std::vector<std::pair<std::string, Step>> strategies(const Config& cfg) {
+  const AdamSettings o = cfg.adam;
+  auto tree = [o](runtime::StreamMode mode) {
+    return [o, mode](AdamState& s, std::int64_t step) { adam_tree(s, step, o, mode); };
+  };
+  return {{"native", [o](AdamState& s, std::int64_t step) { adam_native(s, step, o); }},
+          {"foreach", [o](AdamState& s, std::int64_t step) { adam_foreach(s, step, o); }},
+          {"linear", tree(runtime::StreamMode::of(1))},
+          {"stream", tree(runtime::StreamMode::of(cfg.lanes))},
+          {"auto", tree(runtime::StreamMode::of(runtime::automatic))},
+          {"fused", tree(runtime::StreamMode::of(runtime::fused))}};
+}
+
+// The updated parameters by key, read through the trees (a tree step may replace leaves).
+std::map<std::string, at::Tensor> params_by_key(const AdamState& s) {
+  std::map<std::string, at::Tensor> out;
+  auto flat = tree::flatten_refs(s.trees.params);
+  auto paths = flat.spec.paths();
+  for (std::size_t i = 0; i < paths.size(); ++i) out.emplace(paths[i].str(), *flat.leaves[i]);
+  return out;
+}
+
+// Empty when every parameter is allclose to native's, else the first difference.
+std::string compare(const AdamState& native, const AdamState& got, c10::ScalarType dtype) {
+  const auto [rtol, atol] = tolerances(dtype);
+  const auto want = params_by_key(native), have = params_by_key(got);
+  if (want.size() != have.size())
+    return fmt::format("{} parameters, native has {}", have.size(), want.size());
+  for (const auto& [key, w] : want) {
+    auto it = have.find(key);
+    if (it == have.end()) return "parameter '" + key + "' missing";
+    if (!at::allclose(it->second, w, rtol, atol))
+      return fmt::format("parameter '{}' differs: max |diff| {:.3g}", key,
+                         (it->second - w).abs().max().item<double>());
+  }
+  return {};
+}
+
+constexpr std::int64_t kVerifyStep = 5;  // a step past the first, so bias correction matters
+
+}  // namespace
+
+WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
+  check_device(cfg);
+  const ModelShapes model = load_model(cfg.model_path);
+  const std::string stage = fmt::format("optimizer {} ({} tensors, {} elements)", model.name,
+                                        model.trainable.size(), model.elements);
+  progress.update(stage, "making the four trees");
+  at::manual_seed(cfg.seed);
+  AdamState state = make_state(model, cfg);
+  const auto rows = strategies(cfg);
+
+  progress.update(stage, "verifying against native");
+  WorkloadResult out;
+  AdamState reference = state.clone();
+  rows[0].second(reference, kVerifyStep);
+  std::vector<bool> verified;
+  std::string failures;
+  for (const auto& [name, step] : rows) {
+    AdamState trial = state.clone();
+    step(trial, kVerifyStep);
+    std::string why = compare(reference, trial, cfg.dtype);
+    verified.push_back(why.empty());
+    if (!why.empty()) failures += fmt::format("; {}: {}", name, why);
+  }
+  reference = {};
+  const auto [rtol, atol] = tolerances(cfg.dtype);
+  out.all_verified = failures.empty();
+  out.notes.push_back(
+      failures.empty()
+          ? fmt::format("{}: all {} strategies give native's updated parameters (allclose "
+                        "rtol={:g} atol={:g}), checked before timing",
+                        model.name, rows.size(), rtol, atol)
+          : fmt::format("{}: VERIFICATION FAILED{}", model.name, failures));
+
+  // Timed steps share one state; each run advances the step count.
+  auto shared = std::make_shared<AdamState>(std::move(state));
+  auto step_count = std::make_shared<std::int64_t>(0);
+  std::vector<Candidate> candidates;
+  for (const auto& [name, step] : rows)
+    candidates.push_back({name, [shared, step_count, step] { step(*shared, ++*step_count); }, {}});
+  const auto timings = time_round_robin(candidates, cfg.warmup, cfg.reps,
+                                        device_synchronizer(cfg.device), progress, stage);
+  progress.clear();
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    out.records.push_back({"optimizer", rows[i].first, model.name, timings[i].mean_ms,
+                           timings[i].std_ms, std::nullopt,
+                           timings[0].mean_ms / timings[i].mean_ms, verified[i]});
+
+  out.config = {{"model", model.name},
+                {"model_file", cfg.model_path},
+                {"trainable_tensors", model.trainable.size()},
+                {"trainable_elements", model.elements},
+                {"skipped_buffers", model.skipped},
+                {"adam",
+                 {{"lr", cfg.adam.lr},
+                  {"beta1", cfg.adam.beta1},
+                  {"beta2", cfg.adam.beta2},
+                  {"eps", cfg.adam.eps},
+                  {"weight_decay", cfg.adam.weight_decay},
+                  {"verify_step", kVerifyStep}}}};
+  return out;
+}
+
+}  // namespace treetensor::bench

@@ -1,0 +1,130 @@
+#include "report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+
+namespace treetensor::bench {
+namespace {
+
+std::string size_text(const nlohmann::json& size) {
+  return size.is_string() ? size.get<std::string>() : size.dump();
+}
+
+template <class Key>
+std::vector<std::string> unique_in_order(const std::vector<Record>& records, Key key) {
+  std::vector<std::string> out;
+  for (const auto& r : records)
+    if (std::find(out.begin(), out.end(), key(r)) == out.end()) out.push_back(key(r));
+  return out;
+}
+
+// Text inside a gnuplot double-quoted string.
+std::string gp_quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// The PNG terminal gnuplot offers here ("pngcairo" preferred), or "" when gnuplot is missing.
+std::string png_terminal() {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) return "";
+  for (const char* term : {"pngcairo", "png"}) {
+    std::string cmd = std::string("gnuplot -e 'set terminal ") + term + "' >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) == 0) return term;
+  }
+  return "";
+}
+
+}  // namespace
+
+nlohmann::json Record::to_json() const {
+  return {{"workload", workload},
+          {"strategy", strategy},
+          {"size", size},
+          {"mean_ms", mean_ms},
+          {"std_ms", std_ms},
+          {"gflops", gflops ? nlohmann::json(*gflops) : nlohmann::json()},
+          {"speedup_vs_native", speedup_vs_native},
+          {"verified", verified}};
+}
+
+void print_table(std::ostream& out, const std::vector<Record>& records,
+                 const std::string& size_header) {
+  std::size_t width = size_header.size();
+  for (const auto& r : records) width = std::max(width, size_text(r.size).size());
+  out << fmt::format("{:>{}}  {:<15}{:>10}{:>9}{:>10}{:>11}  {}\n", size_header, width, "strategy",
+                     "mean ms", "std ms", "GFLOP/s", "vs native", "verified");
+  std::string previous;
+  for (const auto& r : records) {
+    std::string size = size_text(r.size);
+    if (!previous.empty() && size != previous) out << "\n";
+    previous = size;
+    out << fmt::format("{:>{}}  {:<15}{:>10.3f}{:>9.3f}{:>10}{:>10.2f}x  {}\n", size, width,
+                       r.strategy, r.mean_ms, r.std_ms,
+                       r.gflops ? fmt::format("{:.1f}", *r.gflops) : "-", r.speedup_vs_native,
+                       r.verified ? "yes" : "NO");
+  }
+}
+
+void write_json(const std::string& path, const nlohmann::json& config,
+                const std::vector<Record>& records) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& r : records) results.push_back(r.to_json());
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("cannot open '" + path + "' for writing (--json)");
+  f << nlohmann::json{{"config", config}, {"results", results}}.dump(2) << "\n";
+  if (!f.flush()) throw std::runtime_error("cannot write '" + path + "' (--json)");
+}
+
+std::optional<std::string> write_plot(const std::string& path, const std::vector<Record>& records,
+                                      const std::string& title, const std::string& xlabel) {
+  const std::string term = png_terminal();
+  if (term.empty())
+    return "no plot: gnuplot with a PNG terminal is not installed; install it with "
+           "`sudo apt-get install gnuplot-nox` (Debian/Ubuntu) and run again to get " + path;
+  const auto sizes = unique_in_order(records, [](const Record& r) { return size_text(r.size); });
+  const auto strategies = unique_in_order(records, [](const Record& r) { return r.strategy; });
+
+  std::string script = "set terminal " + term + " size 960,600 noenhanced\n";
+  script += "set output " + gp_quote(path) + "\n";
+  script += "set title " + gp_quote(title) + "\n";
+  script += "set xlabel " + gp_quote(xlabel) + "\nset ylabel \"speed-up vs native (x)\"\n";
+  script += "set grid\nset key outside right\nset yrange [0:*]\n";
+  script += fmt::format("set xrange [-0.5:{}.5]\n", sizes.size() - 1);
+  std::string plot = "plot ";
+  for (std::size_t s = 0; s < strategies.size(); ++s) {
+    script += fmt::format("$d{} << EOD\n", s);
+    for (const auto& r : records)
+      if (r.strategy == strategies[s]) {
+        auto x = std::find(sizes.begin(), sizes.end(), size_text(r.size)) - sizes.begin();
+        script += fmt::format("{} {} {}\n", x, gp_quote(size_text(r.size)), r.speedup_vs_native);
+      }
+    script += "EOD\n";
+    const bool reference = strategies[s] == "native";
+    plot += fmt::format("{}$d{} using 1:3:xtic(2) with linespoints {} title {}", s ? ", " : "", s,
+                        reference ? "dashtype 2 lc rgb \"black\"" : "lw 2 pt 7",
+                        gp_quote(strategies[s]));
+  }
+  script += plot + "\n";
+
+  FILE* gp = popen("gnuplot", "w");
+  if (!gp) throw std::runtime_error("cannot start gnuplot for --plot " + path);
+  std::fwrite(script.data(), 1, script.size(), gp);
+  if (pclose(gp) != 0)
+    throw std::runtime_error("gnuplot failed to draw '" + path + "' (see its message above)");
+  return std::nullopt;
+}
+
+}  // namespace treetensor::bench

@@ -1,0 +1,45 @@
+#pragma once
+// Results of a run: the stdout table, the JSON file and the PNG plot.
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace treetensor::bench {
+
+/// One row: a strategy at one size (seed) or on one model (optimizer). Field names are the
+/// JSON names other tools read; keep them.
+struct Record {
+  std::string workload;              ///< "seed" or "optimizer"
+  std::string strategy;              ///< "min", "native", "native-discard", "foreach", ...
+  nlohmann::json size;               ///< seed: S (number) or "S1xS2xS3"; optimizer: model name
+  double mean_ms = 0;
+  double std_ms = 0;
+  std::optional<double> gflops;      ///< null where not meaningful
+  double speedup_vs_native = 0;      ///< native mean / this mean
+  bool verified = false;             ///< allclose to native before timing
+
+  nlohmann::json to_json() const;
+};
+
+/// Prints the table, one row per record, grouped by size in record order.
+/// @param size_header  the first column's title ("S" or "model").
+void print_table(std::ostream& out, const std::vector<Record>& records,
+                 const std::string& size_header);
+
+/// Writes {"config": config, "results": [records...]} to `path`, indented.
+/// @throws std::runtime_error naming the path when it cannot be written.
+void write_json(const std::string& path, const nlohmann::json& config,
+                const std::vector<Record>& records);
+
+/// Draws speed-up against native versus size, one line per strategy, into `path` (PNG) with
+/// gnuplot. When gnuplot (or a PNG terminal) is missing, writes nothing and returns a message
+/// saying how to install it; returns std::nullopt on success.
+/// @throws std::runtime_error when gnuplot is present but fails.
+std::optional<std::string> write_plot(const std::string& path, const std::vector<Record>& records,
+                                      const std::string& title, const std::string& xlabel);
+
+}  // namespace treetensor::bench

@@ -1,0 +1,192 @@
+// The seed experiment: N leaves, leaf i computes an S1xS2 @ S2xS3 matmul (DI-treetensor's
+// stream-mode experiment), under every strategy, side by side.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <map>
+
+#include "tree_calls.hpp"
+#include "treetensor/runtime/stream.hpp"
+#include "workloads.hpp"
+
+namespace treetensor::bench {
+namespace {
+
+using TensorMap = std::map<std::string, at::Tensor>;
+
+struct SeedInputs {
+  TensorMap a, b;             // the native side: keys a0..a{N-1}
+  TensorTree ta, tb;          // the same tensors as trees (no copies)
+  TensorTree ta_min, tb_min;  // the first N/M leaves, for the `min` row
+};
+
+at::Tensor random(std::int64_t rows, std::int64_t cols, const Config& cfg) {
+  // Drawn in float32 on the CPU so every dtype and device sees the same values.
+  return at::randn({rows, cols}).to(cfg.device, cfg.dtype);
+}
+
+SeedInputs make_inputs(const Config& cfg, const SeedSize& s) {
+  SeedInputs in;
+  std::vector<std::pair<std::string, at::Tensor>> a, b, a_min, b_min;
+  const std::size_t min_leaves = cfg.leaves / cfg.lanes;
+  for (std::size_t i = 0; i < cfg.leaves; ++i) {
+    const std::string key = fmt::format("a{}", i);
+    at::Tensor x = random(s.s1, s.s2, cfg), y = random(s.s2, s.s3, cfg);
+    in.a.emplace(key, x);
+    in.b.emplace(key, y);
+    a.emplace_back(key, x);
+    b.emplace_back(key, y);
+    if (i < min_leaves) {
+      a_min.emplace_back(key, x);
+      b_min.emplace_back(key, y);
+    }
+  }
+  in.ta = tree::unflatten(a);
+  in.tb = tree::unflatten(b);
+  in.ta_min = tree::unflatten(a_min);
+  in.tb_min = tree::unflatten(b_min);
+  return in;
+}
+
+// The hand-written loop that keeps every result, as a tree call does.
+TensorMap native_matmul(const TensorMap& a, const TensorMap& b) {
+  TensorMap out;
+  for (const auto& [key, x] : a) out.emplace(key, at::matmul(x, b.at(key)));
+  return out;
+}
+
+// The seed's own loop: each result is dropped at once. `sink` sees each result; the timed
+// instantiation passes one that does nothing, so the loop is exactly the seed's.
+template <class Sink>
+void native_discard(const TensorMap& a, const TensorMap& b, Sink&& sink) {
+  for (const auto& [key, x] : a) sink(key, at::matmul(x, b.at(key)));
+}
+
+TensorMap to_map(const TensorTree& t) {
+  TensorMap out;
+  auto flat = tree::flatten_refs(t);
+  auto paths = flat.spec.paths();
+  for (std::size_t i = 0; i < paths.size(); ++i) out.emplace(paths[i].str(), *flat.leaves[i]);
+  return out;
+}
+
+// Empty when `got` equals `want` on every key of `got` (allclose), else what differs.
+std::string compare(const TensorMap& want, const TensorMap& got, c10::ScalarType dtype) {
+  const auto [rtol, atol] = tolerances(dtype);
+  for (const auto& [key, g] : got) {
+    auto it = want.find(key);
+    if (it == want.end()) return "unexpected leaf '" + key + "'";
+    if (g.sizes() != it->second.sizes())
+      return "leaf '" + key + "' has shape " + c10::str(g.sizes()) + ", native " +
+             c10::str(it->second.sizes());
+    if (!at::allclose(g, it->second, rtol, atol))
+      return fmt::format("leaf '{}' differs: max |diff| {:.3g}", key,
+                         (g - it->second).abs().max().item<double>());
+  }
+  return {};
+}
+
+struct Row {
+  std::string name;
+  std::function<TensorMap()> result;  // for verification
+  Candidate candidate;
+  std::size_t expected_leaves;
+};
+
+// Every strategy as (verification form, timed form). Timed forms keep their result in `keep`
+// until release, so that no strategy pays for freeing inside its timed region.
+std::vector<Row> make_rows(const Config& cfg, const SeedInputs& in,
+                           std::shared_ptr<std::vector<TensorTree>> keep_tree,
+                           std::shared_ptr<TensorMap> keep_map) {
+  const std::size_t n = cfg.leaves, n_min = cfg.leaves / cfg.lanes;
+  auto tree_row = [&](std::string name, runtime::StreamMode mode, const TensorTree& a,
+                      const TensorTree& b, std::size_t leaves) {
+    auto call = [mode, &a, &b] {
+      runtime::StreamGuard guard(mode);
+      return tree_matmul(a, b);
+    };
+    auto release = [keep_tree] { keep_tree->clear(); };
+    return Row{name, [call] { return to_map(call()); },
+               {name, [call, keep_tree] { keep_tree->push_back(call()); }, release}, leaves};
+  };
+  const auto linear = runtime::StreamMode::of(1);
+  std::vector<Row> rows;
+  rows.push_back(tree_row("min", linear, in.ta_min, in.tb_min, n_min));
+  rows.push_back({"native", [&in] { return native_matmul(in.a, in.b); },
+                  {"native", [&in, keep_map] { *keep_map = native_matmul(in.a, in.b); },
+                   [keep_map] { keep_map->clear(); }},
+                  n});
+  rows.push_back({"native-discard",
+                  [&in] {
+                    TensorMap seen;
+                    native_discard(in.a, in.b, [&](auto& k, at::Tensor r) { seen.emplace(k, r); });
+                    return seen;
+                  },
+                  {"native-discard",
+                   [&in] { native_discard(in.a, in.b, [](auto&, const at::Tensor&) {}); }, {}},
+                  n});
+  rows.push_back(tree_row("linear", linear, in.ta, in.tb, n));
+  rows.push_back(tree_row("stream", runtime::StreamMode::of(cfg.lanes), in.ta, in.tb, n));
+  rows.push_back(tree_row("auto", runtime::StreamMode::of(runtime::automatic), in.ta, in.tb, n));
+  rows.push_back(tree_row("fused", runtime::StreamMode::of(runtime::fused), in.ta, in.tb, n));
+  return rows;
+}
+
+}  // namespace
+
+WorkloadResult run_seed(const Config& cfg, Progress& progress) {
+  check_device(cfg);
+  WorkloadResult out;
+  const auto sync = device_synchronizer(cfg.device);
+  const auto [rtol, atol] = tolerances(cfg.dtype);
+  nlohmann::json sizes = nlohmann::json::array();
+  for (const SeedSize& s : cfg.sizes) {
+    sizes.push_back({{"S1", s.s1}, {"S2", s.s2}, {"S3", s.s3}});
+    const std::string stage = fmt::format("seed {} ({}x{} @ {}x{}, {} leaves)", s.label(), s.s1,
+                                          s.s2, s.s2, s.s3, cfg.leaves);
+    progress.update(stage, "making inputs");
+    at::manual_seed(cfg.seed);
+    const SeedInputs in = make_inputs(cfg, s);
+    auto keep_tree = std::make_shared<std::vector<TensorTree>>();
+    auto keep_map = std::make_shared<TensorMap>();
+    std::vector<Row> rows = make_rows(cfg, in, keep_tree, keep_map);
+
+    progress.update(stage, "verifying against native");
+    const TensorMap reference = native_matmul(in.a, in.b);
+    std::vector<bool> verified;
+    std::string failures;
+    for (const Row& row : rows) {
+      TensorMap got = row.result();
+      std::string why = got.size() != row.expected_leaves
+                            ? fmt::format("{} leaves, expected {}", got.size(), row.expected_leaves)
+                            : compare(reference, got, cfg.dtype);
+      verified.push_back(why.empty());
+      if (!why.empty()) failures += fmt::format("; {}: {}", row.name, why);
+    }
+    out.all_verified = out.all_verified && failures.empty();
+    out.notes.push_back(
+        failures.empty()
+            ? fmt::format("S={}: all {} strategies equal native (allclose rtol={:g} atol={:g}), "
+                          "checked before timing",
+                          s.label(), rows.size(), rtol, atol)
+            : fmt::format("S={}: VERIFICATION FAILED{}", s.label(), failures));
+
+    std::vector<Candidate> candidates;
+    for (const Row& row : rows) candidates.push_back(row.candidate);
+    const auto timings = time_round_robin(candidates, cfg.warmup, cfg.reps, sync, progress, stage);
+    const double native_ms = timings[1].mean_ms;
+    const double flops = s.leaf_flops() * double(cfg.leaves);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      Record r{"seed", rows[i].name,
+               s.is_sweep_shape() ? nlohmann::json(s.s1) : nlohmann::json(s.label()),
+               timings[i].mean_ms, timings[i].std_ms, flops / (timings[i].mean_ms * 1e6),
+               native_ms / timings[i].mean_ms, verified[i]};
+      out.records.push_back(r);
+    }
+  }
+  progress.clear();
+  out.config = {{"leaves", cfg.leaves}, {"sizes", sizes}, {"min_leaves", cfg.leaves / cfg.lanes}};
+  return out;
+}
+
+}  // namespace treetensor::bench

@@ -1,0 +1,59 @@
+#pragma once
+// Side-by-side timing: every strategy runs once per repetition, round-robin, so that noise
+// from a shared machine falls on all of them alike.
+
+#include <c10/core/Device.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace treetensor::bench {
+
+/// One strategy under measurement.
+struct Candidate {
+  std::string name;
+  /// One repetition. Keeps what it produced (as a caller would) until `release`.
+  std::function<void()> run;
+  /// Drops what `run` kept; called after the clock stops. May be empty.
+  std::function<void()> release;
+};
+
+/// Mean and sample standard deviation of the timed repetitions, in milliseconds.
+struct Timing {
+  double mean_ms = 0;
+  double std_ms = 0;
+};
+
+/// A progress line on stderr: rewritten in place on a terminal; elsewhere one line per stage.
+class Progress {
+ public:
+  explicit Progress(bool enabled);
+  ~Progress();
+  /// Shows "<stage>: <detail>"; when stderr is not a terminal, prints only new stages.
+  void update(const std::string& stage, const std::string& detail);
+  /// Erases the line (terminal) so that stdout output starts on a clean line.
+  void clear();
+
+ private:
+  bool enabled_;
+  bool tty_;
+  std::string last_stage_;
+};
+
+/// Waits until all work queued on `device` is done: a no-op on CPU; on CUDA
+/// cudaDeviceSynchronize (found at run time, so this builds without CUDA headers), else a
+/// synchronize of the device's current stream (where the runtime joins all lane streams).
+std::function<void()> device_synchronizer(c10::Device device);
+
+/// Runs `warmup` untimed then `reps` timed repetitions of every candidate, round-robin: in
+/// repetition r the candidates run in turn starting from candidate r mod n. Each run is
+/// followed by `sync` inside the timed region and by `release` outside it.
+/// @returns one Timing per candidate, in the candidates' order.
+/// @throws whatever a candidate throws.
+std::vector<Timing> time_round_robin(const std::vector<Candidate>& candidates, std::size_t warmup,
+                                     std::size_t reps, const std::function<void()>& sync,
+                                     Progress& progress, const std::string& stage);
+
+}  // namespace treetensor::bench
