@@ -416,6 +416,28 @@ TEST(TreeZip, StrictMismatchNamesKeySetsAndPositions) {
   }
 }
 
+// zip compares keys index-wise word by word on its fast path: a difference in any byte of a key
+// of any length must still be seen.
+TEST(TreeZip, KeyDifferencesAtEveryPositionAreSeen) {
+  const ZipOptions inner{.mode = ZipMode::inner};
+  auto sum3 = [](int a, int b, int c) { return a + b + c; };
+  for (std::size_t len = 0; len <= 20; ++len) {
+    std::string key(len, 'k');
+    for (std::size_t i = 0; i < len; ++i) key[i] = static_cast<char>('a' + i);
+    const IntTree t = {{key, 1}, {"~", 2}};
+    EXPECT_EQ(tr::zip_map(sum3, t, t, t), t * 3) << len;
+    for (std::size_t pos = 0; pos < len; ++pos) {
+      std::string other = key;
+      other[pos] = 'Z';
+      const IntTree u = {{other, 10}, {"~", 20}};
+      EXPECT_THROW(tr::zip_map(std::plus<>{}, t, u), tr::StructureError) << len << " " << pos;
+      EXPECT_EQ(tr::zip_map(inner, sum3, t, t, u), (IntTree{{"~", 24}})) << len << pos;
+    }
+    const IntTree longer = {{key + "x", 10}, {"~", 20}};
+    EXPECT_THROW(tr::zip_map(std::plus<>{}, t, longer), tr::StructureError) << len;
+  }
+}
+
 TEST(TreeZip, InnerKeepsCommonKeys) {
   const IntTree ab = {{"a", 1}, {"b", 2}};
   const IntTree a = {{"a", 10}};

@@ -95,16 +95,17 @@ class Tree {
 
   /// The leaf value. Throws StructureError when this node is not a leaf.
   const T& leaf() const {
-    if (!is_leaf()) throw StructureError({}, "tree node is not a leaf (it has " +
-                                                 std::to_string(size()) + " children)");
-    return std::get<1>(node_);
+    if (!is_leaf()) [[unlikely]]
+      throw_not_leaf();
+    return *std::get_if<1>(&node_);
   }
   T& leaf() { return const_cast<T&>(std::as_const(*this).leaf()); }
 
   /// The sorted (key, subtree) pairs. Throws StructureError on a leaf.
   const Children& children() const {
-    if (is_leaf()) throw StructureError({}, "tree node is a leaf, it has no children");
-    return std::get<0>(node_);
+    if (is_leaf()) [[unlikely]]
+      throw_leaf_has_no_children();
+    return *std::get_if<0>(&node_);
   }
   Children& children() { return const_cast<Children&>(std::as_const(*this).children()); }
 
@@ -187,6 +188,15 @@ class Tree {
                                   [](const Entry& a, const Entry& b) { return a.first == b.first; });
     if (dup != entries.end())
       throw std::invalid_argument("duplicate tree key '" + dup->first + "'");
+  }
+
+  // The throws of leaf() and children(), kept out of line so that those two inline to a test.
+  [[noreturn, gnu::cold, gnu::noinline]] void throw_not_leaf() const {
+    throw StructureError({}, "tree node is not a leaf (it has " + std::to_string(size()) +
+                                 " children)");
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] static void throw_leaf_has_no_children() {
+    throw StructureError({}, "tree node is a leaf, it has no children");
   }
 
   const Tree* find_child(std::string_view key) const {

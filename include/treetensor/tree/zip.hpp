@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
@@ -159,14 +161,102 @@ bool is_leaf_cursor(const C& c) {
   return false;
 }
 
+// The cursor one level down under `key`: absent when the key is missing.
 template <class C>
 C child_cursor(const C& c, const std::string& key) {
   if constexpr (!C::is_tree) {
     return c;
   } else {
     if (!c.node || c.node->is_leaf()) return c;  // absent stays absent; a leaf is inherited
-    return C{c.node->find(Path{key})};
+    const auto& ch = c.node->children();
+    auto it = std::lower_bound(ch.begin(), ch.end(), key,
+                               [](const auto& e, const std::string& k) { return e.first < k; });
+    return C{it != ch.end() && it->first == key ? &it->second : nullptr};
   }
+}
+
+// Whether a cursor is a value or a tree cursor on a leaf (not absent, not internal).
+template <class C>
+bool is_present_leaf(const C& c) {
+  if constexpr (C::is_tree)
+    return c.node && c.node->is_leaf();
+  else
+    return true;
+}
+
+// The leaf of a cursor that is_present_leaf() accepted.
+template <class C>
+const typename C::leaf_t& present_leaf(const C& c) {
+  if constexpr (C::is_tree)
+    return c.node->leaf();
+  else
+    return *c.value;
+}
+
+// Whether a tree cursor is a present internal node with `n` children (the first such cursor
+// sets n); value cursors always fit. Part of the fast-path test in Zipper::zip.
+template <class C>
+bool fits_uniform(const C& c, std::size_t& n) {
+  if constexpr (!C::is_tree) {
+    return true;
+  } else {
+    if (!c.node || c.node->is_leaf()) return false;
+    const std::size_t size = c.node->children().size();
+    if (n == SIZE_MAX) n = size;
+    return size == n;
+  }
+}
+
+// The (key, child) array of a tree cursor that fits_uniform() accepted; nullptr for a value.
+template <class C>
+auto entries_of(const C& c) {
+  if constexpr (C::is_tree)
+    return c.node->children().data();
+  else
+    return nullptr;
+}
+
+// Key equality written out so that it inlines: keys are short, and a memcmp call (or a byte
+// loop) per key was most of a zip's time. Compares 8- or 4-byte words, the last one
+// overlapping the previous.
+inline bool same_key(const std::string& a, const std::string& b) noexcept {
+  const std::size_t n = a.size();
+  if (n != b.size()) return false;
+  const char* p = a.data();
+  const char* q = b.data();
+  auto word = [](const char* s, auto width) {
+    decltype(width) v;
+    std::memcpy(&v, s, sizeof v);
+    return v;
+  };
+  if (n >= 8) {
+    for (std::size_t i = 0; i + 8 < n; i += 8)
+      if (word(p + i, std::uint64_t{}) != word(q + i, std::uint64_t{})) return false;
+    return word(p + n - 8, std::uint64_t{}) == word(q + n - 8, std::uint64_t{});
+  }
+  if (n >= 4)
+    return word(p, std::uint32_t{}) == word(q, std::uint32_t{}) &&
+           word(p + n - 4, std::uint32_t{}) == word(q + n - 4, std::uint32_t{});
+  for (std::size_t i = 0; i < n; ++i)
+    if (p[i] != q[i]) return false;
+  return true;
+}
+
+template <class E>
+bool key_at_is(E entries, std::size_t i, const std::string& key) noexcept {
+  if constexpr (std::is_null_pointer_v<E>)
+    return true;
+  else
+    return same_key(entries[i].first, key);
+}
+
+// The cursor of the i-th child (fast path); a value cursor stays itself.
+template <class C, class E>
+C child_at(const C& c, E entries, std::size_t i) {
+  if constexpr (std::is_null_pointer_v<E>)
+    return c;
+  else
+    return C{&entries[i].second};
 }
 
 template <class C>
@@ -191,6 +281,8 @@ class Zipper {
   Zipper(F& f, const ZipOptions& o, const M& missing) : f_(f), o_(o), missing_(missing) {}
 
   Tree<R> zip(const C&... cs) {
+    if ((is_present_leaf(cs) && ...)) return Tree<R>(call_leaves(cs...));
+    if (Tree<R> out; zip_uniform(out, cs...)) return out;
     std::size_t internal = 0, leaves = 0;
     ((children_of(cs) ? ++internal : 0), ...);
     ((is_leaf_cursor(cs) ? ++leaves : 0), ...);
@@ -221,6 +313,49 @@ class Zipper {
       return f_(make_path(trail_), leaf_of(cs, std::get<I>(fills), missing_, I, trail_)...);
     else
       return f_(leaf_of(cs, std::get<I>(fills), missing_, I, trail_)...);
+  }
+
+  // Every tree argument is a leaf here (the most common call): no fills, no counting.
+  decltype(auto) call_leaves(const C&... cs) {
+    if constexpr (std::is_invocable_v<F&, const Path&, const cursor_leaf_t<C>&...>)
+      return f_(make_path(trail_), present_leaf(cs)...);
+    else
+      return f_(present_leaf(cs)...);
+  }
+
+  // The common case: every tree argument is an internal node and all have the same keys in
+  // the same order. Compares keys index-wise and descends by index, with no key lists built
+  // and no lookups. Returns false (leaving `out` alone) when the general path is needed.
+  bool zip_uniform(Tree<R>& out, const C&... cs) {
+    std::size_t n = SIZE_MAX;
+    if (!(fits_uniform(cs, n) && ...) || n == SIZE_MAX) return false;
+    return zip_uniform_n(out, n, std::index_sequence_for<C...>{}, cs...);
+  }
+
+  // The first tree argument's position: its keys name the children on the fast path.
+  static constexpr std::size_t kFirstTree = [] {
+    constexpr bool is_tree[] = {C::is_tree...};
+    std::size_t i = 0;
+    while (!is_tree[i]) ++i;
+    return i;
+  }();
+
+  template <std::size_t... I>
+  bool zip_uniform_n(Tree<R>& out, std::size_t n, std::index_sequence<I...>, const C&... cs) {
+    const auto entries = std::make_tuple(entries_of(cs)...);
+    const auto* first = std::get<kFirstTree>(entries);
+    for (std::size_t i = 0; i < n; ++i)
+      if (!((I == kFirstTree || key_at_is(std::get<I>(entries), i, first[i].first)) && ...))
+        return false;
+    typename Tree<R>::Children children;
+    children.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      trail_.push_back(&first[i].first);
+      children.emplace_back(first[i].first, zip(child_at(cs, std::get<I>(entries), i)...));
+      trail_.pop_back();
+    }
+    out.children() = std::move(children);
+    return true;
   }
 
   [[noreturn]] void leaf_faces_subtree(const C&... cs) {
