@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The README's first command: installs what a fresh Debian 12 machine lacks, builds
+# treetensor-bench (Release, in build/), then runs the seed experiment and an Adam step over
+# ResNet-50 on their defaults. Tables go to stdout; JSON and PNG plots to out/.
+#
+#   bash scripts/bench.sh            # the defaults (about 1-2 minutes on 2 cores)
+#   bash scripts/bench.sh -T 5       # extra flags go to both runs (see treetensor-bench --help)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target treetensor-bench
+
+mkdir -p out
+bench=build/tools/treetensor-bench
+"$bench" seed --json out/seed.json --plot out/seed.png "$@"
+echo
+"$bench" optimizer --model resnet50 --json out/optimizer.json --plot out/optimizer.png "$@"

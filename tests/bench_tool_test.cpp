@@ -1,0 +1,198 @@
+// treetensor-bench end to end: runs the built tool with tiny sizes and checks its JSON (the
+// documented names other tools read), its verification, the model parameter counts, --help and
+// its errors.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Outcome {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+Outcome run_bench(const std::string& args) {
+  const std::string cmd = std::string(TREETENSOR_BENCH_EXE) + " " + args + " 2>&1";
+  Outcome out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  std::array<char, 4096> buf;
+  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) out.output.append(buf.data(), n);
+  const int raw = pclose(p);
+  out.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return out;
+}
+
+class BenchTool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("treetensor_bench_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  static json read_json(const std::string& file) {
+    std::ifstream f(file);
+    return json::parse(f);
+  }
+  fs::path dir_;
+};
+
+const std::set<std::string> kRecordKeys = {"workload", "strategy", "size", "mean_ms", "std_ms",
+                                           "gflops", "speedup_vs_native", "verified"};
+
+void expect_record_shape(const json& r) {
+  std::set<std::string> keys;
+  for (const auto& [k, v] : r.items()) keys.insert(k);
+  EXPECT_EQ(keys, kRecordKeys) << r.dump();
+  EXPECT_TRUE(r.at("verified").get<bool>()) << r.dump();
+  EXPECT_GT(r.at("mean_ms").get<double>(), 0) << r.dump();
+  EXPECT_GE(r.at("std_ms").get<double>(), 0) << r.dump();
+  EXPECT_GT(r.at("speedup_vs_native").get<double>(), 0) << r.dump();
+}
+
+TEST_F(BenchTool, SeedWritesEveryRowVerifiedWithDocumentedNames) {
+  const auto out = run_bench("seed -N 6 -M 2 -T 2 --warmup 1 --sizes 4,8 --no-progress --json " +
+                             path("seed.json") + " --plot " + path("seed.png"));
+  ASSERT_EQ(out.status, 0) << out.output;
+  EXPECT_NE(out.output.find("all 7 strategies equal native"), std::string::npos) << out.output;
+  EXPECT_NE(out.output.find("checked before timing"), std::string::npos);
+  for (const char* fact : {"machine:", "LibTorch ", "BLAS:", "threads: intra-op", "date: "})
+    EXPECT_NE(out.output.find(fact), std::string::npos) << fact << "\n" << out.output;
+
+  const json j = read_json(path("seed.json"));
+  EXPECT_EQ(j.at("config").at("workload"), "seed");
+  EXPECT_EQ(j.at("config").at("leaves"), 6);
+  EXPECT_EQ(j.at("config").at("lanes"), 2);
+  EXPECT_EQ(j.at("config").at("min_leaves"), 3);
+  EXPECT_TRUE(j.at("config").at("all_verified").get<bool>());
+  EXPECT_TRUE(j.at("config").at("machine").contains("blas"));
+  const json& results = j.at("results");
+  ASSERT_EQ(results.size(), 14u);
+  const std::set<std::string> rows = {"min",    "native", "native-discard", "linear",
+                                      "stream", "auto",   "fused"};
+  for (int s : {4, 8}) {
+    std::set<std::string> seen;
+    for (const auto& r : results) {
+      if (r.at("size") != s) continue;
+      expect_record_shape(r);
+      EXPECT_EQ(r.at("workload"), "seed");
+      seen.insert(r.at("strategy").get<std::string>());
+      // GFLOP/s = 2*S1*S2*S3*N / time, with S1=S, S2=2S, S3=4S.
+      const double flops = 2.0 * s * (2 * s) * (4 * s) * 6;
+      EXPECT_NEAR(r.at("gflops").get<double>(), flops / (r.at("mean_ms").get<double>() * 1e6),
+                  1e-9 * flops);
+      if (r.at("strategy") == "native") {
+        EXPECT_DOUBLE_EQ(r.at("speedup_vs_native").get<double>(), 1.0);
+      }
+    }
+    EXPECT_EQ(seen, rows) << "size " << s;
+  }
+  // The plot is a PNG where gnuplot is installed, and the tool says how to get it otherwise.
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    std::ifstream png(path("seed.png"), std::ios::binary);
+    std::string magic(8, '\0');
+    png.read(magic.data(), 8);
+    EXPECT_EQ(magic, std::string("\x89PNG\r\n\x1a\n", 8));
+  } else {
+    EXPECT_NE(out.output.find("apt-get install gnuplot-nox"), std::string::npos);
+  }
+}
+
+TEST_F(BenchTool, SeedExplicitSizeIsLabelledS1xS2xS3) {
+  const auto out = run_bench("seed -N 4 -M 4 -T 1 --warmup 0 --s1 3 --s2 5 --s3 7 --no-progress "
+                             "--json " + path("seed.json"));
+  ASSERT_EQ(out.status, 0) << out.output;
+  const json j = read_json(path("seed.json"));
+  ASSERT_EQ(j.at("results").size(), 7u);
+  for (const auto& r : j.at("results")) {
+    expect_record_shape(r);
+    EXPECT_EQ(r.at("size"), "3x5x7");
+  }
+  EXPECT_EQ(j.at("config").at("min_leaves"), 1);
+}
+
+void check_optimizer(const json& j, const std::string& model, std::size_t tensors,
+                     std::int64_t elements) {
+  EXPECT_EQ(j.at("config").at("workload"), "optimizer");
+  EXPECT_EQ(j.at("config").at("model"), model);
+  EXPECT_EQ(j.at("config").at("trainable_tensors"), tensors);
+  EXPECT_EQ(j.at("config").at("trainable_elements"), elements);
+  std::set<std::string> seen;
+  for (const auto& r : j.at("results")) {
+    expect_record_shape(r);
+    EXPECT_EQ(r.at("workload"), "optimizer");
+    EXPECT_EQ(r.at("size"), model);
+    EXPECT_TRUE(r.at("gflops").is_null());
+    seen.insert(r.at("strategy").get<std::string>());
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"native", "foreach", "linear", "stream", "auto", "fused"}));
+}
+
+TEST_F(BenchTool, OptimizerResNet50TakesOnlyTrainableParameters) {
+  const auto out = run_bench("optimizer --model resnet50 -T 1 --warmup 0 --no-progress --json " +
+                             path("opt.json"));
+  ASSERT_EQ(out.status, 0) << out.output;
+  EXPECT_NE(out.output.find("all 6 strategies give native's updated parameters"), std::string::npos)
+      << out.output;
+  check_optimizer(read_json(path("opt.json")), "resnet50", 161, 25'557'032);
+}
+
+TEST_F(BenchTool, OptimizerMobileNetV3SmallTakesOnlyTrainableParameters) {
+  const auto out = run_bench("optimizer --model mobilenet_v3_small -T 2 --warmup 1 --no-progress "
+                             "--json " + path("opt.json"));
+  ASSERT_EQ(out.status, 0) << out.output;
+  check_optimizer(read_json(path("opt.json")), "mobilenet_v3_small", 142, 2'542'856);
+}
+
+TEST_F(BenchTool, HelpExplainsEveryRowAndFlag) {
+  const auto seed = run_bench("seed --help");
+  ASSERT_EQ(seed.status, 0);
+  for (const char* word : {"min ", "native ", "native-discard", "linear ", "stream ", "auto ",
+                           "fused ", "--leaves", "--lanes", "--reps", "--warmup", "--sizes",
+                           "--s1", "--s2", "--s3", "--dtype", "--device", "--seed", "--json",
+                           "--plot", "GFLOP/s"})
+    EXPECT_NE(seed.output.find(word), std::string::npos) << word;
+  const auto opt = run_bench("optimizer --help");
+  ASSERT_EQ(opt.status, 0);
+  for (const char* word : {"native ", "foreach ", "linear ", "stream ", "auto ", "fused ",
+                           "--model", "--lr", "--weight-decay", "running_mean"})
+    EXPECT_NE(opt.output.find(word), std::string::npos) << word;
+}
+
+TEST_F(BenchTool, BadInputGivesAClearErrorAndNoCrash) {
+  auto out = run_bench("optimizer --model no_such_model");
+  EXPECT_NE(out.status, 0);
+  EXPECT_LT(out.status, 128) << "crashed: " << out.output;
+  EXPECT_NE(out.output.find("no_such_model"), std::string::npos) << out.output;
+
+  out = run_bench("seed -N 2 -M 4");
+  EXPECT_NE(out.status, 0);
+  EXPECT_NE(out.output.find("must not exceed N"), std::string::npos) << out.output;
+
+  std::ofstream(path("bad.json")) << R"({"model": "x", "tensors": [{"key": "w"}]})";
+  out = run_bench("optimizer --no-progress --model " + path("bad.json"));
+  EXPECT_EQ(out.status, 1) << out.output;
+  EXPECT_NE(out.output.find("does not match"), std::string::npos) << out.output;
+
+  out = run_bench("seed --device tpu");
+  EXPECT_NE(out.status, 0);
+  EXPECT_LT(out.status, 128) << "crashed: " << out.output;
+}
+
+}  // namespace
