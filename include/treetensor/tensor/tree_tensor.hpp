@@ -1,0 +1,202 @@
+#pragma once
+// TreeTensor: a Tree<at::Tensor> whose tensor operations apply leaf-wise through the runtime's
+// single dispatch point (DESIGN.md, tensor layer). This header declares the class, its
+// methods (generated from ops_table.hpp) and the argument type of every leaf-wise op.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/TensorIndexing.h>
+#include <c10/core/Scalar.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <iosfwd>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "treetensor/tensor/ops_table.hpp"
+#include "treetensor/tree/tree.hpp"
+
+namespace treetensor {
+
+using tree::Path;
+using tree::ZipMode;
+using tree::ZipOptions;
+
+/// A plain tree of tensors (the base of TreeTensor).
+using TensorTree = tree::Tree<at::Tensor>;
+
+/// An argument of a leaf-wise op: a tree of tensors (zipped key by key with the other tree
+/// arguments) or a single tensor or scalar (broadcast to every leaf, DESIGN.md §2).
+///
+/// An Operand borrows what it was made from: it is meant to live only for one call, as a
+/// parameter type (`add(tree, 1.5)`, `mul(tree, tensor)`, `where(mask, a, 0)`).
+class Operand {
+ public:
+  enum class Kind : std::uint8_t { tree, tensor, scalar };
+
+  Operand(const TensorTree& t) noexcept : kind_(Kind::tree), tree_(&t) {}      // NOLINT
+  Operand(const at::Tensor& t) noexcept : kind_(Kind::tensor), tensor_(&t) {}  // NOLINT
+  Operand(const at::Scalar& s) : kind_(Kind::scalar), scalar_(s) {}            // NOLINT
+  /// Any C++ number: integers become int64 scalars, floating values double, bool stays bool
+  /// (torch's scalar type promotion then applies: an int tree plus 1.5 is a float tree).
+  template <class N>
+    requires std::is_arithmetic_v<N>
+  Operand(N v) : kind_(Kind::scalar), scalar_(to_scalar(v)) {}  // NOLINT
+
+  Kind kind() const noexcept { return kind_; }
+  bool is_tree() const noexcept { return kind_ == Kind::tree; }
+  const TensorTree& tree() const { return *tree_; }
+  const at::Tensor& tensor() const { return *tensor_; }
+  const at::Scalar& scalar() const { return scalar_; }
+
+ private:
+  template <class N>
+  static at::Scalar to_scalar(N v) {
+    if constexpr (std::is_same_v<N, bool>)
+      return at::Scalar(v);
+    else if constexpr (std::is_integral_v<N>)
+      return at::Scalar(static_cast<int64_t>(v));
+    else
+      return at::Scalar(static_cast<double>(v));
+  }
+
+  Kind kind_;
+  const TensorTree* tree_ = nullptr;
+  const at::Tensor* tensor_ = nullptr;
+  at::Scalar scalar_;
+};
+
+/// A tree whose leaves are tensors, with the tensor API applied leaf-wise (DI-treetensor
+/// parity). It IS a Tree<at::Tensor> (TreeLike), so every tree algorithm (map, zip_map,
+/// flatten, filter, subside/rise, print) works on it; their Tree<at::Tensor> results convert
+/// back implicitly.
+///
+/// Every tensor operation — operators, methods, free functions, reductions, in-place ops —
+/// runs its per-leaf work through runtime::run(), so the execution strategy (linear,
+/// stream(M), automatic, fused) applies to all of them. Copying a TreeTensor copies the
+/// structure and the tensor handles, never tensor data (use clone() for that).
+///
+/// Example:
+///   TreeTensor t = randn({{"a", {2, 3}}, {"b", {{"x", {3, 4}}}}});
+///   TreeTensor u = (t + 1).sigmoid();     // leaf-wise
+///   at::Tensor m = mean(u);               // one value over every element of every leaf
+///
+/// Thread safety: like Tree<T> and at::Tensor — concurrent const use is safe; mutating a tree
+/// (its structure or its leaves in place) while other threads use it is not.
+class TreeTensor : public TensorTree {
+ public:
+  using TensorTree::TensorTree;
+  TreeTensor() = default;
+  /// Wraps a plain tree of tensors (e.g. the result of tree::map); no tensor data is copied.
+  TreeTensor(TensorTree t) noexcept : TensorTree(std::move(t)) {}  // NOLINT
+
+  // ---- methods generated from the op table (see the free functions of the same name) ----
+#define TREETENSOR_DECLARE_UNARY_INPLACE(name) \
+  TreeTensor name() const;                     \
+  TreeTensor& name##_();
+#define TREETENSOR_DECLARE_UNARY(name) TreeTensor name() const;
+#define TREETENSOR_DECLARE_BINARY_SCALAR(name) \
+  TreeTensor name(const Operand& other) const; \
+  TreeTensor& name##_(const Operand& other);
+#define TREETENSOR_DECLARE_BINARY_TENSOR(name) TreeTensor name(const Operand& other) const;
+  TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DECLARE_UNARY_INPLACE)
+  TREETENSOR_UNARY_OPS(TREETENSOR_DECLARE_UNARY)
+  TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_DECLARE_BINARY_SCALAR)
+  TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_DECLARE_BINARY_TENSOR)
+#undef TREETENSOR_DECLARE_UNARY_INPLACE
+#undef TREETENSOR_DECLARE_UNARY
+#undef TREETENSOR_DECLARE_BINARY_SCALAR
+#undef TREETENSOR_DECLARE_BINARY_TENSOR
+
+  // ---- hand-written methods (documented at the free function of the same name) ----------
+  TreeTensor add(const Operand& other, const at::Scalar& alpha = 1) const;
+  TreeTensor& add_(const Operand& other, const at::Scalar& alpha = 1);
+  TreeTensor sub(const Operand& other, const at::Scalar& alpha = 1) const;
+  TreeTensor& sub_(const Operand& other, const at::Scalar& alpha = 1);
+  TreeTensor clamp(c10::optional<at::Scalar> min, c10::optional<at::Scalar> max = {}) const;
+  TreeTensor& clamp_(c10::optional<at::Scalar> min, c10::optional<at::Scalar> max = {});
+  TreeTensor& addcmul_(const Operand& t1, const Operand& t2, const at::Scalar& value = 1);
+  TreeTensor& addcdiv_(const Operand& t1, const Operand& t2, const at::Scalar& value = 1);
+  TreeTensor& lerp_(const Operand& end, const at::Scalar& weight);
+  TreeTensor& copy_(const Operand& src);
+  TreeTensor& zero_();
+  TreeTensor& fill_(const at::Scalar& value);
+  TreeTensor& requires_grad_(bool requires_grad = true);
+  TreeTensor matmul(const Operand& other) const;
+  TreeTensor mm(const Operand& other) const;
+  TreeTensor dot(const Operand& other) const;
+  TreeTensor isclose(const Operand& other, double rtol = 1e-5, double atol = 1e-8,
+                     bool equal_nan = false) const;
+  TreeTensor to(at::TensorOptions options, bool non_blocking = false, bool copy = false) const;
+  TreeTensor to(at::ScalarType dtype) const;
+  TreeTensor to(at::Device device) const;
+  TreeTensor cpu() const;
+  TreeTensor contiguous() const;
+  TreeTensor reshape(at::IntArrayRef shape) const;
+  TreeTensor view(at::IntArrayRef shape) const;
+  TreeTensor squeeze() const;
+  TreeTensor squeeze(int64_t dim) const;
+  TreeTensor unsqueeze(int64_t dim) const;
+  TreeTensor transpose(int64_t dim0, int64_t dim1) const;
+  TreeTensor permute(at::IntArrayRef dims) const;
+  TreeTensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  TreeTensor index_select(int64_t dim, const Operand& index) const;
+  TreeTensor index(at::ArrayRef<at::indexing::TensorIndex> indices) const;
+  TreeTensor index(const TensorTree& indices) const;
+  std::vector<TreeTensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<TreeTensor> chunk(int64_t chunks, int64_t dim = 0) const;
+
+  /// Tree-level reductions: one tensor over every element of every leaf (DESIGN.md §4).
+  at::Tensor sum() const;
+  at::Tensor mean() const;
+  at::Tensor all() const;
+  at::Tensor any() const;
+  at::Tensor min() const;
+  at::Tensor max() const;
+  at::Tensor std(bool unbiased = true) const;
+  at::Tensor norm(double p = 2) const;
+
+  // ---- attributes (trees of values; see single()) ----------------------------------------
+  tree::Tree<std::vector<int64_t>> shape() const;
+  tree::Tree<at::ScalarType> dtype() const;
+  tree::Tree<at::Device> device() const;
+  tree::Tree<int64_t> numel() const;
+  tree::Tree<bool> requires_grad() const;
+  /// The tree of leaf gradients (`.grad()`); a leaf without a gradient holds an undefined tensor.
+  TreeTensor grad() const;
+};
+
+/// Writes `t` in treetensor's layout: the header `<TreeTensor>`, one `key --> tensor(...)`
+/// line per leaf (`├──`/`└──` glyphs, multi-line tensors indented under the arrow), tensors
+/// formatted as PyTorch's repr does (4 decimals, `dtype=` when not the default, `grad_fn=` /
+/// `requires_grad=True`, summarised with `...` above 1000 elements). A leaf root prints as the
+/// tensor alone. Printing is the only place a tensor is ever formatted (DI-treetensor #19).
+std::ostream& operator<<(std::ostream& os, const TreeTensor& t);
+
+/// One tensor in PyTorch's repr form (`tensor([1., 2.])`), as used by operator<<.
+std::string format_tensor(const at::Tensor& t);
+
+/// The single value of a tree of attributes when every leaf agrees (e.g.
+/// `single(t.dtype()) == at::kFloat`).
+/// @throws std::invalid_argument naming the first leaf path whose value differs from the
+///         first leaf's, or saying the tree has no leaves.
+template <class T>
+T single(const tree::Tree<T>& values) {
+  const auto flat = tree::flatten_refs(values);
+  if (flat.leaves.empty()) throw std::invalid_argument("single: the tree has no leaves");
+  for (std::size_t i = 1; i < flat.leaves.size(); ++i)
+    if (!(*flat.leaves[i] == *flat.leaves[0])) {
+      const auto paths = flat.spec.paths();
+      throw std::invalid_argument("single: leaf '" + paths[i].describe() + "' differs from leaf '" +
+                                  paths[0].describe() + "'");
+    }
+  return *flat.leaves[0];
+}
+
+}  // namespace treetensor

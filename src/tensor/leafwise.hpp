@@ -1,0 +1,35 @@
+#pragma once
+// Shorthands for the common op shape "one tree, one leaf function with captured arguments",
+// shared by the op sources. Internal (src/ only).
+
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "treetensor/tensor/dispatch.hpp"
+
+namespace treetensor::detail {
+
+/// f(leaf) on every leaf of t, through the runtime.
+template <class F>
+TreeTensor map1(std::string_view op, const TensorTree& t, F&& f) {
+  const Operand args[] = {Operand(t)};
+  return map_leaves(CallOptions{op}, args, [&](const LeafArgs& x) { return f(x.t(0)); });
+}
+
+/// f(leaf) for its side effect on every leaf of t (in place), through the runtime.
+template <class F>
+TreeTensor& update1(std::string_view op, TreeTensor& t, F&& f) {
+  const Operand args[] = {Operand(t)};
+  update_leaves(CallOptions{op}, args, [&](const LeafArgs& x) { f(x.t(0)); });
+  return t;
+}
+
+/// f(leaf) -> several tensors on every leaf of t; result k is the tree of the k-th tensors.
+template <class F>
+std::vector<TreeTensor> multi1(std::string_view op, const TensorTree& t, F&& f) {
+  const Operand args[] = {Operand(t)};
+  return map_leaves_multi(CallOptions{op}, args, [&](const LeafArgs& x) { return f(x.t(0)); });
+}
+
+}  // namespace treetensor::detail

@@ -1,0 +1,710 @@
+// The leaf-wise ops: each is a few lines handing a leaf kernel (and, where one exists in both
+// LibTorch 1.13 and 2.x, a batched at::_foreach_* or bmm form) to the dispatch core.
+#include "treetensor/tensor/ops.hpp"
+
+#include "tensor/leafwise.hpp"
+
+#include <ATen/ATen.h>
+
+#include <string_view>
+#include <unordered_map>
+
+namespace treetensor {
+namespace {
+
+using detail::CallOptions;
+using detail::FusedArgs;
+using detail::LeafArgs;
+using detail::map1;
+using detail::multi1;
+using detail::update1;
+
+// ---- unary -----------------------------------------------------------------------------------
+using Kernel1 = at::Tensor (*)(const at::Tensor&);
+using Update1 = void (*)(const at::Tensor&);
+
+// The unary ops with an at::_foreach_* form in LibTorch 1.13 and 2.x.
+#define TREETENSOR_FOREACH_UNARY_OPS(X)                                                     \
+  X(abs) X(ceil) X(floor) X(round) X(trunc) X(frac) X(sigmoid) X(sqrt) X(exp) X(log) X(neg) \
+  X(reciprocal) X(sin) X(cos) X(tan) X(tanh) X(sinh) X(cosh) X(asin) X(acos) X(atan) X(erf) \
+  X(erfc)
+
+struct ForeachUnary {
+  std::vector<at::Tensor> (*map)(at::TensorList);
+  void (*update)(at::TensorList);
+};
+
+const ForeachUnary* foreach_unary(std::string_view name) {
+#define TREETENSOR_FOREACH_ENTRY(n)                                                 \
+  {#n, ForeachUnary{[](at::TensorList l) { return at::_foreach_##n(l); },          \
+                    [](at::TensorList l) { at::_foreach_##n##_(l); }}},
+  static const std::unordered_map<std::string_view, ForeachUnary> table = {
+      TREETENSOR_FOREACH_UNARY_OPS(TREETENSOR_FOREACH_ENTRY)};
+#undef TREETENSOR_FOREACH_ENTRY
+  auto it = table.find(name);
+  return it == table.end() ? nullptr : &it->second;
+}
+
+TreeTensor unary_map(std::string_view op, const TensorTree& t, Kernel1 k,
+                     const ForeachUnary* fe) {
+  const Operand args[] = {Operand(t)};
+  auto leaf = [k](const LeafArgs& x) { return k(x.t(0)); };
+  if (!fe) return detail::map_leaves(CallOptions{op}, args, leaf);
+  auto fused = [fe](const FusedArgs& a, std::vector<at::Tensor>& out) {
+    if (!a.foreach_compatible()) return false;
+    out = fe->map(a.column(0));
+    return true;
+  };
+  return detail::map_leaves(CallOptions{op}, args, leaf, fused);
+}
+
+TreeTensor& unary_update(std::string_view op, TreeTensor& t, Update1 k, const ForeachUnary* fe) {
+  const Operand args[] = {Operand(t)};
+  auto leaf = [k](const LeafArgs& x) { k(x.t(0)); };
+  if (!fe) {
+    detail::update_leaves(CallOptions{op}, args, leaf);
+  } else {
+    auto fused = [fe](const FusedArgs& a) {
+      if (!a.foreach_compatible()) return false;
+      fe->update(a.column(0));
+      return true;
+    };
+    detail::update_leaves(CallOptions{op}, args, leaf, fused);
+  }
+  return t;
+}
+
+// ---- binary ----------------------------------------------------------------------------------
+using KernelTT = at::Tensor (*)(const at::Tensor&, const at::Tensor&);
+using KernelTS = at::Tensor (*)(const at::Tensor&, const at::Scalar&);
+using UpdateTT = void (*)(const at::Tensor&, const at::Tensor&);
+using UpdateTS = void (*)(const at::Tensor&, const at::Scalar&);
+
+// A scalar first operand enters as a wrapped-number tensor (torch's `2 - t` does the same).
+CallOptions binary_options(std::string_view op, const Operand& a) {
+  CallOptions o{op};
+  o.wrap_scalars = a.kind() == Operand::Kind::scalar;
+  return o;
+}
+
+// The binary ops with at::_foreach_* forms (list-list and list-scalar) in 1.13 and 2.x.
+struct ForeachBinary {
+  std::vector<at::Tensor> (*map_ll)(at::TensorList, at::TensorList);
+  std::vector<at::Tensor> (*map_ls)(at::TensorList, const at::Scalar&);
+  void (*update_ll)(at::TensorList, at::TensorList);
+  void (*update_ls)(at::TensorList, const at::Scalar&);
+};
+
+const ForeachBinary* foreach_binary(std::string_view name) {
+#define TREETENSOR_FOREACH_ENTRY(n)                                                          \
+  {#n, ForeachBinary{                                                                        \
+           [](at::TensorList a, at::TensorList b) { return at::_foreach_##n(a, b); },        \
+           [](at::TensorList a, const at::Scalar& s) { return at::_foreach_##n(a, s); },     \
+           [](at::TensorList a, at::TensorList b) { at::_foreach_##n##_(a, b); },            \
+           [](at::TensorList a, const at::Scalar& s) { at::_foreach_##n##_(a, s); }}},
+  static const std::unordered_map<std::string_view, ForeachBinary> table = {
+      TREETENSOR_FOREACH_ENTRY(mul) TREETENSOR_FOREACH_ENTRY(div)};
+#undef TREETENSOR_FOREACH_ENTRY
+  auto it = table.find(name);
+  return it == table.end() ? nullptr : &it->second;
+}
+
+TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, KernelTT tt,
+                      KernelTS ts, const ForeachBinary* fe) {
+  const Operand args[] = {a, b};
+  auto leaf = [tt, ts](const LeafArgs& x) {
+    return x.is_scalar(1) ? ts(x.t(0), x.s(1)) : tt(x.t(0), x.t(1));
+  };
+  if (!fe) return detail::map_leaves(binary_options(op, a), args, leaf);
+  auto fused = [fe](const FusedArgs& f, std::vector<at::Tensor>& out) {
+    if (!f.operand(0).is_tree() || !f.foreach_compatible()) return false;
+    out = f.operand(1).is_tree() ? fe->map_ll(f.column(0), f.column(1))
+                                 : fe->map_ls(f.column(0), f.operand(1).scalar());
+    return true;
+  };
+  return detail::map_leaves(binary_options(op, a), args, leaf, fused);
+}
+
+TreeTensor binary_tensor_map(std::string_view op, const Operand& a, const Operand& b,
+                             KernelTT tt) {
+  const Operand args[] = {a, b};
+  CallOptions o{op};
+  o.wrap_scalars = true;
+  return detail::map_leaves(o, args, [tt](const LeafArgs& x) { return tt(x.t(0), x.t(1)); });
+}
+
+TreeTensor& binary_update(std::string_view op, TreeTensor& a, const Operand& b, UpdateTT tt,
+                          UpdateTS ts, const ForeachBinary* fe) {
+  const Operand args[] = {Operand(a), b};
+  auto leaf = [tt, ts](const LeafArgs& x) {
+    x.is_scalar(1) ? ts(x.t(0), x.s(1)) : tt(x.t(0), x.t(1));
+  };
+  if (!fe) {
+    detail::update_leaves(CallOptions{op}, args, leaf);
+    return a;
+  }
+  auto fused = [fe](const FusedArgs& f) {
+    if (!f.foreach_compatible()) return false;
+    f.operand(1).is_tree() ? fe->update_ll(f.column(0), f.column(1))
+                           : fe->update_ls(f.column(0), f.operand(1).scalar());
+    return true;
+  };
+  detail::update_leaves(CallOptions{op}, args, leaf, fused);
+  return a;
+}
+
+// The _foreach forms of add/sub (with alpha) and mul/div. A scalar operand is only batched
+// with alpha == 1, where the per-leaf kernel computes exactly what _foreach does.
+bool is_one(const at::Scalar& s) { return s.isIntegral(false) ? s.toLong() == 1 : s.toDouble() == 1.0; }
+
+template <class ListList, class ListScalar>
+bool fused_binary(const FusedArgs& a, std::vector<at::Tensor>& out, const at::Scalar& alpha,
+                  ListList ll, ListScalar ls) {
+  if (!a.operand(0).is_tree() || !a.foreach_compatible()) return false;
+  if (a.operand(1).is_tree()) {
+    out = ll(a.column(0), a.column(1), alpha);
+    return true;
+  }
+  if (!is_one(alpha)) return false;
+  out = ls(a.column(0), a.operand(1).scalar());
+  return true;
+}
+
+template <class ListList, class ListScalar>
+bool fused_binary_(const FusedArgs& a, const at::Scalar& alpha, ListList ll, ListScalar ls) {
+  if (!a.foreach_compatible()) return false;
+  if (a.operand(1).is_tree()) {
+    ll(a.column(0), a.column(1), alpha);
+    return true;
+  }
+  if (!is_one(alpha)) return false;
+  ls(a.column(0), a.operand(1).scalar());
+  return true;
+}
+
+// ---- matrix ----------------------------------------------------------------------------------
+runtime::LeafCost matmul_cost(const LeafArgs& x) {
+  const at::Tensor &a = x.t(0), &b = x.t(1);
+  if (!a.defined() || !b.defined() || a.dim() == 0 || b.dim() == 0) return {};
+  const double k = static_cast<double>(a.size(-1));
+  const double n = b.dim() >= 2 ? static_cast<double>(b.size(-1)) : 1.0;
+  const double rows = k > 0 ? static_cast<double>(a.numel()) / k : 0.0;
+  const double item = static_cast<double>(a.element_size());
+  return {2 * rows * k * n, (static_cast<double>(a.numel() + b.numel()) + rows * n) * item};
+}
+
+// One bmm over stacked leaves when every leaf pair has the same 2-D shapes, dtype and device.
+bool fused_bmm(const FusedArgs& f, std::vector<at::Tensor>& out) {
+  if (f.leaves() == 0 || !f.operand(0).is_tree() || !f.operand(1).is_tree()) return false;
+  const auto a = f.column(0), b = f.column(1);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].dim() != 2 || b[i].dim() != 2 || !a[i].sizes().equals(a[0].sizes()) ||
+        !b[i].sizes().equals(b[0].sizes()) || a[i].scalar_type() != a[0].scalar_type() ||
+        b[i].scalar_type() != a[0].scalar_type() || a[i].device() != a[0].device() ||
+        b[i].device() != a[0].device() || !at::isFloatingType(a[i].scalar_type()))
+      return false;
+  }
+  if (a[0].size(1) != b[0].size(0)) return false;  // let the per-leaf path report it
+  out = at::bmm(at::stack(a), at::stack(b)).unbind(0);
+  return true;
+}
+
+TreeTensor matrix_op(std::string_view op, const Operand& a, const Operand& b, KernelTT k,
+                     bool batch) {
+  const Operand args[] = {a, b};
+  CallOptions o{op};
+  o.wrap_scalars = true;
+  o.cost = matmul_cost;
+  auto leaf = [k](const LeafArgs& x) { return k(x.t(0), x.t(1)); };
+  return batch ? detail::map_leaves(o, args, leaf, fused_bmm) : detail::map_leaves(o, args, leaf);
+}
+
+// Whether pred holds for every leaf pair of two trees of equal structure (false otherwise).
+template <class P>
+bool all_pairs(std::string_view op, const TensorTree& a, const TensorTree& b, P&& pred) {
+  const Operand args[] = {Operand(a), Operand(b)};
+  std::vector<std::uint8_t> ok;
+  ok.resize(std::max(a.leaf_count(), b.leaf_count()), 0);
+  try {
+    detail::map_leaves(CallOptions{op}, args, [&](const LeafArgs& x) {
+      ok[x.leaf()] = pred(x.t(0), x.t(1));
+      return at::Tensor();
+    });
+  } catch (const tree::StructureError&) {
+    return false;
+  }
+  return std::all_of(ok.begin(), ok.end(), [](std::uint8_t v) { return v != 0; });
+}
+
+}  // namespace
+
+// ---- the op table ----------------------------------------------------------------------------
+#define TREETENSOR_DEFINE_UNARY_INPLACE(name)                                           \
+  TreeTensor name(const TensorTree& t) {                                                \
+    static const ForeachUnary* fe = foreach_unary(#name);                               \
+    return unary_map(#name, t, [](const at::Tensor& x) { return at::name(x); }, fe);    \
+  }                                                                                     \
+  TreeTensor& name##_(TreeTensor& t) {                                                  \
+    static const ForeachUnary* fe = foreach_unary(#name);                               \
+    return unary_update(#name "_", t, [](const at::Tensor& x) { x.name##_(); }, fe);    \
+  }                                                                                     \
+  TreeTensor TreeTensor::name() const { return treetensor::name(*this); }              \
+  TreeTensor& TreeTensor::name##_() { return treetensor::name##_(*this); }
+TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DEFINE_UNARY_INPLACE)
+#undef TREETENSOR_DEFINE_UNARY_INPLACE
+
+#define TREETENSOR_DEFINE_UNARY(name)                                                     \
+  TreeTensor name(const TensorTree& t) {                                                  \
+    return unary_map(#name, t, [](const at::Tensor& x) { return at::name(x); }, nullptr); \
+  }                                                                                       \
+  TreeTensor TreeTensor::name() const { return treetensor::name(*this); }
+TREETENSOR_UNARY_OPS(TREETENSOR_DEFINE_UNARY)
+#undef TREETENSOR_DEFINE_UNARY
+
+#define TREETENSOR_DEFINE_BINARY_SCALAR(name)                                                  \
+  TreeTensor name(const Operand& a, const Operand& b) {                                        \
+    static const ForeachBinary* fe = foreach_binary(#name);                                    \
+    return binary_map(                                                                         \
+        #name, a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::name(x, y); }, \
+        [](const at::Tensor& x, const at::Scalar& y) { return at::name(x, y); }, fe);         \
+  }                                                                                            \
+  TreeTensor& name##_(TreeTensor& a, const Operand& b) {                                       \
+    static const ForeachBinary* fe = foreach_binary(#name);                                    \
+    return binary_update(                                                                      \
+        #name "_", a, b, [](const at::Tensor& x, const at::Tensor& y) { x.name##_(y); },      \
+        [](const at::Tensor& x, const at::Scalar& y) { x.name##_(y); }, fe);                  \
+  }                                                                                            \
+  TreeTensor TreeTensor::name(const Operand& other) const {                                    \
+    return treetensor::name(*this, other);                                                     \
+  }                                                                                            \
+  TreeTensor& TreeTensor::name##_(const Operand& other) {                                      \
+    return treetensor::name##_(*this, other);                                                  \
+  }
+TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_DEFINE_BINARY_SCALAR)
+#undef TREETENSOR_DEFINE_BINARY_SCALAR
+
+#define TREETENSOR_DEFINE_BINARY_TENSOR(name)                                                 \
+  TreeTensor name(const Operand& a, const Operand& b) {                                       \
+    return binary_tensor_map(#name, a, b, [](const at::Tensor& x, const at::Tensor& y) {      \
+      return at::name(x, y);                                                                  \
+    });                                                                                       \
+  }                                                                                           \
+  TreeTensor TreeTensor::name(const Operand& other) const {                                   \
+    return treetensor::name(*this, other);                                                    \
+  }
+TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_DEFINE_BINARY_TENSOR)
+#undef TREETENSOR_DEFINE_BINARY_TENSOR
+
+// ---- arithmetic with _foreach forms ------------------------------------------------------------
+TreeTensor add(const Operand& a, const Operand& b, const at::Scalar& alpha) {
+  const Operand args[] = {a, b};
+  auto leaf = [&](const LeafArgs& x) {
+    return x.is_scalar(1) ? at::add(x.t(0), x.s(1), alpha) : at::add(x.t(0), x.t(1), alpha);
+  };
+  auto fused = [&](const FusedArgs& f, std::vector<at::Tensor>& out) {
+    return fused_binary(
+        f, out, alpha,
+        [](at::TensorList x, at::TensorList y, const at::Scalar& al) {
+          return at::_foreach_add(x, y, al);
+        },
+        [](at::TensorList x, const at::Scalar& s) { return at::_foreach_add(x, s); });
+  };
+  return detail::map_leaves(binary_options("add", a), args, leaf, fused);
+}
+
+TreeTensor& add_(TreeTensor& a, const Operand& b, const at::Scalar& alpha) {
+  const Operand args[] = {Operand(a), b};
+  auto leaf = [&](const LeafArgs& x) {
+    x.is_scalar(1) ? x.t(0).add_(x.s(1), alpha) : x.t(0).add_(x.t(1), alpha);
+  };
+  auto fused = [&](const FusedArgs& f) {
+    return fused_binary_(
+        f, alpha,
+        [](at::TensorList x, at::TensorList y, const at::Scalar& al) {
+          at::_foreach_add_(x, y, al);
+        },
+        [](at::TensorList x, const at::Scalar& s) { at::_foreach_add_(x, s); });
+  };
+  detail::update_leaves(CallOptions{"add_"}, args, leaf, fused);
+  return a;
+}
+
+TreeTensor sub(const Operand& a, const Operand& b, const at::Scalar& alpha) {
+  const Operand args[] = {a, b};
+  auto leaf = [&](const LeafArgs& x) {
+    return x.is_scalar(1) ? at::sub(x.t(0), x.s(1), alpha) : at::sub(x.t(0), x.t(1), alpha);
+  };
+  auto fused = [&](const FusedArgs& f, std::vector<at::Tensor>& out) {
+    return fused_binary(
+        f, out, alpha,
+        [](at::TensorList x, at::TensorList y, const at::Scalar& al) {
+          return at::_foreach_sub(x, y, al);
+        },
+        [](at::TensorList x, const at::Scalar& s) { return at::_foreach_sub(x, s); });
+  };
+  return detail::map_leaves(binary_options("sub", a), args, leaf, fused);
+}
+
+TreeTensor& sub_(TreeTensor& a, const Operand& b, const at::Scalar& alpha) {
+  const Operand args[] = {Operand(a), b};
+  auto leaf = [&](const LeafArgs& x) {
+    x.is_scalar(1) ? x.t(0).sub_(x.s(1), alpha) : x.t(0).sub_(x.t(1), alpha);
+  };
+  auto fused = [&](const FusedArgs& f) {
+    return fused_binary_(
+        f, alpha,
+        [](at::TensorList x, at::TensorList y, const at::Scalar& al) {
+          at::_foreach_sub_(x, y, al);
+        },
+        [](at::TensorList x, const at::Scalar& s) { at::_foreach_sub_(x, s); });
+  };
+  detail::update_leaves(CallOptions{"sub_"}, args, leaf, fused);
+  return a;
+}
+
+
+TreeTensor clamp(const TensorTree& t, c10::optional<at::Scalar> min,
+                 c10::optional<at::Scalar> max) {
+  return map1("clamp", t, [&](const at::Tensor& x) { return at::clamp(x, min, max); });
+}
+TreeTensor& clamp_(TreeTensor& t, c10::optional<at::Scalar> min,
+                   c10::optional<at::Scalar> max) {
+  return update1("clamp_", t, [&](const at::Tensor& x) { x.clamp_(min, max); });
+}
+
+namespace {
+// addcmul / addcdiv: leaf kernel and the _foreach form over three trees.
+template <class Leaf, class Foreach>
+TreeTensor& pointwise3_(std::string_view op, TreeTensor& self, const Operand& t1,
+                        const Operand& t2, Leaf leaf_fn, Foreach foreach_fn) {
+  const Operand args[] = {Operand(self), t1, t2};
+  CallOptions o{op};
+  o.wrap_scalars = true;
+  auto leaf = [&](const LeafArgs& x) { leaf_fn(x.t(0), x.t(1), x.t(2)); };
+  auto fused = [&](const FusedArgs& f) {
+    if (!f.operand(1).is_tree() || !f.operand(2).is_tree() || !f.foreach_compatible())
+      return false;
+    foreach_fn(f.column(0), f.column(1), f.column(2));
+    return true;
+  };
+  detail::update_leaves(o, args, leaf, fused);
+  return self;
+}
+}  // namespace
+
+TreeTensor& addcmul_(TreeTensor& self, const Operand& t1, const Operand& t2,
+                     const at::Scalar& value) {
+  return pointwise3_(
+      "addcmul_", self, t1, t2,
+      [&](const at::Tensor& s, const at::Tensor& a, const at::Tensor& b) {
+        s.addcmul_(a, b, value);
+      },
+      [&](at::TensorList s, at::TensorList a, at::TensorList b) {
+        at::_foreach_addcmul_(s, a, b, value);
+      });
+}
+
+TreeTensor& addcdiv_(TreeTensor& self, const Operand& t1, const Operand& t2,
+                     const at::Scalar& value) {
+  return pointwise3_(
+      "addcdiv_", self, t1, t2,
+      [&](const at::Tensor& s, const at::Tensor& a, const at::Tensor& b) {
+        s.addcdiv_(a, b, value);
+      },
+      [&](at::TensorList s, at::TensorList a, at::TensorList b) {
+        at::_foreach_addcdiv_(s, a, b, value);
+      });
+}
+
+TreeTensor addcmul(const Operand& self, const Operand& t1, const Operand& t2,
+                   const at::Scalar& value) {
+  const Operand args[] = {self, t1, t2};
+  CallOptions o{"addcmul"};
+  o.wrap_scalars = true;
+  return detail::map_leaves(
+      o, args, [&](const LeafArgs& x) { return at::addcmul(x.t(0), x.t(1), x.t(2), value); });
+}
+
+TreeTensor addcdiv(const Operand& self, const Operand& t1, const Operand& t2,
+                   const at::Scalar& value) {
+  const Operand args[] = {self, t1, t2};
+  CallOptions o{"addcdiv"};
+  o.wrap_scalars = true;
+  return detail::map_leaves(
+      o, args, [&](const LeafArgs& x) { return at::addcdiv(x.t(0), x.t(1), x.t(2), value); });
+}
+
+TreeTensor lerp(const Operand& self, const Operand& end, const at::Scalar& weight) {
+  const Operand args[] = {self, end};
+  CallOptions o{"lerp"};
+  o.wrap_scalars = true;
+  return detail::map_leaves(
+      o, args, [&](const LeafArgs& x) { return at::lerp(x.t(0), x.t(1), weight); });
+}
+
+TreeTensor& lerp_(TreeTensor& self, const Operand& end, const at::Scalar& weight) {
+  const Operand args[] = {Operand(self), end};
+  CallOptions o{"lerp_"};
+  o.wrap_scalars = true;
+  detail::update_leaves(o, args, [&](const LeafArgs& x) { x.t(0).lerp_(x.t(1), weight); });
+  return self;
+}
+
+TreeTensor& copy_(TreeTensor& self, const Operand& src) {
+  const Operand args[] = {Operand(self), src};
+  CallOptions o{"copy_"};
+  o.wrap_scalars = true;
+  detail::update_leaves(o, args, [](const LeafArgs& x) { x.t(0).copy_(x.t(1)); });
+  return self;
+}
+
+TreeTensor& zero_(TreeTensor& t) {
+  const Operand args[] = {Operand(t)};
+  auto fused = [](const FusedArgs& f) {
+    if (!f.foreach_compatible()) return false;
+    at::_foreach_zero_(f.column(0));
+    return true;
+  };
+  detail::update_leaves(CallOptions{"zero_"}, args, [](const LeafArgs& x) { x.t(0).zero_(); },
+                        fused);
+  return t;
+}
+
+TreeTensor& fill_(TreeTensor& t, const at::Scalar& value) {
+  return update1("fill_", t, [&](const at::Tensor& x) { x.fill_(value); });
+}
+
+TreeTensor& requires_grad_(TreeTensor& t, bool requires_grad) {
+  return update1("requires_grad_", t,
+                 [&](const at::Tensor& x) { x.requires_grad_(requires_grad); });
+}
+
+// ---- comparison --------------------------------------------------------------------------------
+TreeTensor isclose(const Operand& a, const Operand& b, double rtol, double atol, bool equal_nan) {
+  const Operand args[] = {a, b};
+  CallOptions o{"isclose"};
+  o.wrap_scalars = true;
+  return detail::map_leaves(o, args, [&](const LeafArgs& x) {
+    return at::isclose(x.t(0), x.t(1), rtol, atol, equal_nan);
+  });
+}
+
+bool equal(const TensorTree& a, const TensorTree& b) {
+  return all_pairs("equal", a, b,
+                   [](const at::Tensor& x, const at::Tensor& y) { return at::equal(x, y); });
+}
+
+bool allclose(const TensorTree& a, const TensorTree& b, double rtol, double atol,
+              bool equal_nan) {
+  return all_pairs("allclose", a, b, [&](const at::Tensor& x, const at::Tensor& y) {
+    return x.sizes().equals(y.sizes()) && at::allclose(x, y, rtol, atol, equal_nan);
+  });
+}
+
+// ---- matrix ------------------------------------------------------------------------------------
+TreeTensor matmul(const Operand& a, const Operand& b) {
+  return matrix_op(
+      "matmul", a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::matmul(x, y); },
+      true);
+}
+TreeTensor mm(const Operand& a, const Operand& b) {
+  return matrix_op(
+      "mm", a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::mm(x, y); }, true);
+}
+TreeTensor dot(const Operand& a, const Operand& b) {
+  return matrix_op(
+      "dot", a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::dot(x, y); },
+      false);
+}
+
+// ---- shape and conversion ----------------------------------------------------------------------
+TreeTensor to(const TensorTree& t, at::TensorOptions options, bool non_blocking, bool copy) {
+  return map1("to", t, [&](const at::Tensor& x) { return x.to(options, non_blocking, copy); });
+}
+TreeTensor to(const TensorTree& t, at::ScalarType dtype) {
+  return map1("to", t, [&](const at::Tensor& x) { return x.to(dtype); });
+}
+TreeTensor to(const TensorTree& t, at::Device device) {
+  return map1("to", t, [&](const at::Tensor& x) { return x.to(device); });
+}
+TreeTensor cpu(const TensorTree& t) {
+  return map1("cpu", t, [](const at::Tensor& x) { return x.cpu(); });
+}
+TreeTensor contiguous(const TensorTree& t) {
+  return map1("contiguous", t, [](const at::Tensor& x) { return x.contiguous(); });
+}
+TreeTensor reshape(const TensorTree& t, at::IntArrayRef shape) {
+  return map1("reshape", t, [&](const at::Tensor& x) { return x.reshape(shape); });
+}
+TreeTensor view(const TensorTree& t, at::IntArrayRef shape) {
+  return map1("view", t, [&](const at::Tensor& x) { return x.view(shape); });
+}
+TreeTensor squeeze(const TensorTree& t) {
+  return map1("squeeze", t, [](const at::Tensor& x) { return x.squeeze(); });
+}
+TreeTensor squeeze(const TensorTree& t, int64_t dim) {
+  return map1("squeeze", t, [&](const at::Tensor& x) { return x.squeeze(dim); });
+}
+TreeTensor unsqueeze(const TensorTree& t, int64_t dim) {
+  return map1("unsqueeze", t, [&](const at::Tensor& x) { return x.unsqueeze(dim); });
+}
+TreeTensor transpose(const TensorTree& t, int64_t dim0, int64_t dim1) {
+  return map1("transpose", t, [&](const at::Tensor& x) { return x.transpose(dim0, dim1); });
+}
+TreeTensor permute(const TensorTree& t, at::IntArrayRef dims) {
+  return map1("permute", t, [&](const at::Tensor& x) { return x.permute(dims); });
+}
+TreeTensor flatten(const TensorTree& t, int64_t start_dim, int64_t end_dim) {
+  return map1("flatten", t, [&](const at::Tensor& x) { return x.flatten(start_dim, end_dim); });
+}
+
+TreeTensor index_select(const TensorTree& t, int64_t dim, const Operand& index) {
+  const Operand args[] = {Operand(t), index};
+  return detail::map_leaves(CallOptions{"index_select"}, args, [&](const LeafArgs& x) {
+    return at::index_select(x.t(0), dim, x.t(1));
+  });
+}
+
+TreeTensor where(const Operand& cond, const Operand& a, const Operand& b) {
+  const Operand args[] = {cond, a, b};
+  CallOptions o{"where"};
+  o.wrap_scalars = true;
+  return detail::map_leaves(
+      o, args, [](const LeafArgs& x) { return at::where(x.t(0), x.t(1), x.t(2)); });
+}
+
+TreeTensor index(const TensorTree& t, at::ArrayRef<at::indexing::TensorIndex> indices) {
+  return map1("index", t, [&](const at::Tensor& x) { return x.index(indices); });
+}
+
+TreeTensor index(const TensorTree& t, const TensorTree& indices) {
+  const Operand args[] = {Operand(t), Operand(indices)};
+  return detail::map_leaves(CallOptions{"index"}, args, [](const LeafArgs& x) {
+    return x.t(0).index({at::indexing::TensorIndex(x.t(1))});
+  });
+}
+
+namespace {
+template <class F>
+TreeTensor join(std::string_view op, const std::vector<TreeTensor>& trees, F&& f) {
+  if (trees.empty()) throw std::invalid_argument(std::string(op) + ": needs at least one tree");
+  std::vector<Operand> args(trees.begin(), trees.end());
+  return detail::map_leaves(CallOptions{op}, args, [&](const LeafArgs& x) {
+    std::vector<at::Tensor> parts;
+    parts.reserve(trees.size());
+    for (std::size_t k = 0; k < trees.size(); ++k) parts.push_back(x.t(k));
+    return f(parts);
+  });
+}
+}  // namespace
+
+TreeTensor cat(const std::vector<TreeTensor>& trees, int64_t dim) {
+  return join("cat", trees, [&](at::TensorList parts) { return at::cat(parts, dim); });
+}
+TreeTensor stack(const std::vector<TreeTensor>& trees, int64_t dim) {
+  return join("stack", trees, [&](at::TensorList parts) { return at::stack(parts, dim); });
+}
+std::vector<TreeTensor> split(const TensorTree& t, int64_t split_size, int64_t dim) {
+  return multi1("split", t, [&](const at::Tensor& x) { return x.split(split_size, dim); });
+}
+std::vector<TreeTensor> chunk(const TensorTree& t, int64_t chunks, int64_t dim) {
+  return multi1("chunk", t, [&](const at::Tensor& x) { return x.chunk(chunks, dim); });
+}
+std::vector<TreeTensor> unbind(const TensorTree& t, int64_t dim) {
+  return multi1("unbind", t, [&](const at::Tensor& x) { return x.unbind(dim); });
+}
+
+// ---- hand-written methods ----------------------------------------------------------------------
+TreeTensor TreeTensor::add(const Operand& o, const at::Scalar& alpha) const {
+  return treetensor::add(*this, o, alpha);
+}
+TreeTensor& TreeTensor::add_(const Operand& o, const at::Scalar& alpha) {
+  return treetensor::add_(*this, o, alpha);
+}
+TreeTensor TreeTensor::sub(const Operand& o, const at::Scalar& alpha) const {
+  return treetensor::sub(*this, o, alpha);
+}
+TreeTensor& TreeTensor::sub_(const Operand& o, const at::Scalar& alpha) {
+  return treetensor::sub_(*this, o, alpha);
+}
+TreeTensor TreeTensor::clamp(c10::optional<at::Scalar> min, c10::optional<at::Scalar> max) const {
+  return treetensor::clamp(*this, min, max);
+}
+TreeTensor& TreeTensor::clamp_(c10::optional<at::Scalar> min, c10::optional<at::Scalar> max) {
+  return treetensor::clamp_(*this, min, max);
+}
+TreeTensor& TreeTensor::addcmul_(const Operand& t1, const Operand& t2, const at::Scalar& v) {
+  return treetensor::addcmul_(*this, t1, t2, v);
+}
+TreeTensor& TreeTensor::addcdiv_(const Operand& t1, const Operand& t2, const at::Scalar& v) {
+  return treetensor::addcdiv_(*this, t1, t2, v);
+}
+TreeTensor& TreeTensor::lerp_(const Operand& end, const at::Scalar& weight) {
+  return treetensor::lerp_(*this, end, weight);
+}
+TreeTensor& TreeTensor::copy_(const Operand& src) { return treetensor::copy_(*this, src); }
+TreeTensor& TreeTensor::zero_() { return treetensor::zero_(*this); }
+TreeTensor& TreeTensor::fill_(const at::Scalar& value) { return treetensor::fill_(*this, value); }
+TreeTensor& TreeTensor::requires_grad_(bool r) { return treetensor::requires_grad_(*this, r); }
+TreeTensor TreeTensor::matmul(const Operand& o) const { return treetensor::matmul(*this, o); }
+TreeTensor TreeTensor::mm(const Operand& o) const { return treetensor::mm(*this, o); }
+TreeTensor TreeTensor::dot(const Operand& o) const { return treetensor::dot(*this, o); }
+TreeTensor TreeTensor::isclose(const Operand& o, double rtol, double atol, bool equal_nan) const {
+  return treetensor::isclose(*this, o, rtol, atol, equal_nan);
+}
+TreeTensor TreeTensor::to(at::TensorOptions options, bool non_blocking, bool copy) const {
+  return treetensor::to(*this, options, non_blocking, copy);
+}
+TreeTensor TreeTensor::to(at::ScalarType dtype) const { return treetensor::to(*this, dtype); }
+TreeTensor TreeTensor::to(at::Device device) const { return treetensor::to(*this, device); }
+TreeTensor TreeTensor::cpu() const { return treetensor::cpu(*this); }
+TreeTensor TreeTensor::contiguous() const { return treetensor::contiguous(*this); }
+TreeTensor TreeTensor::reshape(at::IntArrayRef s) const { return treetensor::reshape(*this, s); }
+TreeTensor TreeTensor::view(at::IntArrayRef s) const { return treetensor::view(*this, s); }
+TreeTensor TreeTensor::squeeze() const { return treetensor::squeeze(*this); }
+TreeTensor TreeTensor::squeeze(int64_t d) const { return treetensor::squeeze(*this, d); }
+TreeTensor TreeTensor::unsqueeze(int64_t d) const { return treetensor::unsqueeze(*this, d); }
+TreeTensor TreeTensor::transpose(int64_t a, int64_t b) const {
+  return treetensor::transpose(*this, a, b);
+}
+TreeTensor TreeTensor::permute(at::IntArrayRef d) const { return treetensor::permute(*this, d); }
+TreeTensor TreeTensor::flatten(int64_t s, int64_t e) const {
+  return treetensor::flatten(*this, s, e);
+}
+TreeTensor TreeTensor::index_select(int64_t dim, const Operand& index) const {
+  return treetensor::index_select(*this, dim, index);
+}
+TreeTensor TreeTensor::index(at::ArrayRef<at::indexing::TensorIndex> indices) const {
+  return treetensor::index(*this, indices);
+}
+TreeTensor TreeTensor::index(const TensorTree& indices) const {
+  return treetensor::index(*this, indices);
+}
+std::vector<TreeTensor> TreeTensor::split(int64_t size, int64_t dim) const {
+  return treetensor::split(*this, size, dim);
+}
+std::vector<TreeTensor> TreeTensor::chunk(int64_t chunks, int64_t dim) const {
+  return treetensor::chunk(*this, chunks, dim);
+}
+
+// ---- attributes --------------------------------------------------------------------------------
+tree::Tree<std::vector<int64_t>> TreeTensor::shape() const {
+  return tree::map([](const at::Tensor& x) { return x.sizes().vec(); }, *this);
+}
+tree::Tree<at::ScalarType> TreeTensor::dtype() const {
+  return tree::map([](const at::Tensor& x) { return x.scalar_type(); }, *this);
+}
+tree::Tree<at::Device> TreeTensor::device() const {
+  return tree::map([](const at::Tensor& x) { return x.device(); }, *this);
+}
+tree::Tree<int64_t> TreeTensor::numel() const {
+  return tree::map([](const at::Tensor& x) { return x.numel(); }, *this);
+}
+tree::Tree<bool> TreeTensor::requires_grad() const {
+  return tree::map([](const at::Tensor& x) { return x.requires_grad(); }, *this);
+}
+TreeTensor TreeTensor::grad() const {
+  return tree::map([](const at::Tensor& x) { return x.grad(); }, *this);
+}
+
+}  // namespace treetensor

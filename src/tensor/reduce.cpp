@@ -1,0 +1,199 @@
+// Reductions: per-leaf partials through the runtime, then one small combining op.
+#include "treetensor/tensor/reduce.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "tensor/leafwise.hpp"
+
+namespace treetensor {
+namespace {
+
+using detail::map1;
+using detail::multi1;
+
+// Leaf results in flatten order.
+template <class F>
+std::vector<at::Tensor> partials(std::string_view op, const TensorTree& t, F&& f) {
+  if (t.empty()) return {};
+  return tree::flatten(map1(op, t, f)).leaves;
+}
+
+// The defined partials, cast to their promoted dtype and stacked (autograd follows).
+at::Tensor stacked(std::vector<at::Tensor> parts) {
+  std::erase_if(parts, [](const at::Tensor& p) { return !p.defined(); });
+  if (parts.empty()) return {};
+  at::ScalarType type = parts[0].scalar_type();
+  for (const auto& p : parts) type = at::promoteTypes(type, p.scalar_type());
+  for (auto& p : parts) p = p.to(type);
+  return at::stack(parts);
+}
+
+int64_t total_numel(const TensorTree& t) {
+  int64_t n = 0;
+  for (const at::Tensor* x : tree::flatten_refs(t).leaves) n += x->numel();
+  return n;
+}
+
+void require_floating(std::string_view op, const TensorTree& t) {
+  const auto flat = tree::flatten_refs(t);
+  for (std::size_t i = 0; i < flat.leaves.size(); ++i)
+    if (!at::isFloatingType(flat.leaves[i]->scalar_type()) &&
+        !at::isComplexType(flat.leaves[i]->scalar_type()))
+      throw std::invalid_argument(std::string(op) + ": needs floating leaves, leaf '" +
+                                  flat.spec.paths()[i].describe() + "' is " +
+                                  c10::toString(flat.leaves[i]->scalar_type()));
+}
+
+at::Tensor default_scalar(double v) {
+  return at::full({}, v, at::TensorOptions(at::get_default_dtype()));
+}
+
+at::Tensor extreme(std::string_view op, const TensorTree& t, bool is_min) {
+  auto s = stacked(partials(op, t, [&](const at::Tensor& x) {
+    return x.numel() == 0 ? at::Tensor() : (is_min ? x.min() : x.max());
+  }));
+  if (!s.defined())
+    throw std::invalid_argument(std::string(op) + ": the tree has no elements (" +
+                                std::to_string(t.leaf_count()) + " leaves)");
+  return is_min ? s.min() : s.max();
+}
+
+}  // namespace
+
+at::Tensor sum(const TensorTree& t) {
+  auto s = stacked(partials("sum", t, [](const at::Tensor& x) { return x.sum(); }));
+  return s.defined() ? s.sum() : at::zeros({}, at::kLong);
+}
+
+at::Tensor mean(const TensorTree& t) {
+  require_floating("mean", t);
+  auto s = stacked(partials("mean", t, [](const at::Tensor& x) { return x.sum(); }));
+  if (!s.defined()) return default_scalar(std::numeric_limits<double>::quiet_NaN());
+  return s.sum() / static_cast<double>(total_numel(t));
+}
+
+at::Tensor all(const TensorTree& t) {
+  auto s = stacked(partials("all", t, [](const at::Tensor& x) { return x.all().to(at::kBool); }));
+  return s.defined() ? s.all() : at::ones({}, at::kBool);
+}
+
+at::Tensor any(const TensorTree& t) {
+  auto s = stacked(partials("any", t, [](const at::Tensor& x) { return x.any().to(at::kBool); }));
+  return s.defined() ? s.any() : at::zeros({}, at::kBool);
+}
+
+at::Tensor min(const TensorTree& t) { return extreme("min", t, true); }
+at::Tensor max(const TensorTree& t) { return extreme("max", t, false); }
+
+at::Tensor std(const TensorTree& t, bool unbiased) {
+  require_floating("std", t);
+  const int64_t n = total_numel(t);
+  const int64_t dof = n - (unbiased ? 1 : 0);
+  if (dof <= 0) return default_scalar(std::numeric_limits<double>::quiet_NaN());
+  const at::Tensor m = mean(t);
+  auto s = stacked(partials("std", t, [&](const at::Tensor& x) { return (x - m).square().sum(); }));
+  return (s.sum() / static_cast<double>(dof)).sqrt();
+}
+
+at::Tensor norm(const TensorTree& t, double p) {
+  auto s = stacked(partials("norm", t, [&](const at::Tensor& x) { return x.norm(p); }));
+  return s.defined() ? s.norm(p) : default_scalar(0.0);
+}
+
+at::Tensor masked_select(const TensorTree& t, const Operand& mask) {
+  auto parts = tree::flatten(leaf_masked_select(t, mask)).leaves;
+  if (parts.empty()) return at::empty({0}, at::TensorOptions(at::get_default_dtype()));
+  at::ScalarType type = parts[0].scalar_type();
+  for (const auto& p : parts) type = at::promoteTypes(type, p.scalar_type());
+  for (auto& p : parts) p = p.to(type);
+  return at::cat(parts);
+}
+
+TreeTensor leaf_sum(const TensorTree& t) {
+  return map1("leaf_sum", t, [](const at::Tensor& x) { return x.sum(); });
+}
+TreeTensor leaf_sum(const TensorTree& t, at::IntArrayRef dim, bool keepdim) {
+  return map1("leaf_sum", t, [&](const at::Tensor& x) { return x.sum(dim, keepdim); });
+}
+TreeTensor leaf_mean(const TensorTree& t) {
+  return map1("leaf_mean", t, [](const at::Tensor& x) { return x.mean(); });
+}
+TreeTensor leaf_mean(const TensorTree& t, at::IntArrayRef dim, bool keepdim) {
+  return map1("leaf_mean", t, [&](const at::Tensor& x) { return x.mean(dim, keepdim); });
+}
+TreeTensor leaf_all(const TensorTree& t) {
+  return map1("leaf_all", t, [](const at::Tensor& x) { return x.all(); });
+}
+TreeTensor leaf_all(const TensorTree& t, int64_t dim, bool keepdim) {
+  return map1("leaf_all", t, [&](const at::Tensor& x) { return x.all(dim, keepdim); });
+}
+TreeTensor leaf_any(const TensorTree& t) {
+  return map1("leaf_any", t, [](const at::Tensor& x) { return x.any(); });
+}
+TreeTensor leaf_any(const TensorTree& t, int64_t dim, bool keepdim) {
+  return map1("leaf_any", t, [&](const at::Tensor& x) { return x.any(dim, keepdim); });
+}
+TreeTensor leaf_min(const TensorTree& t) {
+  return map1("leaf_min", t, [](const at::Tensor& x) { return x.min(); });
+}
+TreeTensor leaf_max(const TensorTree& t) {
+  return map1("leaf_max", t, [](const at::Tensor& x) { return x.max(); });
+}
+
+namespace {
+std::tuple<TreeTensor, TreeTensor> values_indices(std::vector<TreeTensor> trees,
+                                                  const TensorTree& t) {
+  if (trees.empty()) return {TreeTensor(t), TreeTensor(t)};  // no leaves: two empty trees
+  return {std::move(trees[0]), std::move(trees[1])};
+}
+}  // namespace
+
+std::tuple<TreeTensor, TreeTensor> leaf_min(const TensorTree& t, int64_t dim, bool keepdim) {
+  return values_indices(multi1("leaf_min", t,
+                               [&](const at::Tensor& x) {
+                                 auto [v, i] = x.min(dim, keepdim);
+                                 return std::vector<at::Tensor>{v, i};
+                               }),
+                        t);
+}
+std::tuple<TreeTensor, TreeTensor> leaf_max(const TensorTree& t, int64_t dim, bool keepdim) {
+  return values_indices(multi1("leaf_max", t,
+                               [&](const at::Tensor& x) {
+                                 auto [v, i] = x.max(dim, keepdim);
+                                 return std::vector<at::Tensor>{v, i};
+                               }),
+                        t);
+}
+TreeTensor leaf_std(const TensorTree& t, bool unbiased) {
+  return map1("leaf_std", t, [&](const at::Tensor& x) { return x.std(unbiased); });
+}
+TreeTensor leaf_std(const TensorTree& t, at::IntArrayRef dim, bool unbiased, bool keepdim) {
+  return map1("leaf_std", t, [&](const at::Tensor& x) { return x.std(dim, unbiased, keepdim); });
+}
+TreeTensor leaf_norm(const TensorTree& t, double p) {
+  return map1("leaf_norm", t, [&](const at::Tensor& x) { return x.norm(p); });
+}
+TreeTensor leaf_masked_select(const TensorTree& t, const Operand& mask) {
+  const Operand args[] = {Operand(t), mask};
+  return detail::map_leaves(detail::CallOptions{"masked_select"}, args,
+                            [](const detail::LeafArgs& x) {
+                              return at::masked_select(x.t(0), x.t(1));
+                            });
+}
+
+// ---- methods ---------------------------------------------------------------------------------
+at::Tensor TreeTensor::sum() const { return treetensor::sum(*this); }
+at::Tensor TreeTensor::mean() const { return treetensor::mean(*this); }
+at::Tensor TreeTensor::all() const { return treetensor::all(*this); }
+at::Tensor TreeTensor::any() const { return treetensor::any(*this); }
+at::Tensor TreeTensor::min() const { return treetensor::min(*this); }
+at::Tensor TreeTensor::max() const { return treetensor::max(*this); }
+at::Tensor TreeTensor::std(bool unbiased) const { return treetensor::std(*this, unbiased); }
+at::Tensor TreeTensor::norm(double p) const { return treetensor::norm(*this, p); }
+
+}  // namespace treetensor
