@@ -3,6 +3,7 @@
 // (DESIGN.md §1). Standard library only.
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +27,33 @@ class Tree;
 namespace detail {
 template <class T>
 T leaf_type_of(const Tree<T>*);
+
+/// The explicit stack of the iterative walks (flatten, unflatten, printing, destruction, ...),
+/// which must not recurse once per tree level: a deep tree would overflow the call stack.
+/// The first N entries live inline, so walks of trees up to N levels deep do not allocate.
+template <class E, std::size_t N = 32>
+class WalkStack {
+ public:
+  bool empty() const noexcept { return size_ == 0; }
+  std::size_t size() const noexcept { return size_; }
+  E& back() noexcept { return size_ <= N ? inline_[size_ - 1] : heap_.back(); }
+  void push(E e) {
+    if (size_ < N)
+      inline_[size_] = std::move(e);
+    else
+      heap_.push_back(std::move(e));
+    ++size_;
+  }
+  void pop() noexcept {
+    if (size_ > N) heap_.pop_back();
+    --size_;
+  }
+
+ private:
+  std::array<E, N> inline_;
+  std::vector<E> heap_;
+  std::size_t size_ = 0;
+};
 }  // namespace detail
 
 /// True for Tree<T> and classes derived from it (e.g. TreeTensor).
@@ -55,6 +83,24 @@ class Tree {
 
   /// The empty tree (an internal node without children).
   Tree() = default;
+  Tree(const Tree&) = default;
+  Tree(Tree&&) = default;
+  Tree& operator=(const Tree&) = default;
+  Tree& operator=(Tree&&) = default;
+  /// Destroys the tree. Recursion is bounded (kRecursionLimit levels, then an explicit
+  /// worklist), so a tree of any depth is safe.
+  ~Tree() {
+    auto* c = std::get_if<0>(&node_);
+    if (!c || c->empty()) return;
+    thread_local std::size_t levels = 0;  // ~Tree frames active on this thread
+    if (levels >= kRecursionLimit) {
+      dismantle(*c);
+      return;
+    }
+    ++levels;
+    c->clear();
+    --levels;
+  }
 
   /// A leaf holding T(value).
   template <class U>
@@ -226,7 +272,30 @@ class Tree {
                        "'; available keys at '" + walked.describe() + "': " + format_keys(keys()));
   }
 
-  void collect_paths(Path& prefix, std::vector<Path>& out) const;
+  // Plain recursive destruction is fastest; below this many levels a worklist takes over.
+  static constexpr std::size_t kRecursionLimit = 256;
+
+  // Empties `children` through a worklist: every list of grandchildren is moved out before
+  // its parent dies, so no destructor below runs on a node that still has children.
+  static void dismantle(Children& children) noexcept {
+    auto deep = [](const Entry& e) {
+      const auto* c = std::get_if<0>(&e.second.node_);
+      return c && !c->empty();
+    };
+    try {
+      detail::WalkStack<Children> pending;
+      pending.push(std::move(children));
+      while (!pending.empty()) {
+        Children level = std::move(pending.back());
+        pending.pop();
+        for (auto& e : level)
+          if (deep(e)) pending.push(std::move(*std::get_if<0>(&e.second.node_)));
+      }
+    } catch (...) {
+      // Out of memory for the worklist: what is left is destroyed recursively as the
+      // worklist unwinds, which is only deep for pathological trees.
+    }
+  }
 
   std::variant<Children, T> node_;
 };
@@ -235,17 +304,41 @@ class Tree {
 
 template <class T>
 std::size_t Tree<T>::depth() const {
+  struct Frame {
+    const Entry* it;
+    const Entry* end;
+  };
   if (is_leaf()) return 0;
   std::size_t d = 0;
-  for (const auto& [key, child] : std::get<0>(node_)) d = std::max(d, child.depth() + 1);
+  detail::WalkStack<Frame> stack;
+  const auto& top = *std::get_if<0>(&node_);
+  stack.push({top.data(), top.data() + top.size()});
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    if (f.it == f.end) {
+      stack.pop();
+      continue;
+    }
+    const Tree& child = (f.it++)->second;
+    d = std::max(d, stack.size());
+    if (const auto* c = std::get_if<0>(&child.node_)) stack.push({c->data(), c->data() + c->size()});
+  }
   return d;
 }
 
 template <class T>
 std::size_t Tree<T>::leaf_count() const {
-  if (is_leaf()) return 1;
   std::size_t n = 0;
-  for (const auto& [key, child] : std::get<0>(node_)) n += child.leaf_count();
+  detail::WalkStack<const Tree*> stack;
+  stack.push(this);
+  while (!stack.empty()) {
+    const Tree* node = stack.back();
+    stack.pop();
+    if (const auto* c = std::get_if<0>(&node->node_))
+      for (const auto& e : *c) stack.push(&e.second);
+    else
+      ++n;
+  }
   return n;
 }
 
@@ -289,23 +382,36 @@ bool Tree<T>::erase(const Path& path) {
 }
 
 template <class T>
-void Tree<T>::collect_paths(Path& prefix, std::vector<Path>& out) const {
-  if (is_leaf()) {
-    out.push_back(prefix);
-    return;
-  }
-  for (const auto& [key, child] : std::get<0>(node_)) {
-    prefix.push_back(key);
-    child.collect_paths(prefix, out);
-    prefix.pop_back();
-  }
-}
-
-template <class T>
 std::vector<Path> Tree<T>::paths() const {
+  struct Frame {
+    const Entry* it;
+    const Entry* end;
+  };
   std::vector<Path> out;
-  Path prefix;
-  collect_paths(prefix, out);
+  if (is_leaf()) {
+    out.emplace_back();
+    return out;
+  }
+  std::vector<std::string> prefix;
+  detail::WalkStack<Frame> stack;
+  const auto& top = *std::get_if<0>(&node_);
+  stack.push({top.data(), top.data() + top.size()});
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    if (f.it == f.end) {
+      stack.pop();
+      if (!prefix.empty()) prefix.pop_back();
+      continue;
+    }
+    const auto& [key, child] = *f.it++;
+    prefix.push_back(key);
+    if (const auto* c = std::get_if<0>(&child.node_)) {
+      stack.push({c->data(), c->data() + c->size()});
+    } else {
+      out.emplace_back(prefix);
+      prefix.pop_back();
+    }
+  }
   return out;
 }
 

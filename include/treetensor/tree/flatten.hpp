@@ -1,11 +1,16 @@
 #pragma once
 // flatten / unflatten and the reusable structure spec (optree parity: leaves + treespec).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,76 +27,88 @@ class TreeSpec {
   /// Number of leaves a tree of this structure holds.
   std::size_t leaf_count() const noexcept { return leaves_; }
   /// Number of nodes (leaves and internal nodes, the root included).
-  std::size_t node_count() const noexcept { return nodes_ ? nodes_->size() : 0; }
+  std::size_t node_count() const noexcept { return data_ ? data_->nodes.size() : 0; }
   /// Leaf paths in flatten order.
   std::vector<Path> paths() const {
     std::vector<Path> out;
     out.reserve(leaves_);
-    Path prefix;
-    std::size_t i = 0;
-    if (nodes_) collect(i, prefix, out);
+    std::vector<std::string> prefix;
+    walk([&](std::string_view key, bool is_root) {
+      if (!is_root) prefix.emplace_back(key);
+    },
+         [&](bool is_root) {
+           if (!is_root) prefix.pop_back();
+         },
+         [&] { out.emplace_back(prefix); });
     return out;
   }
 
   friend bool operator==(const TreeSpec& a, const TreeSpec& b) noexcept {
-    if (a.nodes_ == b.nodes_) return true;
-    if (!a.nodes_ || !b.nodes_) return false;
-    return a.leaves_ == b.leaves_ && *a.nodes_ == *b.nodes_;
+    if (a.data_ == b.data_) return true;
+    if (!a.data_ || !b.data_) return false;
+    return a.leaves_ == b.leaves_ && a.data_->nodes == b.data_->nodes &&
+           a.data_->keys == b.data_->keys;
   }
 
   /// Hash of the structure (keys and arities), consistent with ==.
   std::size_t hash() const noexcept {
     std::size_t h = 0x9e3779b97f4a7c15ull;
-    if (nodes_)
-      for (const auto& n : *nodes_) {
-        h ^= std::hash<std::string>{}(n.key) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-        h ^= std::hash<std::uint32_t>{}(n.arity) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-      }
+    auto mix = [&h](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    if (data_) {
+      mix(std::hash<std::string_view>{}(data_->keys));
+      for (const Node& n : data_->nodes) mix((std::size_t{n.key_size} << 32) ^ n.arity);
+    }
     return h;
   }
 
  private:
   static constexpr std::uint32_t kLeaf = UINT32_MAX;
+  // One node in preorder. Keys are not stored per node: they are concatenated in preorder in
+  // Data::keys, each node owning the next key_size characters, so a spec is two allocations
+  // and flatten copies no std::string.
   struct Node {
-    std::string key;      // empty for the root
-    std::uint32_t arity;  // number of children, or kLeaf
+    std::uint32_t key_size;  // 0 for the root
+    std::uint32_t arity;     // number of children, or kLeaf
     friend bool operator==(const Node&, const Node&) = default;
   };
+  struct Data {
+    std::vector<Node> nodes;
+    std::string keys;
+  };
 
-  void collect(std::size_t& i, Path& prefix, std::vector<Path>& out) const {
-    const Node& n = (*nodes_)[i++];
-    if (n.arity == kLeaf) {
-      out.push_back(prefix);
-      return;
-    }
-    for (std::uint32_t c = 0; c < n.arity; ++c) {
-      prefix.push_back((*nodes_)[i].key);
-      collect(i, prefix, out);
-      prefix.pop_back();
+  // Visits the nodes in preorder without recursion: enter(key, is_root) on every node,
+  // leaf() after entering a leaf, leave(is_root) once a node and all below it are done.
+  template <class Enter, class Leave, class Leaf>
+  void walk(Enter&& enter, Leave&& leave, Leaf&& leaf) const {
+    if (!data_) return;
+    detail::WalkStack<std::uint32_t> remaining;  // children still to visit, per open node
+    std::size_t offset = 0;
+    for (const Node& n : data_->nodes) {
+      const bool is_root = remaining.empty();
+      enter(std::string_view(data_->keys).substr(offset, n.key_size), is_root);
+      offset += n.key_size;
+      if (n.arity != kLeaf && n.arity != 0) {
+        remaining.push(n.arity);
+        continue;
+      }
+      if (n.arity == kLeaf) leaf();
+      leave(is_root);
+      while (!remaining.empty() && --remaining.back() == 0) {
+        remaining.pop();
+        leave(remaining.empty());
+      }
     }
   }
 
   template <class T, class It>
-  static Tree<T> build(const std::vector<Node>& nodes, std::size_t& i, It& leaf) {
-    const Node& n = nodes[i++];
-    if (n.arity == kLeaf) return Tree<T>(*leaf++);
-    typename Tree<T>::Children children;
-    children.reserve(n.arity);
-    for (std::uint32_t c = 0; c < n.arity; ++c) {
-      const std::string& key = nodes[i].key;
-      children.emplace_back(key, build<T>(nodes, i, leaf));
-    }
-    Tree<T> t;
-    t.children() = std::move(children);  // already sorted: the spec came from a tree
-    return t;
-  }
+  static Tree<T> build(const Data& data, It leaf);
 
   template <class T, class Leaf>
   friend class Flattener;
   template <class T>
   friend Tree<T> unflatten(const TreeSpec&, std::vector<T>);
 
-  std::shared_ptr<const std::vector<Node>> nodes_;
+  std::shared_ptr<const Data> data_;
   std::size_t leaves_ = 0;
 };
 
@@ -102,36 +119,90 @@ struct Flat {
   TreeSpec spec;
 };
 
-/// Walks a tree once, recording the spec and handing each leaf to `take`.
+/// Walks a tree once, recording the spec and handing each leaf to `take`. Iterative: any depth.
+/// Throws std::length_error for a node with 2^32 - 1 children or more, or such a key.
 template <class T, class Leaf>
 class Flattener {
  public:
   template <class Node, class Take>
   static TreeSpec run(Node& root, Take&& take) {
-    auto nodes = std::make_shared<std::vector<TreeSpec::Node>>();
+    auto data = std::make_shared<TreeSpec::Data>();
     std::size_t leaves = 0;
-    walk(root, std::string(), *nodes, leaves, take);
+    // Records one node; returns its children when it has any.
+    auto visit = [&](Node& node, std::string_view key) -> decltype(&root.children()) {
+      data->keys.append(key);
+      if (node.is_leaf()) {
+        data->nodes.push_back({narrow(key.size()), TreeSpec::kLeaf});
+        ++leaves;
+        take(node.leaf());
+        return nullptr;
+      }
+      auto& children = node.children();
+      data->nodes.push_back({narrow(key.size()), narrow(children.size())});
+      return children.empty() ? nullptr : &children;
+    };
+    using It = decltype(root.children().begin());
+    struct Frame {
+      It it, end;
+    };
+    detail::WalkStack<Frame> stack;
+    if (auto* c = visit(root, {})) stack.push({c->begin(), c->end()});
+    while (!stack.empty()) {
+      Frame& f = stack.back();
+      if (f.it == f.end) {
+        stack.pop();
+        continue;
+      }
+      auto& entry = *f.it++;
+      if (auto* c = visit(entry.second, entry.first)) stack.push({c->begin(), c->end()});
+    }
     TreeSpec spec;
-    spec.nodes_ = std::move(nodes);
+    spec.data_ = std::move(data);
     spec.leaves_ = leaves;
     return spec;
   }
 
  private:
-  template <class Node, class Take>
-  static void walk(Node& node, const std::string& key, std::vector<TreeSpec::Node>& nodes,
-                   std::size_t& leaves, Take& take) {
-    if (node.is_leaf()) {
-      nodes.push_back({key, TreeSpec::kLeaf});
-      ++leaves;
-      take(node.leaf());
-      return;
-    }
-    auto& children = node.children();
-    nodes.push_back({key, static_cast<std::uint32_t>(children.size())});
-    for (auto& [k, child] : children) walk(child, k, nodes, leaves, take);
+  static std::uint32_t narrow(std::size_t n) {
+    if (n >= TreeSpec::kLeaf) [[unlikely]]
+      throw std::length_error("flatten: a node has 2^32 - 1 children or more, or such a key");
+    return static_cast<std::uint32_t>(n);
   }
 };
+
+// Rebuilds top-down without recursion. Each parent's children are reserved to their exact
+// count first, so the pointers kept on the stack stay valid while siblings are added.
+template <class T, class It>
+Tree<T> TreeSpec::build(const Data& data, It leaf) {
+  const Node& root = data.nodes[0];
+  if (root.arity == kLeaf) return Tree<T>(*leaf);
+  struct Frame {
+    typename Tree<T>::Children* out;
+    std::uint32_t remaining;
+  };
+  Tree<T> tree;
+  tree.children().reserve(root.arity);
+  detail::WalkStack<Frame> stack;
+  if (root.arity) stack.push({&tree.children(), root.arity});
+  std::size_t offset = 0;
+  for (std::size_t i = 1; i < data.nodes.size(); ++i) {
+    while (stack.back().remaining == 0) stack.pop();
+    Frame& f = stack.back();
+    --f.remaining;
+    const Node& n = data.nodes[i];
+    const std::string_view key = std::string_view(data.keys).substr(offset, n.key_size);
+    offset += n.key_size;
+    if (n.arity == kLeaf) {
+      f.out->emplace_back(std::piecewise_construct, std::forward_as_tuple(key),
+                          std::forward_as_tuple(*leaf++));
+      continue;
+    }
+    auto& children = f.out->emplace_back(std::string(key), Tree<T>()).second.children();
+    children.reserve(n.arity);
+    if (n.arity) stack.push({&children, n.arity});
+  }
+  return tree;
+}
 
 /// Leaves (copied) in flatten order — sorted keys, depth first — plus the structure spec.
 /// Example: flatten({a:1, b:2, x:{c:3, d:4}}).leaves == {1, 2, 3, 4}.
@@ -168,10 +239,8 @@ Tree<T> unflatten(const TreeSpec& spec, std::vector<T> leaves) {
   if (leaves.size() != spec.leaf_count())
     throw StructureError({}, "unflatten: the spec has " + std::to_string(spec.leaf_count()) +
                                  " leaves but " + std::to_string(leaves.size()) + " were given");
-  if (!spec.nodes_) return Tree<T>();
-  std::size_t i = 0;
-  auto it = std::make_move_iterator(leaves.begin());
-  return TreeSpec::build<T>(*spec.nodes_, i, it);
+  if (!spec.data_) return Tree<T>();
+  return TreeSpec::build<T>(*spec.data_, std::make_move_iterator(leaves.begin()));
 }
 
 /// Builds a tree from (path, value) pairs in any order, e.g. a state dict with dotted keys:

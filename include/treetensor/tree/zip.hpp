@@ -86,6 +86,14 @@ Tree<R> map_node(const Tree<T>& node, F& f, std::vector<const std::string*>& tra
   out.reserve(node.size());
   for (const auto& [key, child] : node.children()) {
     trail.push_back(&key);
+    if constexpr (!takes_path_v<F, T>) {
+      if (child.is_leaf()) {  // built in place, with no Tree moved
+        out.emplace_back(std::piecewise_construct, std::forward_as_tuple(key),
+                         std::forward_as_tuple(f(child.leaf())));
+        trail.pop_back();
+        continue;
+      }
+    }
     out.emplace_back(key, map_node<R>(child, f, trail));
     trail.pop_back();
   }
@@ -282,7 +290,27 @@ class Zipper {
 
   Tree<R> zip(const C&... cs) {
     if ((is_present_leaf(cs) && ...)) return Tree<R>(call_leaves(cs...));
+    return zip_node(cs...);
+  }
+
+ private:
+  // Appends (key, zip of the cursors); a leaf is built in place, with no Tree moved.
+  void emplace_child(typename Tree<R>::Children& out, const std::string& key, const C&... cs) {
+    if ((is_present_leaf(cs) && ...))
+      out.emplace_back(std::piecewise_construct, std::forward_as_tuple(key),
+                       std::forward_as_tuple(call_leaves(cs...)));
+    else
+      out.emplace_back(key, zip_node(cs...));
+  }
+
+  // Internal nodes (and absent arguments), out of line so that the leaf path stays small.
+  [[gnu::noinline]] Tree<R> zip_node(const C&... cs) {
     if (Tree<R> out; zip_uniform(out, cs...)) return out;
+    return zip_general(cs...);
+  }
+
+  // Any mode, absent and inherited arguments: merges the key sets, then descends by key.
+  [[gnu::noinline]] Tree<R> zip_general(const C&... cs) {
     std::size_t internal = 0, leaves = 0;
     ((children_of(cs) ? ++internal : 0), ...);
     ((is_leaf_cursor(cs) ? ++leaves : 0), ...);
@@ -305,7 +333,6 @@ class Zipper {
     return call_impl(std::index_sequence_for<C...>{}, cs...);
   }
 
- private:
   template <std::size_t... I>
   decltype(auto) call_impl(std::index_sequence<I...>, const C&... cs) {
     std::tuple<std::optional<cursor_leaf_t<C>>...> fills;
@@ -351,7 +378,7 @@ class Zipper {
     children.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       trail_.push_back(&first[i].first);
-      children.emplace_back(first[i].first, zip(child_at(cs, std::get<I>(entries), i)...));
+      emplace_child(children, first[i].first, child_at(cs, std::get<I>(entries), i)...);
       trail_.pop_back();
     }
     out.children() = std::move(children);
