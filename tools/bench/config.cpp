@@ -37,7 +37,8 @@ Columns: mean and standard deviation of the T timed repetitions (ms), GFLOP/s =
 Timing: strategies run round-robin within each repetition (the order rotates each
 repetition) so that noise from a shared machine hits all of them alike; each result is kept
 until the clock stops, then released outside the timed region; with --device cuda the
-device is synchronized after every repetition.)";
+device is synchronized after every repetition. TREETENSOR_LOG_POLICY=1 prints each
+automatic decision (and why) on stderr.)";
 
 constexpr const char* kOptimizerRows = R"(One Adam step (with bias correction and L2 weight decay, PyTorch's torch.optim.Adam
 arithmetic) over the trainable parameters of a real model: four trees (parameters,

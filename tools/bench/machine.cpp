@@ -18,19 +18,40 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <string_view>
 #include <thread>
 
 namespace treetensor::bench {
 namespace {
 
-std::string cpu_model() {
+// The value of the first "<field> : value" line of /proc/cpuinfo, or "".
+std::string cpuinfo_field(std::string_view field) {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);) {
-    if (!line.starts_with("model name")) continue;
+    if (!line.starts_with(field)) continue;
     auto colon = line.find(':');
-    if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    auto start = line.find_first_not_of(' ', colon + 1);
+    if (colon != std::string::npos && start != std::string::npos) return line.substr(start);
   }
-  return "unknown";
+  return "";
+}
+
+bool has_cpu_flag(const std::string& flags, std::string_view flag) {
+  return (" " + flags + " ").find(" " + std::string(flag) + " ") != std::string::npos;
+}
+
+// OpenBLAS 0.3.21 maps CPUs newer than its table (e.g. family 6 model 207) to Prescott, whose
+// SSE3 kernels ran the seed's matmuls 2.5x slower than SkylakeX's on this machine.
+std::string blas_core_note(const std::string& core) {
+  static const std::set<std::string> old_cores = {"Prescott", "Core2", "Penryn", "Dunnington",
+                                                  "Nehalem", "Atom", "Sandybridge"};
+  const std::string flags = cpuinfo_field("flags");
+  if (!old_cores.count(core) || !has_cpu_flag(flags, "avx2")) return "";
+  const char* better = has_cpu_flag(flags, "avx512f") ? "SkylakeX" : "Haswell";
+  return "OpenBLAS runs its " + core + " kernels on this AVX2" +
+         (has_cpu_flag(flags, "avx512f") ? std::string("/AVX-512") : "") +
+         " CPU (too new for its detection); OPENBLAS_CORETYPE=" + better +
+         " selects faster ones";
 }
 
 std::string torch_version() {
@@ -65,14 +86,17 @@ std::set<std::string> loaded_blas_libraries() {
   return out;
 }
 
-std::string blas_in_use(int& threads) {
+std::string blas_in_use(int& threads, std::string& note) {
   // OpenBLAS answers through its own entry points when it is the BLAS this process loaded.
   using TextFn = char* (*)();
   using ThreadsFn = int (*)();
   std::string text;
   if (auto fn = reinterpret_cast<TextFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) text = fn();
-  if (auto fn = reinterpret_cast<TextFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
-    text += std::string(", core ") + fn();
+  if (auto fn = reinterpret_cast<TextFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"))) {
+    const std::string core = fn();
+    text += ", core " + core;
+    note = blas_core_note(core);
+  }
   if (auto fn = reinterpret_cast<ThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")))
     threads = fn();
   std::string libs;
@@ -100,10 +124,11 @@ std::string utc_now() {
 
 MachineInfo collect_machine_info() {
   MachineInfo m;
-  m.cpu = cpu_model();
+  m.cpu = cpuinfo_field("model name");
+  if (m.cpu.empty()) m.cpu = "unknown";
   m.cores = std::thread::hardware_concurrency();
   m.torch_version = torch_version();
-  m.blas = blas_in_use(m.blas_threads);
+  m.blas = blas_in_use(m.blas_threads, m.blas_note);
   m.intra_op_threads = at::get_num_threads();
   m.inter_op_threads = at::get_num_interop_threads();
   m.cuda = at::hasCUDA();
@@ -120,6 +145,7 @@ std::string MachineInfo::describe() const {
        std::to_string(inter_op_threads) + ", BLAS " +
        (blas_threads < 0 ? std::string("unknown") : std::to_string(blas_threads)) + "\n";
   s += "date: " + date + "\n";
+  if (!blas_note.empty()) s += "note: " + blas_note + "\n";
   return s;
 }
 
@@ -131,6 +157,7 @@ nlohmann::json MachineInfo::to_json() const {
           {"intra_op_threads", intra_op_threads},
           {"inter_op_threads", inter_op_threads},
           {"blas_threads", blas_threads < 0 ? nlohmann::json() : nlohmann::json(blas_threads)},
+          {"blas_note", blas_note.empty() ? nlohmann::json() : nlohmann::json(blas_note)},
           {"cuda_available", cuda},
           {"date", date}};
 }

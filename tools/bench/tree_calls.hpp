@@ -1,6 +1,6 @@
 #pragma once
-// The tree calls the benchmark times. Interim: a leaf-wise matmul through the runtime's single
-// dispatch point, until TreeTensor's matmul lands (then this forwards to it).
+// The tree calls the benchmark times. The Adam step goes through the runtime's single dispatch
+// point until TreeTensor's optimizer step lands.
 
 #include <ATen/ATen.h>
 
@@ -8,28 +8,17 @@
 #include <cstdint>
 
 #include "treetensor/runtime/dispatch.hpp"
+#include "treetensor/tensor/ops.hpp"
 #include "treetensor/tree/tree.hpp"
 
 namespace treetensor::bench {
 
-using TensorTree = tree::Tree<at::Tensor>;
+using TensorTree = treetensor::TensorTree;
 
-/// Leaf-wise at::matmul(a, b) under the current stream mode; a and b have the same keys.
+/// Leaf-wise at::matmul(a, b) under the current stream mode: TreeTensor's matmul.
 inline TensorTree tree_matmul(const TensorTree& a, const TensorTree& b) {
-  auto fa = tree::flatten_refs(a);
-  auto fb = tree::flatten_refs(b);
-  std::vector<at::Tensor> out(fa.leaves.size());
-  auto paths = fa.spec.paths();
-  auto run = [&](std::size_t i) { out[i] = at::matmul(*fa.leaves[i], *fb.leaves[i]); };
-  auto label = [&](std::size_t i) { return paths[i].describe(); };
-  runtime::LeafCall call{.op = "matmul", .leaves = out.size(), .run = run, .label = label};
-  runtime::run(call);
-  return tree::unflatten(fa.spec, std::move(out));
+  return treetensor::matmul(a, b);
 }
-
-}  // namespace treetensor::bench
-
-namespace treetensor::bench {
 
 /// The four trees of an Adam step (same structure).
 struct AdamTrees {
