@@ -5,5 +5,6 @@
 #include "treetensor/tensor/construct.hpp"    // IWYU pragma: export
 #include "treetensor/tensor/dispatch.hpp"     // IWYU pragma: export
 #include "treetensor/tensor/ops.hpp"          // IWYU pragma: export
+#include "treetensor/tensor/optim.hpp"        // IWYU pragma: export
 #include "treetensor/tensor/reduce.hpp"       // IWYU pragma: export
 #include "treetensor/tensor/tree_tensor.hpp"  // IWYU pragma: export

@@ -1,0 +1,68 @@
+#pragma once
+// Optimizer math over trees: one Adam step (PyTorch's torch.optim.Adam without amsgrad,
+// weight decay added to the gradient, bias correction), in two forms with identical values:
+//
+//  - adam_step: written with tree ops (mul_, add_, addcmul_, sqrt, div, addcdiv_), so every
+//    execution strategy applies to each stage; under stream(fused) each stage runs as one
+//    at::_foreach_* call.
+//  - adam_step_foreach: PyTorch's multi-tensor Adam (`foreach=True`): the same stages as
+//    at::_foreach_* calls on the flattened leaf lists — the reference for treetensor-bench's
+//    `foreach` row.
+//
+// Both run the same per-tensor arithmetic in the same order as the hand-written LibTorch loop
+//   g = grad + wd·param;  m = m·β1 + (1-β1)·g;  v = v·β2 + (1-β2)·g·g;
+//   param -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps)
+// so on the CPU the results are bitwise equal to that loop.
+
+#include <cstdint>
+
+#include "treetensor/tensor/tree_tensor.hpp"
+
+namespace treetensor {
+
+/// Adam hyper-parameters (LibTorch's AdamOptions shape, fluent setters).
+/// Example: AdamOptions().lr(1e-3).betas(0.9, 0.999).weight_decay(1e-4)
+struct AdamOptions {
+  AdamOptions& lr(double v) { return lr_ = v, *this; }
+  AdamOptions& betas(double b1, double b2) { return beta1_ = b1, beta2_ = b2, *this; }
+  AdamOptions& eps(double v) { return eps_ = v, *this; }
+  AdamOptions& weight_decay(double v) { return weight_decay_ = v, *this; }
+
+  double lr() const noexcept { return lr_; }
+  double beta1() const noexcept { return beta1_; }
+  double beta2() const noexcept { return beta2_; }
+  double eps() const noexcept { return eps_; }
+  double weight_decay() const noexcept { return weight_decay_; }
+
+  /// @throws std::invalid_argument naming the setting when lr < 0, a beta is outside [0, 1),
+  ///         eps < 0 or weight_decay < 0.
+  void validate() const;
+
+ private:
+  double lr_ = 1e-3;
+  double beta1_ = 0.9;
+  double beta2_ = 0.999;
+  double eps_ = 1e-8;
+  double weight_decay_ = 0;
+};
+
+/// One Adam step, in place on params, exp_avg and exp_avg_sq (floating tensors; the four trees
+/// must have the same structure and per-leaf shapes). Runs under at::NoGradGuard.
+/// @param params      parameters, updated in place.
+/// @param grads       their gradients (read only).
+/// @param exp_avg     first moments, updated in place (start from zeros).
+/// @param exp_avg_sq  second moments, updated in place (start from zeros).
+/// @param step        1-based step number, for the bias corrections.
+/// @throws std::invalid_argument for bad options or step < 1; tree::StructureError when the
+///         trees differ (names the path and argument positions); a leaf's torch error with its
+///         path (shape or dtype mismatch), saying which leaves were updated.
+/// Thread safety: do not use the same trees from other threads during the call.
+void adam_step(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
+               TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& options = {});
+
+/// The same step as at::_foreach_* calls over the flattened leaves (PyTorch's foreach Adam).
+/// Leaves are matched in flatten order; the structures must be equal (tree::StructureError).
+void adam_step_foreach(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
+                       TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& options = {});
+
+}  // namespace treetensor
