@@ -3,8 +3,8 @@
 
 #include "runtime/asyncs_hook.hpp"
 #include "runtime/asyncs_internal.hpp"
+#include "runtime/kernel_threads.hpp"
 #include "treetensor/runtime/errors.hpp"
-#include "treetensor/runtime/operands.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -88,6 +88,7 @@ void finish_job(Runtime& rt, Worker& w, Job& job) {
 
 void worker_main(Worker& w) {
   install_streams(w.streams);
+  if (w.kernels == KernelThreads::one) pin_intra_op_to_one_thread();
   Runtime& rt = runtime_state();
   for (;;) {
     std::unique_ptr<Job> job;
@@ -178,8 +179,8 @@ void run_as(const LeafCall& call, Acting ctx) {
 
 }  // namespace
 
-Worker::Worker(int id_, std::string name_)
-    : id(id_), name(std::move(name_)), streams(pool_streams()) {}
+Worker::Worker(int id_, std::string name_, KernelThreads kernels_)
+    : id(id_), name(std::move(name_)), kernels(kernels_), streams(pool_streams()) {}
 
 Acting& acting() noexcept {
   thread_local Acting a;
@@ -279,7 +280,6 @@ void wait_job(JobState& s) {
   {
     Runtime& rt = runtime_state();
     std::lock_guard lock(rt.mu);
-    s.observed = true;
     auto& u = rt.unobserved;
     u.erase(std::remove_if(u.begin(), u.end(), [&](const auto& j) { return j.get() == &s; }),
             u.end());
@@ -298,7 +298,7 @@ bool run_on_scoped_thread(const LeafCall& call) {
     run_scoped(*scoped, call);
     return true;
   }
-  if (self.worker == nullptr && !tracking_active()) return false;
+  if (self.worker == nullptr) return false;
   run_as(call, self);
   return true;
 }
@@ -361,7 +361,6 @@ void synchronize() {
     streams.insert(streams.end(), t.first->streams.begin(), t.first->streams.end());
   auto errors = std::move(rt.unobserved);
   rt.unobserved.clear();
-  for (const auto& e : errors) e->observed = true;
   lock.unlock();
 
   detail::synchronize_streams(streams);
@@ -377,7 +376,7 @@ void synchronize() {
 
 // --- Thread ----------------------------------------------------------------------------------
 
-Thread::Thread(std::string name) {
+Thread::Thread(std::string name, KernelThreads kernels) {
   Runtime& rt = runtime_state();
   int id = 0;
   {
@@ -392,7 +391,7 @@ Thread::Thread(std::string name) {
     id = static_cast<int>(free - rt.id_taken.begin()) + 1;
   }
   try {
-    worker_ = std::make_shared<Worker>(id, std::move(name));
+    worker_ = std::make_shared<Worker>(id, std::move(name), kernels);
     worker_->os = std::thread(detail::worker_main, std::ref(*worker_));
   } catch (...) {
     std::lock_guard lock(rt.mu);

@@ -44,9 +44,10 @@ struct Job {
 
 class Worker {
  public:
-  Worker(int id, std::string name);
+  Worker(int id, std::string name, KernelThreads kernels);
   const int id;
   const std::string name;
+  const KernelThreads kernels;
   const std::vector<c10::Stream> streams;  // CUDA: one pool stream per device; else empty
   // Guarded by Runtime::mu:
   std::deque<std::unique_ptr<Job>> queue;

@@ -108,7 +108,7 @@ std::size_t max_in_flight() noexcept;
 /// Waits until every asyncs job submitted before this call (on any Thread, live or destroyed)
 /// has finished; with CUDA, then synchronizes (host waits) every asyncs worker stream and the
 /// caller's current stream on each device. Afterwards reports job errors not yet observed by a
-/// Future::get()/wait(): the first (by thread id, then job number) is rethrown with its
+/// Future::get()/wait(): the first (in submission order) is rethrown with its
 /// original type and context, the others listed in its message; they count as observed.
 /// Lanes need no synchronize: a tree call returns only when its leaves are done and its lane
 /// streams are joined back to the caller's stream (DESIGN.md §7).
@@ -121,6 +121,22 @@ void synchronize();
 /// or in a lane running a leaf of a tree call made by that job — or nullopt.
 std::optional<int> current_thread_id() noexcept;
 
+/// How many intra-op threads the ATen kernels of an asyncs thread's jobs use.
+///
+/// An asyncs thread runs beside the main compute, so two kernel callers share the cores; if
+/// each spreads its kernels over every core they oversubscribe them. Only thread-local settings
+/// are changed: BLAS libraries with one process-wide thread count (OpenBLAS with pthreads) are
+/// left alone, because changing that count while the main thread computes would make the main
+/// thread's results depend on timing. Set OPENBLAS_NUM_THREADS at start-up to limit them.
+enum class KernelThreads {
+  /// Default: the worker runs ATen intra-op work (at::parallel_for) on itself only, through
+  /// its own OpenMP setting (and MKL's thread-local count when MKL is present).
+  one,
+  /// The process-wide intra-op setting (at::get_num_threads()): for heavy jobs on a machine
+  /// with cores to spare.
+  process,
+};
+
 class Thread;
 class ThreadScope;
 template <class T>
@@ -132,6 +148,8 @@ class Worker;
 
 /// State shared by a job and its futures. `done` is set (release) after the result and error
 /// are stored; the other fields are written once before the job is queued or before `done`.
+/// A failed job stays on the runtime's unobserved list until a get()/wait() or synchronize()
+/// reports it.
 struct JobState {
   virtual ~JobState() = default;
   std::atomic<bool> done{false};
@@ -141,7 +159,6 @@ struct JobState {
   std::uint64_t submitter = 0;   // seq of the job that submitted this one, 0 if none
   std::string label;
   std::exception_ptr error;
-  bool observed = false;         // guarded by the runtime lock
   std::vector<c10::Event> finished;  // CUDA: recorded on the worker streams after the job
 };
 
@@ -240,9 +257,10 @@ class Future {
 class Thread {
  public:
   /// Takes the smallest free worker id and starts the worker.
-  /// @param name  optional name shown in watchdog reports and in errors' context.
+  /// @param name     optional name of the worker (for debugging; watchdog reports give ids).
+  /// @param kernels  threads for the jobs' kernels, see KernelThreads.
   /// @throws ThreadPoolExhausted when all max_threads() ids are taken.
-  explicit Thread(std::string name = {});
+  explicit Thread(std::string name = {}, KernelThreads kernels = KernelThreads::one);
   ~Thread();
   Thread(Thread&& other) noexcept;
   Thread(const Thread&) = delete;
