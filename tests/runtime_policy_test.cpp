@@ -126,26 +126,27 @@ TEST(Policy, AutomaticLearnsLanesForParallelWorkAndFusedWhenItIsFaster) {
   if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two hardware threads";
   with_watchdog(60s, [&] {
     rt::StreamGuard g(rt::StreamMode{rt::StreamMode::Kind::automatic, 2});
-    // Leaves that wait 300 µs each overlap on two lanes whatever the machine's load; the fused
-    // form is made slower than linear.
-    Call waits("learn_sleep", 16);
-    waits.leaf = [](std::size_t) { std::this_thread::sleep_for(300us); };
+    // Leaves that wait 3 ms each overlap on two lanes whatever the machine's load (a loaded
+    // scheduler adds about a millisecond, far below the 12 ms gained); the fused form is made
+    // much slower than linear.
+    Call waits("learn_sleep", 8);
+    waits.leaf = [](std::size_t) { std::this_thread::sleep_for(3ms); };
     waits.with_fused([] {
-      std::this_thread::sleep_for(10ms);
+      std::this_thread::sleep_for(60ms);
       return true;
     });
-    for (int rep = 0; rep < 12; ++rep) rt::run(waits.call);
+    for (int rep = 0; rep < 10; ++rep) rt::run(waits.call);
     rt::Decision d = rt::explain(waits.call);
     EXPECT_EQ(d.strategy, rt::Strategy::lanes) << d.reason;
     EXPECT_NE(d.reason.find("measured"), std::string::npos) << d.reason;
 
-    Call batched("learn_fused", 16);
-    batched.leaf = [](std::size_t) { std::this_thread::sleep_for(300us); };
+    Call batched("learn_fused", 8);
+    batched.leaf = [](std::size_t) { std::this_thread::sleep_for(3ms); };
     batched.with_fused([] {
-      std::this_thread::sleep_for(300us);
+      std::this_thread::sleep_for(1ms);
       return true;
     });
-    for (int rep = 0; rep < 12; ++rep) rt::run(batched.call);
+    for (int rep = 0; rep < 10; ++rep) rt::run(batched.call);
     d = rt::explain(batched.call);
     EXPECT_EQ(d.strategy, rt::Strategy::fused) << d.reason;
   });

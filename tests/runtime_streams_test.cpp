@@ -154,38 +154,46 @@ class SimBackend final : public rt::StreamBackend {
   std::vector<std::pair<void*, c10::StreamId>> recorded_;
 };
 
-constexpr int kLeaves = 48;
+constexpr int kLeaves = 16;
 
 struct Outcome {
   int wrong = 0;           // leaves whose final value is not 2·(i+1)
   int on_lane_streams = 0;  // leaves whose work was enqueued on a lane stream
 };
 
-// Caller stream: slowly writes x; lanes: y = 2x on the current stream (slowly);
-// caller stream again: z = y. The host then waits for the caller stream only.
+// Caller stream: waits for a host gate, then writes x; lanes: y = 2x on the current stream
+// (reading x at once, writing y 5 ms later); caller stream again: z = y. The gate opens only after the host has enqueued
+// everything, so no ordering comes from host timing. The host then waits for the caller stream
+// only.
 Outcome run_protocol(std::size_t lanes, rt::testing::ProtocolWaits waits) {
   auto sim = std::make_shared<SimBackend>();
   rt::testing::install_stream_backend(sim, waits);
   std::vector<std::atomic<int>> x(kLeaves), y(kLeaves), z(kLeaves);
   std::atomic<int> on_lanes{0};
+  SimMarker gate;
   sim->enqueue_current([&] {
-    std::this_thread::sleep_for(30ms);
+    gate.wait();
     for (int i = 0; i < kLeaves; ++i) x[i].store(i + 1);
   });
   {
     rt::StreamGuard guard(lanes);
     run_leaves("double", kLeaves, [&](std::size_t i) {
-      on_lanes += SimBackend::current_id() != 0;
+      const bool on_lane = SimBackend::current_id() != 0;
+      on_lanes += on_lane;
       std::this_thread::sleep_for(200us);  // host-side work, so workers take part
-      sim->enqueue_current([&, i] {
-        std::this_thread::sleep_for(1ms);
-        y[i].store(2 * x[i].load());
+      sim->enqueue_current([&, i, on_lane] {
+        const int xi = x[i].load();
+        // Lane kernels are slow (read early, write late); the caller's own share is quick so
+        // that it cannot hide a missing wait by delaying the caller stream.
+        if (on_lane) std::this_thread::sleep_for(5ms);
+        y[i].store(2 * xi);
       });
     });
   }
   sim->enqueue_current([&] {
     for (int i = 0; i < kLeaves; ++i) z[i].store(y[i].load());
   });
+  gate.set();
   sim->synchronize(0);
   sim->synchronize_lanes();  // before x, y, z go away
   rt::testing::install_stream_backend(nullptr);

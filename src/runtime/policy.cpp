@@ -26,6 +26,7 @@
 #include <limits>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace treetensor::runtime::detail {
 namespace {
@@ -154,8 +155,12 @@ std::uint64_t key_of(const LeafCall& call, double estimate) {
   return h | 1;  // 0 means "not timed"
 }
 
-Decision decision(Strategy s, std::size_t lanes, std::string reason) {
-  return Decision{s, s == Strategy::lanes ? lanes : 1, std::move(reason)};
+// Reasons are text for explain() and TREETENSOR_LOG_POLICY only; run() skips building them.
+thread_local bool want_reason = true;
+
+template <class Reason>
+Decision decision(Strategy s, std::size_t lanes, Reason&& reason) {
+  return Decision{s, s == Strategy::lanes ? lanes : 1, want_reason ? std::string(reason()) : std::string()};
 }
 
 std::string arm_summary(const Entry& e, std::size_t lanes) {
@@ -175,27 +180,34 @@ Plan learn(const LeafCall& call, std::size_t lanes, double estimate, bool commit
   const Calibration& c = calibration();
   Plan p;
   p.key = key_of(call, estimate);
+  // Shapes measured tiny stay linear for good; remembered per thread to skip the lock.
+  thread_local std::unordered_set<std::uint64_t> settled_linear;
+  if (!want_reason && settled_linear.count(p.key) != 0)
+    return Plan{Decision{Strategy::linear, 1, {}}, 0};
   std::lock_guard lock(learner_mutex);
   Entry& e = entries()[p.key];
   const std::uint64_t now = commit ? ++e.calls : e.calls + 1;
   std::array<bool, kStrategies> allowed{true, lanes > 1, call.fused && !e.fused_refused};
   const Arm& linear = e.arms[0];
-  auto pick = [&](Strategy s, std::string why) {
-    p.decision = decision(s, lanes, std::move(why));
+  auto pick = [&](Strategy s, auto why) {
+    p.decision = decision(s, lanes, why);
     return p;
   };
-  if (linear.samples == 0) return pick(Strategy::linear, "measuring linear first");
+  if (linear.samples == 0) return pick(Strategy::linear, [] { return "measuring linear first"; });
   if (linear.seconds < kTinyHandoffs * c.handoff_s) {
+    if (commit) settled_linear.insert(p.key);
     p.key = 0;  // settled for good: no need to keep timing
-    return pick(Strategy::linear, "measured linear " + micros(linear.seconds) + " < " +
-                                      std::to_string(kTinyHandoffs) + "x hand-off " +
-                                      micros(c.handoff_s));
+    return pick(Strategy::linear, [&] {
+      return "measured linear " + micros(linear.seconds) + " < 3x hand-off " + micros(c.handoff_s);
+    });
   }
   for (int s = 0; s < kStrategies; ++s) {
     const auto& arm = e.arms[static_cast<std::size_t>(s)];
     if (allowed[static_cast<std::size_t>(s)] && arm.samples < kSamples)
-      return pick(static_cast<Strategy>(s), "exploring (sample " + std::to_string(arm.samples + 1) +
-                                                "/" + std::to_string(kSamples) + ")");
+      return pick(static_cast<Strategy>(s), [&] {
+        return "exploring (sample " + std::to_string(arm.samples + 1) + "/" +
+               std::to_string(kSamples) + ")";
+      });
   }
   int best = 0;
   for (int s = 1; s < kStrategies; ++s) {
@@ -213,14 +225,18 @@ Plan learn(const LeafCall& call, std::size_t lanes, double estimate, bool commit
           (stale < 0 || arm.last_call < e.arms[static_cast<std::size_t>(stale)].last_call))
         stale = s;
     }
-    if (stale >= 0) return pick(static_cast<Strategy>(stale), "periodic re-check");
+    if (stale >= 0) return pick(static_cast<Strategy>(stale), [] { return "periodic re-check"; });
   }
-  return pick(static_cast<Strategy>(best), "measured: " + arm_summary(e, lanes));
+  return pick(static_cast<Strategy>(best), [&] { return "measured: " + arm_summary(e, lanes); });
+}
+
+bool log_enabled() {
+  static const bool enabled = env_flag("TREETENSOR_LOG_POLICY");
+  return enabled;
 }
 
 void log_decision(const LeafCall& call, const Decision& d) {
-  static const bool enabled = env_flag("TREETENSOR_LOG_POLICY");
-  if (!enabled) return;
+  if (!log_enabled()) return;
   std::fprintf(stderr, "treetensor policy: %.*s leaves=%zu -> %s(%zu): %s\n",
                static_cast<int>(call.op.size()), call.op.data(), call.leaves,
                to_string(d.strategy), d.lanes, d.reason.c_str());
@@ -228,13 +244,16 @@ void log_decision(const LeafCall& call, const Decision& d) {
 
 Plan plan_automatic(const LeafCall& call, const StreamMode& mode, bool commit) {
   const std::size_t lanes = std::min(mode.lanes, call.leaves);
-  if (call.leaves < 2) return Plan{decision(Strategy::linear, 1, "fewer than 2 leaves"), 0};
+  if (call.leaves < 2)
+    return Plan{decision(Strategy::linear, 1, [] { return "fewer than 2 leaves"; }), 0};
   const Calibration& c = calibration();
   const double estimate = estimate_seconds(call, c);
   if (estimate >= 0 && estimate < kTinyHandoffs * c.handoff_s)
     return Plan{decision(Strategy::linear, 1,
-                         "tiny: estimated " + micros(estimate) + " < " +
-                             std::to_string(kTinyHandoffs) + "x hand-off " + micros(c.handoff_s)),
+                         [&] {
+                           return "tiny: estimated " + micros(estimate) + " < 3x hand-off " +
+                                  micros(c.handoff_s);
+                         }),
                 0};
   return learn(call, lanes, estimate, commit);
 }
@@ -252,18 +271,21 @@ bool inline_mode() {
 }
 
 Plan plan(const LeafCall& call, const StreamMode& mode, bool commit) {
-  if (inline_mode()) return Plan{decision(Strategy::linear, 1, "TREETENSOR_INLINE=1"), 0};
+  want_reason = !commit || log_enabled();
+  if (inline_mode()) return Plan{decision(Strategy::linear, 1, [] { return "TREETENSOR_INLINE=1"; }), 0};
   Plan p;
   switch (mode.kind) {
     case StreamMode::Kind::lanes:
       if (mode.lanes == 1 || call.leaves < 2)
-        p.decision = decision(Strategy::linear, 1, mode.to_string());
+        p.decision = decision(Strategy::linear, 1, [&] { return mode.to_string(); });
       else
-        p.decision = decision(Strategy::lanes, std::min(mode.lanes, call.leaves), mode.to_string());
+        p.decision = decision(Strategy::lanes, std::min(mode.lanes, call.leaves),
+                              [&] { return mode.to_string(); });
       return p;
     case StreamMode::Kind::fused:
-      p.decision = call.fused ? decision(Strategy::fused, 1, "stream(fused)")
-                              : decision(Strategy::linear, 1, "stream(fused): op has no fused form");
+      p.decision = call.fused
+                       ? decision(Strategy::fused, 1, [] { return "stream(fused)"; })
+                       : decision(Strategy::linear, 1, [] { return "stream(fused): op has no fused form"; });
       return p;
     case StreamMode::Kind::automatic:
       p = plan_automatic(call, mode, commit);
