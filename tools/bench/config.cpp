@@ -33,7 +33,8 @@ constexpr const char* kSeedRows = R"(Rows (one per strategy and size; every row 
   fused           the tree call under stream(fused): one bmm over the stacked leaves when
                   shapes allow (all leaves share a shape here).
 Columns: mean and standard deviation of the T timed repetitions (ms), GFLOP/s =
-2*S1*S2*S3*N / mean time, speed-up = native mean / row mean, verified = allclose to native.
+2*S1*S2*S3*N / mean time, speed-up = native mean / row mean, T = repetitions timed,
+verified = allclose to native.
 Timing: strategies run round-robin within each repetition (the order rotates each
 repetition) so that noise from a shared machine hits all of them alike; each result is kept
 until the clock stops, then released outside the timed region; with --device cuda the
@@ -55,7 +56,7 @@ Rows (each checked against `native`, allclose on the updated parameters, before 
   auto     the tree Adam step under stream(automatic).
   fused    the tree Adam step under stream(fused): batched (_foreach_) arithmetic.
 Columns: mean and standard deviation of T timed steps (ms), GFLOP/s (null: not meaningful for
-a memory-bound update), speed-up = native mean / row mean, verified. Strategies take turns
+a memory-bound update), speed-up = native mean / row mean, T = steps timed, verified. Strategies take turns
 within each repetition on one shared state, so the step count keeps advancing.)";
 
 void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& device) {
@@ -63,7 +64,8 @@ void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& dev
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   sub.add_option("-T,--reps", cfg.reps,
-                 "T: timed repetitions per strategy (default 20 on CPU, 50 with --device cuda)")
+                 "T: timed repetitions per strategy (default on CPU: per size, as many as fit "
+                 "in about 6 s, 10 to 100; 50 with --device cuda)")
       ->check(CLI::PositiveNumber);
   sub.add_option("--warmup", cfg.warmup, "untimed repetitions per strategy before timing")
       ->capture_default_str();
@@ -180,6 +182,9 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
     CLI::App* sub = seed->parsed() ? seed : opt;
     if (sub->get_option("--reps")->count() == 0 && cuda) cfg.reps = 50;
     if (sub->get_option("--warmup")->count() == 0 && cuda) cfg.warmup = 5;
+    if (cfg.reps == 0 && cfg.warmup == 0)
+      throw CLI::ValidationError("--warmup", "0 needs an explicit -T: the automatic T is judged "
+                                              "from the warm-up");
     if (cfg.workload == Workload::seed) {
       if (s1 > 0) {
         cfg.sizes = {{s1, s2 > 0 ? s2 : 2 * s1, s3 > 0 ? s3 : 4 * s1}};

@@ -34,13 +34,19 @@ struct AdamSettings {
 
 enum class Workload { seed, optimizer };
 
+inline constexpr std::size_t kAutoRepsMin = 10, kAutoRepsMax = 100;
+
 /// Every setting of one run; filled by parse_command_line() with device-dependent defaults.
 struct Config {
   Workload workload = Workload::seed;
   std::size_t leaves = 200;                  ///< N (seed)
   std::size_t lanes = 2;                     ///< M for the stream row and the min row
-  std::size_t reps = 20;                     ///< T: timed repetitions per strategy
-  std::size_t warmup = 3;                    ///< untimed repetitions per strategy first
+  /// T: timed repetitions per strategy; 0 means automatic: per size, as many as fit in
+  /// about `rep_budget_s` seconds (judged from the last warm-up), between kAutoRepsMin and
+  /// kAutoRepsMax.
+  std::size_t reps = 0;
+  double rep_budget_s = 6.0;
+  std::size_t warmup = 2;                    ///< untimed repetitions per strategy first
   std::vector<SeedSize> sizes;               ///< seed sizes, in sweep order
   c10::ScalarType dtype = c10::kFloat;
   c10::Device device = c10::Device(c10::kCPU);

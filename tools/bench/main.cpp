@@ -16,9 +16,13 @@ namespace tb = treetensor::bench;
 namespace {
 
 std::string headline(const tb::Config& cfg) {
+  const std::string reps =
+      cfg.reps ? std::to_string(cfg.reps)
+               : fmt::format("{}..{} (about {:g} s per size)", tb::kAutoRepsMin, tb::kAutoRepsMax,
+                             cfg.rep_budget_s);
   const std::string timing = fmt::format(
       "M={}, T={} timed repetitions after {} warm-up, strategies interleaved round-robin",
-      cfg.lanes, cfg.reps, cfg.warmup);
+      cfg.lanes, reps, cfg.warmup);
   if (cfg.workload == tb::Workload::seed)
     return fmt::format("treetensor-bench seed: {} leaves of S1xS2 @ S2xS3, {} on {}; {}",
                        cfg.leaves, tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
@@ -31,7 +35,8 @@ nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine
   nlohmann::json j = {
       {"workload", cfg.workload == tb::Workload::seed ? "seed" : "optimizer"},
       {"lanes", cfg.lanes},
-      {"reps", cfg.reps},
+      {"reps", cfg.reps ? nlohmann::json(cfg.reps) : nlohmann::json("auto")},
+      {"rep_budget_s", cfg.reps ? nlohmann::json() : nlohmann::json(cfg.rep_budget_s)},
       {"warmup", cfg.warmup},
       {"dtype", tb::dtype_name(cfg.dtype)},
       {"device", cfg.device.str()},

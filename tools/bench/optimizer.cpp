@@ -7,12 +7,22 @@
 #include <fstream>
 #include <map>
 
-#include "tree_calls.hpp"
 #include "treetensor/runtime/stream.hpp"
+#include "treetensor/tensor/optim.hpp"
 #include "workloads.hpp"
 
 namespace treetensor::bench {
 namespace {
+
+using treetensor::TensorTree;
+using treetensor::TreeTensor;
+
+// The four trees of an Adam step (same structure, the flat lists' tensors).
+struct AdamTrees {
+  TreeTensor params;
+  TensorTree grads;
+  TreeTensor exp_avg, exp_avg_sq;
+};
 
 struct ParamShape {
   std::string key;
@@ -141,9 +151,16 @@ void adam_foreach(AdamState& s, std::int64_t step, const AdamSettings& o) {
   at::_foreach_addcdiv_(s.p, s.m, denom, -o.lr / bc1);
 }
 
+// TreeTensor's Adam step (tree ops, so the stream mode applies to every stage).
 void adam_tree(AdamState& s, std::int64_t step, const AdamSettings& o, runtime::StreamMode mode) {
+  const auto options = treetensor::AdamOptions()
+                           .lr(o.lr)
+                           .betas(o.beta1, o.beta2)
+                           .eps(o.eps)
+                           .weight_decay(o.weight_decay);
   runtime::StreamGuard guard(mode);
-  tree_adam_step(s.trees, step, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay);
+  treetensor::adam_step(s.trees.params, s.trees.grads, s.trees.exp_avg, s.trees.exp_avg_sq, step,
+                        options);
 }
 
 using Step = std::function<void(AdamState&, std::int64_t)>;
@@ -229,19 +246,21 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
   std::vector<Candidate> candidates;
   for (const auto& [name, step] : rows)
     candidates.push_back({name, [shared, step_count, step] { step(*shared, ++*step_count); }, {}});
-  const auto timings = time_round_robin(candidates, cfg.warmup, cfg.reps,
-                                        device_synchronizer(cfg.device), progress, stage);
+  const RoundRobin measured = time_round_robin(candidates, rep_plan(cfg),
+                                               device_synchronizer(cfg.device), progress, stage);
+  const auto& timings = measured.timings;
   progress.clear();
   for (std::size_t i = 0; i < rows.size(); ++i)
     out.records.push_back({"optimizer", rows[i].first, model.name, timings[i].mean_ms,
                            timings[i].std_ms, std::nullopt,
-                           timings[0].mean_ms / timings[i].mean_ms, verified[i]});
+                           timings[0].mean_ms / timings[i].mean_ms, verified[i], measured.reps});
 
   out.config = {{"model", model.name},
                 {"model_file", cfg.model_path},
                 {"trainable_tensors", model.trainable.size()},
                 {"trainable_elements", model.elements},
                 {"skipped_buffers", model.skipped},
+                {"reps_used", {{model.name, measured.reps}}},
                 {"adam",
                  {{"lr", cfg.adam.lr},
                   {"beta1", cfg.adam.beta1},

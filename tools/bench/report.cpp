@@ -64,17 +64,17 @@ void print_table(std::ostream& out, const std::vector<Record>& records,
                  const std::string& size_header) {
   std::size_t width = size_header.size();
   for (const auto& r : records) width = std::max(width, size_text(r.size).size());
-  out << fmt::format("{:>{}}  {:<15}{:>10}{:>9}{:>10}{:>11}  {}\n", size_header, width, "strategy",
-                     "mean ms", "std ms", "GFLOP/s", "vs native", "verified");
+  out << fmt::format("{:>{}}  {:<15}{:>10}{:>9}{:>10}{:>11}{:>5}  {}\n", size_header, width,
+                     "strategy", "mean ms", "std ms", "GFLOP/s", "vs native", "T", "verified");
   std::string previous;
   for (const auto& r : records) {
     std::string size = size_text(r.size);
     if (!previous.empty() && size != previous) out << "\n";
     previous = size;
-    out << fmt::format("{:>{}}  {:<15}{:>10.3f}{:>9.3f}{:>10}{:>10.2f}x  {}\n", size, width,
+    out << fmt::format("{:>{}}  {:<15}{:>10.3f}{:>9.3f}{:>10}{:>10.2f}x{:>5}  {}\n", size, width,
                        r.strategy, r.mean_ms, r.std_ms,
                        r.gflops ? fmt::format("{:.1f}", *r.gflops) : "-", r.speedup_vs_native,
-                       r.verified ? "yes" : "NO");
+                       r.reps, r.verified ? "yes" : "NO");
   }
 }
 

@@ -21,6 +21,7 @@ struct Record {
   std::optional<double> gflops;      ///< null where not meaningful
   double speedup_vs_native = 0;      ///< native mean / this mean
   bool verified = false;             ///< allclose to native before timing
+  std::size_t reps = 0;              ///< timed repetitions (table only; in the JSON config)
 
   nlohmann::json to_json() const;
 };

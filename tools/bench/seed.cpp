@@ -5,14 +5,16 @@
 
 #include <map>
 
-#include "tree_calls.hpp"
 #include "treetensor/runtime/stream.hpp"
+#include "treetensor/tensor/ops.hpp"
 #include "workloads.hpp"
 
 namespace treetensor::bench {
 namespace {
 
 using TensorMap = std::map<std::string, at::Tensor>;
+using treetensor::TensorTree;
+using treetensor::TreeTensor;
 
 struct SeedInputs {
   TensorMap a, b;             // the native side: keys a0..a{N-1}
@@ -96,14 +98,14 @@ struct Row {
 // Every strategy as (verification form, timed form). Timed forms keep their result in `keep`
 // until release, so that no strategy pays for freeing inside its timed region.
 std::vector<Row> make_rows(const Config& cfg, const SeedInputs& in,
-                           std::shared_ptr<std::vector<TensorTree>> keep_tree,
+                           std::shared_ptr<std::vector<TreeTensor>> keep_tree,
                            std::shared_ptr<TensorMap> keep_map) {
   const std::size_t n = cfg.leaves, n_min = cfg.leaves / cfg.lanes;
   auto tree_row = [&](std::string name, runtime::StreamMode mode, const TensorTree& a,
                       const TensorTree& b, std::size_t leaves) {
     auto call = [mode, &a, &b] {
       runtime::StreamGuard guard(mode);
-      return tree_matmul(a, b);
+      return treetensor::matmul(a, b);
     };
     auto release = [keep_tree] { keep_tree->clear(); };
     return Row{name, [call] { return to_map(call()); },
@@ -140,6 +142,7 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress) {
   const auto sync = device_synchronizer(cfg.device);
   const auto [rtol, atol] = tolerances(cfg.dtype);
   nlohmann::json sizes = nlohmann::json::array();
+  nlohmann::json reps_used = nlohmann::json::object();
   for (const SeedSize& s : cfg.sizes) {
     sizes.push_back({{"S1", s.s1}, {"S2", s.s2}, {"S3", s.s3}});
     const std::string stage = fmt::format("seed {} ({}x{} @ {}x{}, {} leaves)", s.label(), s.s1,
@@ -147,7 +150,7 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress) {
     progress.update(stage, "making inputs");
     at::manual_seed(cfg.seed);
     const SeedInputs in = make_inputs(cfg, s);
-    auto keep_tree = std::make_shared<std::vector<TensorTree>>();
+    auto keep_tree = std::make_shared<std::vector<TreeTensor>>();
     auto keep_map = std::make_shared<TensorMap>();
     std::vector<Row> rows = make_rows(cfg, in, keep_tree, keep_map);
 
@@ -173,19 +176,24 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress) {
 
     std::vector<Candidate> candidates;
     for (const Row& row : rows) candidates.push_back(row.candidate);
-    const auto timings = time_round_robin(candidates, cfg.warmup, cfg.reps, sync, progress, stage);
+    const RoundRobin measured = time_round_robin(candidates, rep_plan(cfg), sync, progress, stage);
+    const auto& timings = measured.timings;
+    reps_used[s.label()] = measured.reps;
     const double native_ms = timings[1].mean_ms;
     const double flops = s.leaf_flops() * double(cfg.leaves);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       Record r{"seed", rows[i].name,
                s.is_sweep_shape() ? nlohmann::json(s.s1) : nlohmann::json(s.label()),
                timings[i].mean_ms, timings[i].std_ms, flops / (timings[i].mean_ms * 1e6),
-               native_ms / timings[i].mean_ms, verified[i]};
+               native_ms / timings[i].mean_ms, verified[i], measured.reps};
       out.records.push_back(r);
     }
   }
   progress.clear();
-  out.config = {{"leaves", cfg.leaves}, {"sizes", sizes}, {"min_leaves", cfg.leaves / cfg.lanes}};
+  out.config = {{"leaves", cfg.leaves},
+                {"sizes", sizes},
+                {"min_leaves", cfg.leaves / cfg.lanes},
+                {"reps_used", reps_used}};
   return out;
 }
 

@@ -6,9 +6,12 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 
 namespace treetensor::bench {
 
@@ -43,38 +46,66 @@ std::function<void()> device_synchronizer(c10::Device device) {
   };
 }
 
-std::vector<Timing> time_round_robin(const std::vector<Candidate>& candidates, std::size_t warmup,
-                                     std::size_t reps, const std::function<void()>& sync,
-                                     Progress& progress, const std::string& stage) {
-  using clock = std::chrono::steady_clock;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One round: every candidate once, starting from `first`. Returns each run's time (ms).
+std::vector<double> one_round(const std::vector<Candidate>& candidates, std::size_t first,
+                              const std::function<void()>& sync, Progress& progress,
+                              const std::string& stage, const std::string& what) {
   const std::size_t n = candidates.size();
-  std::vector<std::vector<double>> samples(n);
-  for (std::size_t r = 0; r < warmup + reps; ++r) {
-    const bool timed = r >= warmup;
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::size_t i = (r + k) % n;
-      const Candidate& c = candidates[i];
-      progress.update(stage, (timed ? "rep " + std::to_string(r - warmup + 1) + "/" +
-                                          std::to_string(reps)
-                                    : "warm-up " + std::to_string(r + 1) + "/" +
-                                          std::to_string(warmup)) +
-                                 " " + c.name);
-      const auto t0 = clock::now();
-      c.run();
-      sync();
-      const auto t1 = clock::now();
-      if (c.release) c.release();
-      if (timed) samples[i].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
+  std::vector<double> ms(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t i = (first + k) % n;
+    const Candidate& c = candidates[i];
+    progress.update(stage, what + " " + c.name);
+    const auto t0 = Clock::now();
+    c.run();
+    sync();
+    const auto t1 = Clock::now();
+    if (c.release) c.release();
+    ms[i] = std::chrono::duration<double, std::milli>(t1 - t0).count();
   }
-  std::vector<Timing> out(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    double sum = 0, sq = 0;
-    for (double s : samples[i]) sum += s;
-    out[i].mean_ms = sum / double(reps);
-    for (double s : samples[i]) sq += (s - out[i].mean_ms) * (s - out[i].mean_ms);
-    out[i].std_ms = reps > 1 ? std::sqrt(sq / double(reps - 1)) : 0.0;
+  return ms;
+}
+
+Timing summarize(const std::vector<double>& samples) {
+  Timing t;
+  double sum = 0, sq = 0;
+  for (double s : samples) sum += s;
+  t.mean_ms = sum / double(samples.size());
+  for (double s : samples) sq += (s - t.mean_ms) * (s - t.mean_ms);
+  t.std_ms = samples.size() > 1 ? std::sqrt(sq / double(samples.size() - 1)) : 0.0;
+  return t;
+}
+
+}  // namespace
+
+RoundRobin time_round_robin(const std::vector<Candidate>& candidates, const RepPlan& plan,
+                            const std::function<void()>& sync, Progress& progress,
+                            const std::string& stage) {
+  if (plan.fixed == 0 && plan.warmup == 0)
+    throw std::invalid_argument("an automatic number of repetitions needs a warm-up");
+  double round_ms = 0;
+  for (std::size_t r = 0; r < plan.warmup; ++r) {
+    const auto ms = one_round(candidates, r, sync, progress, stage,
+                              "warm-up " + std::to_string(r + 1) + "/" + std::to_string(plan.warmup));
+    round_ms = std::accumulate(ms.begin(), ms.end(), 0.0);
   }
+  RoundRobin out;
+  out.reps = plan.fixed;
+  if (out.reps == 0) {
+    const double fit = std::ceil(plan.budget_s * 1e3 / std::max(round_ms, 1e-3));
+    out.reps = std::clamp(static_cast<std::size_t>(std::min(fit, 1e9)), plan.min_reps, plan.max_reps);
+  }
+  std::vector<std::vector<double>> samples(candidates.size());
+  for (std::size_t r = 0; r < out.reps; ++r) {
+    const auto ms = one_round(candidates, plan.warmup + r, sync, progress, stage,
+                              "rep " + std::to_string(r + 1) + "/" + std::to_string(out.reps));
+    for (std::size_t i = 0; i < ms.size(); ++i) samples[i].push_back(ms[i]);
+  }
+  for (const auto& s : samples) out.timings.push_back(summarize(s));
   return out;
 }
 

@@ -26,6 +26,12 @@ struct Timing {
   double std_ms = 0;
 };
 
+/// What time_round_robin() measured: one Timing per candidate and the repetitions used.
+struct RoundRobin {
+  std::vector<Timing> timings;
+  std::size_t reps = 0;
+};
+
 /// A progress line on stderr: rewritten in place on a terminal; elsewhere one line per stage.
 class Progress {
  public:
@@ -47,13 +53,23 @@ class Progress {
 /// synchronize of the device's current stream (where the runtime joins all lane streams).
 std::function<void()> device_synchronizer(c10::Device device);
 
-/// Runs `warmup` untimed then `reps` timed repetitions of every candidate, round-robin: in
-/// repetition r the candidates run in turn starting from candidate r mod n. Each run is
-/// followed by `sync` inside the timed region and by `release` outside it.
-/// @returns one Timing per candidate, in the candidates' order.
-/// @throws whatever a candidate throws.
-std::vector<Timing> time_round_robin(const std::vector<Candidate>& candidates, std::size_t warmup,
-                                     std::size_t reps, const std::function<void()>& sync,
-                                     Progress& progress, const std::string& stage);
+/// How many timed repetitions: `fixed` when non-zero, else as many as fit in `budget_s`
+/// seconds at the pace of the last warm-up repetition, clamped to [min_reps, max_reps].
+struct RepPlan {
+  std::size_t warmup = 2;
+  std::size_t fixed = 0;
+  double budget_s = 6.0;
+  std::size_t min_reps = 10, max_reps = 100;
+};
+
+/// Runs plan.warmup untimed then the planned timed repetitions of every candidate,
+/// round-robin: in repetition r the candidates run in turn starting from candidate r mod n.
+/// Each run is followed by `sync` inside the timed region and by `release` outside it.
+/// @returns one Timing per candidate, in the candidates' order, and the repetitions used.
+/// @throws whatever a candidate throws; std::invalid_argument for an automatic plan without
+///         warm-up.
+RoundRobin time_round_robin(const std::vector<Candidate>& candidates, const RepPlan& plan,
+                            const std::function<void()>& sync, Progress& progress,
+                            const std::string& stage);
 
 }  // namespace treetensor::bench

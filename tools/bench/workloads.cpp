@@ -16,6 +16,10 @@ void check_device(const Config& cfg) {
     throw std::invalid_argument("--device " + cfg.device.str() + ": only cpu and cuda are supported");
 }
 
+RepPlan rep_plan(const Config& cfg) {
+  return RepPlan{cfg.warmup, cfg.reps, cfg.rep_budget_s, kAutoRepsMin, kAutoRepsMax};
+}
+
 std::pair<double, double> tolerances(c10::ScalarType dtype) {
   // 16-bit types round every output to 8 (bfloat16) or 11 (float16) significant bits, and
   // batched kernels may accumulate in another order.

@@ -34,6 +34,9 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress);
 /// Throws std::invalid_argument when cfg.device cannot be used by this LibTorch build.
 void check_device(const Config& cfg);
 
+/// The repetition plan for cfg: its -T, or the automatic plan.
+RepPlan rep_plan(const Config& cfg);
+
 /// allclose tolerances for cfg.dtype: {rtol, atol}.
 std::pair<double, double> tolerances(c10::ScalarType dtype);
 
