@@ -1,0 +1,97 @@
+// Per-call overhead of tree-tensor ops against the hand-written std::map loop (issue 3's
+// figure: tree add on 200 leaves of 4 elements, goal within 10% of native).
+//
+// BM_AddVsNative times both sides alternately inside one benchmark (so machine noise hits
+// both alike) and reports their ratio as the counter `tree_over_native`; the other cases give
+// the absolute times. Run: build/bench/tensor_bench --benchmark_min_time=0.5
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+
+#include "treetensor/runtime/stream.hpp"
+#include "treetensor/tensor/tensor.hpp"
+
+namespace tt = treetensor;
+
+namespace {
+
+using Map = std::map<std::string, at::Tensor>;
+
+Map make_map(int64_t leaves, int64_t elements) {
+  Map m;
+  for (int64_t i = 0; i < leaves; ++i) m.emplace("a" + std::to_string(i), at::randn({elements}));
+  return m;
+}
+
+// What a LibTorch user writes today: a new map holding every result.
+Map native_add(const Map& a, const Map& b) {
+  Map out;
+  for (const auto& [key, value] : a) out.emplace_hint(out.end(), key, value + b.at(key));
+  return out;
+}
+
+void BM_NativeMapAdd(benchmark::State& state) {
+  const Map a = make_map(state.range(0), 4), b = make_map(state.range(0), 4);
+  for (auto _ : state) benchmark::DoNotOptimize(native_add(a, b));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+void BM_TreeAdd(benchmark::State& state) {
+  const tt::TreeTensor a = tt::from_state_dict(make_map(state.range(0), 4));
+  const tt::TreeTensor b = tt::from_state_dict(make_map(state.range(0), 4));
+  tt::runtime::StreamGuard linear(1);
+  for (auto _ : state) benchmark::DoNotOptimize(a + b);
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+void BM_TreeAddInPlace(benchmark::State& state) {
+  tt::TreeTensor a = tt::from_state_dict(make_map(state.range(0), 4));
+  const tt::TreeTensor b = tt::from_state_dict(make_map(state.range(0), 4));
+  tt::runtime::StreamGuard linear(1);
+  for (auto _ : state) benchmark::DoNotOptimize(a.add_(b, 1e-9));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+void BM_NativeMapAddInPlace(benchmark::State& state) {
+  Map a = make_map(state.range(0), 4);
+  const Map b = make_map(state.range(0), 4);
+  for (auto _ : state)
+    for (auto& [key, value] : a) benchmark::DoNotOptimize(value.add_(b.at(key), 1e-9));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+// Both sides in one loop, alternating; the counter is the ratio of their total times.
+void BM_AddVsNative(benchmark::State& state) {
+  const Map ma = make_map(state.range(0), 4), mb = make_map(state.range(0), 4);
+  const tt::TreeTensor ta = tt::from_state_dict(ma), tb = tt::from_state_dict(mb);
+  tt::runtime::StreamGuard linear(1);
+  using Clock = std::chrono::steady_clock;
+  Clock::duration native{}, tree{};
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    benchmark::DoNotOptimize(native_add(ma, mb));
+    const auto t1 = Clock::now();
+    benchmark::DoNotOptimize(ta + tb);
+    const auto t2 = Clock::now();
+    native += t1 - t0;
+    tree += t2 - t1;
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["native_us"] = std::chrono::duration<double, std::micro>(native).count() / n;
+  state.counters["tree_us"] = std::chrono::duration<double, std::micro>(tree).count() / n;
+  state.counters["tree_over_native"] =
+      std::chrono::duration<double>(tree).count() / std::chrono::duration<double>(native).count();
+}
+
+}  // namespace
+
+BENCHMARK(BM_NativeMapAdd)->Arg(1)->Arg(10)->Arg(200);
+BENCHMARK(BM_TreeAdd)->Arg(1)->Arg(10)->Arg(200);
+BENCHMARK(BM_NativeMapAddInPlace)->Arg(200);
+BENCHMARK(BM_TreeAddInPlace)->Arg(200);
+BENCHMARK(BM_AddVsNative)->Arg(200);
+
+BENCHMARK_MAIN();
