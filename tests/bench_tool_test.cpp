@@ -70,8 +70,9 @@ TEST_F(BenchTool, SeedWritesEveryRowVerifiedWithDocumentedNames) {
   const auto out = run_bench("seed -N 6 -M 2 -T 2 --warmup 1 --sizes 4,8 --no-progress --json " +
                              path("seed.json") + " --plot " + path("seed.png"));
   ASSERT_EQ(out.status, 0) << out.output;
-  EXPECT_NE(out.output.find("all 7 strategies equal native"), std::string::npos) << out.output;
-  EXPECT_NE(out.output.find("checked before timing"), std::string::npos);
+  EXPECT_NE(out.output.find("S=4: all 7 strategies match native before timing"), std::string::npos)
+      << out.output;
+  EXPECT_NE(out.output.find("S=8: all 7 strategies match native before timing"), std::string::npos);
   for (const char* fact : {"machine:", "LibTorch ", "BLAS:", "threads: intra-op", "date: "})
     EXPECT_NE(out.output.find(fact), std::string::npos) << fact << "\n" << out.output;
 
@@ -148,7 +149,8 @@ TEST_F(BenchTool, OptimizerResNet50TakesOnlyTrainableParameters) {
   const auto out = run_bench("optimizer --model resnet50 -T 1 --warmup 0 --no-progress --json " +
                              path("opt.json"));
   ASSERT_EQ(out.status, 0) << out.output;
-  EXPECT_NE(out.output.find("all 6 strategies give native's updated parameters"), std::string::npos)
+  EXPECT_NE(out.output.find("resnet50: all 6 strategies match native before timing"),
+            std::string::npos)
       << out.output;
   check_optimizer(read_json(path("opt.json")), "resnet50", 161, 25'557'032);
 }

@@ -179,28 +179,12 @@ std::vector<std::pair<std::string, Step>> strategies(const Config& cfg) {
 }
 
 // The updated parameters by key, read through the trees (a tree step may replace leaves).
-std::map<std::string, at::Tensor> params_by_key(const AdamState& s) {
-  std::map<std::string, at::Tensor> out;
+TensorMap params_by_key(const AdamState& s) {
+  TensorMap out;
   auto flat = tree::flatten_refs(s.trees.params);
   auto paths = flat.spec.paths();
   for (std::size_t i = 0; i < paths.size(); ++i) out.emplace(paths[i].str(), *flat.leaves[i]);
   return out;
-}
-
-// Empty when every parameter is allclose to native's, else the first difference.
-std::string compare(const AdamState& native, const AdamState& got, c10::ScalarType dtype) {
-  const auto [rtol, atol] = tolerances(dtype);
-  const auto want = params_by_key(native), have = params_by_key(got);
-  if (want.size() != have.size())
-    return fmt::format("{} parameters, native has {}", have.size(), want.size());
-  for (const auto& [key, w] : want) {
-    auto it = have.find(key);
-    if (it == have.end()) return "parameter '" + key + "' missing";
-    if (!at::allclose(it->second, w, rtol, atol))
-      return fmt::format("parameter '{}' differs: max |diff| {:.3g}", key,
-                         (it->second - w).abs().max().item<double>());
-  }
-  return {};
 }
 
 constexpr std::int64_t kVerifyStep = 5;  // a step past the first, so bias correction matters
@@ -219,26 +203,18 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
 
   progress.update(stage, "verifying against native");
   WorkloadResult out;
-  AdamState reference = state.clone();
-  rows[0].second(reference, kVerifyStep);
-  std::vector<bool> verified;
-  std::string failures;
+  AdamState native = state.clone();
+  rows[0].second(native, kVerifyStep);
+  const TensorMap reference = params_by_key(native);
+  native = {};
+  Verification verification(model.name, cfg.dtype);
   for (const auto& [name, step] : rows) {
     AdamState trial = state.clone();
     step(trial, kVerifyStep);
-    std::string why = compare(reference, trial, cfg.dtype);
-    verified.push_back(why.empty());
-    if (!why.empty()) failures += fmt::format("; {}: {}", name, why);
+    verification.check(name, reference, params_by_key(trial), reference.size());
   }
-  reference = {};
-  const auto [rtol, atol] = tolerances(cfg.dtype);
-  out.all_verified = failures.empty();
-  out.notes.push_back(
-      failures.empty()
-          ? fmt::format("{}: all {} strategies give native's updated parameters (allclose "
-                        "rtol={:g} atol={:g}), checked before timing",
-                        model.name, rows.size(), rtol, atol)
-          : fmt::format("{}: VERIFICATION FAILED{}", model.name, failures));
+  out.all_verified = verification.all_passed();
+  out.notes.push_back(verification.note());
 
   // Timed steps share one state; each run advances the step count.
   auto shared = std::make_shared<AdamState>(std::move(state));
@@ -253,7 +229,7 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
   for (std::size_t i = 0; i < rows.size(); ++i)
     out.records.push_back({"optimizer", rows[i].first, model.name, timings[i].mean_ms,
                            timings[i].std_ms, std::nullopt,
-                           timings[0].mean_ms / timings[i].mean_ms, verified[i], measured.reps});
+                           timings[0].mean_ms / timings[i].mean_ms, verification.passed(i), measured.reps});
 
   out.config = {{"model", model.name},
                 {"model_file", cfg.model_path},

@@ -12,7 +12,6 @@
 namespace treetensor::bench {
 namespace {
 
-using TensorMap = std::map<std::string, at::Tensor>;
 using treetensor::TensorTree;
 using treetensor::TreeTensor;
 
@@ -72,22 +71,6 @@ TensorMap to_map(const TensorTree& t) {
   return out;
 }
 
-// Empty when `got` equals `want` on every key of `got` (allclose), else what differs.
-std::string compare(const TensorMap& want, const TensorMap& got, c10::ScalarType dtype) {
-  const auto [rtol, atol] = tolerances(dtype);
-  for (const auto& [key, g] : got) {
-    auto it = want.find(key);
-    if (it == want.end()) return "unexpected leaf '" + key + "'";
-    if (g.sizes() != it->second.sizes())
-      return "leaf '" + key + "' has shape " + c10::str(g.sizes()) + ", native " +
-             c10::str(it->second.sizes());
-    if (!at::allclose(g, it->second, rtol, atol))
-      return fmt::format("leaf '{}' differs: max |diff| {:.3g}", key,
-                         (g - it->second).abs().max().item<double>());
-  }
-  return {};
-}
-
 struct Row {
   std::string name;
   std::function<TensorMap()> result;  // for verification
@@ -140,7 +123,6 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress) {
   check_device(cfg);
   WorkloadResult out;
   const auto sync = device_synchronizer(cfg.device);
-  const auto [rtol, atol] = tolerances(cfg.dtype);
   nlohmann::json sizes = nlohmann::json::array();
   nlohmann::json reps_used = nlohmann::json::object();
   for (const SeedSize& s : cfg.sizes) {
@@ -156,23 +138,11 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress) {
 
     progress.update(stage, "verifying against native");
     const TensorMap reference = native_matmul(in.a, in.b);
-    std::vector<bool> verified;
-    std::string failures;
-    for (const Row& row : rows) {
-      TensorMap got = row.result();
-      std::string why = got.size() != row.expected_leaves
-                            ? fmt::format("{} leaves, expected {}", got.size(), row.expected_leaves)
-                            : compare(reference, got, cfg.dtype);
-      verified.push_back(why.empty());
-      if (!why.empty()) failures += fmt::format("; {}: {}", row.name, why);
-    }
-    out.all_verified = out.all_verified && failures.empty();
-    out.notes.push_back(
-        failures.empty()
-            ? fmt::format("S={}: all {} strategies equal native (allclose rtol={:g} atol={:g}), "
-                          "checked before timing",
-                          s.label(), rows.size(), rtol, atol)
-            : fmt::format("S={}: VERIFICATION FAILED{}", s.label(), failures));
+    Verification verification("S=" + s.label(), cfg.dtype);
+    for (const Row& row : rows)
+      verification.check(row.name, reference, row.result(), row.expected_leaves);
+    out.all_verified = out.all_verified && verification.all_passed();
+    out.notes.push_back(verification.note());
 
     std::vector<Candidate> candidates;
     for (const Row& row : rows) candidates.push_back(row.candidate);
@@ -185,7 +155,7 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress) {
       Record r{"seed", rows[i].name,
                s.is_sweep_shape() ? nlohmann::json(s.s1) : nlohmann::json(s.label()),
                timings[i].mean_ms, timings[i].std_ms, flops / (timings[i].mean_ms * 1e6),
-               native_ms / timings[i].mean_ms, verified[i], measured.reps};
+               native_ms / timings[i].mean_ms, verification.passed(i), measured.reps};
       out.records.push_back(r);
     }
   }

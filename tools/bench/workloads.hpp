@@ -1,7 +1,10 @@
 #pragma once
 // The two workloads of treetensor-bench.
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
+
+#include <map>
 
 #include <string>
 #include <vector>
@@ -33,6 +36,32 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress);
 
 /// Throws std::invalid_argument when cfg.device cannot be used by this LibTorch build.
 void check_device(const Config& cfg);
+
+/// Results by key (dotted tree path), as a strategy produced them.
+using TensorMap = std::map<std::string, at::Tensor>;
+
+/// Every strategy's results checked against native's before timing: allclose decides (kernels
+/// such as bmm may round differently); bitwise equality is reported beside it.
+class Verification {
+ public:
+  /// @param subject  what is verified, e.g. "S=64" or "resnet50" (starts the note).
+  Verification(std::string subject, c10::ScalarType dtype);
+  /// Records whether `got` (which must hold exactly `expected_keys` keys, each also in
+  /// `want`) is allclose to `want` key by key, and whether it is bitwise equal.
+  void check(const std::string& strategy, const TensorMap& want, const TensorMap& got,
+             std::size_t expected_keys);
+  /// Verdict of the i-th check(), in call order.
+  bool passed(std::size_t i) const { return failures_[i].empty(); }
+  bool all_passed() const;
+  /// One line for the output: all equal (and which bitwise), or what failed for whom.
+  std::string note() const;
+
+ private:
+  std::string subject_;
+  c10::ScalarType dtype_;
+  std::vector<std::string> names_, failures_;
+  std::vector<bool> bitwise_;
+};
 
 /// The repetition plan for cfg: its -T, or the automatic plan.
 RepPlan rep_plan(const Config& cfg);
