@@ -45,7 +45,9 @@ IntTree tree_for(const benchmark::State& state, int first = 0) {
   return make_tree(s.fanout, s.depth, first);
 }
 
-std::size_t node_count(const IntTree& t) { return tr::flatten(t).spec.node_count(); }
+std::size_t node_count(const IntTree& t) {
+  return tr::flatten(t).spec.node_count();
+}
 
 // ns_per_node = CPU seconds / (iterations * nodes * 1e-9).
 void report(benchmark::State& state, const IntTree& t) {

@@ -30,7 +30,9 @@ using IntTree = Tree<int>;
 using ListTree = Tree<std::vector<int>>;
 
 // T = {a:1, b:2, x:{c:3, d:4}}: the issue's running example.
-IntTree make_t() { return {{"a", 1}, {"b", 2}, {"x", {{"c", 3}, {"d", 4}}}}; }
+IntTree make_t() {
+  return {{"a", 1}, {"b", 2}, {"x", {{"c", 3}, {"d", 4}}}};
+}
 
 // The message of the exception `fn` throws, checking its type; "" (and a failure) otherwise.
 template <class E, class F>
@@ -116,11 +118,17 @@ TEST(TreeConstruct, FromFlatPathsInAnyOrder) {
 
 TEST(TreeConstruct, FromFlatPathsRejectsConflicts) {
   using Pairs = std::vector<std::pair<std::string, int>>;
-  EXPECT_EQ(message_of<tr::StructureError>([] { tr::unflatten<int>(Pairs{{"a.b", 1}, {"a", 2}}); }),
+  EXPECT_EQ(message_of<tr::StructureError>([] {
+              tr::unflatten<int>(Pairs{{"a.b", 1}, {"a", 2}});
+            }),
             "unflatten: path 'a' is both a leaf and the prefix of 'a.b'");
-  EXPECT_EQ(message_of<tr::StructureError>([] { tr::unflatten<int>(Pairs{{"x.c", 1}, {"x.c", 2}}); }),
+  EXPECT_EQ(message_of<tr::StructureError>([] {
+              tr::unflatten<int>(Pairs{{"x.c", 1}, {"x.c", 2}});
+            }),
             "unflatten: path 'x.c' appears twice");
-  EXPECT_EQ(message_of<tr::StructureError>([] { tr::unflatten<int>(Pairs{{"", 1}, {"b", 2}}); }),
+  EXPECT_EQ(message_of<tr::StructureError>([] {
+              tr::unflatten<int>(Pairs{{"", 1}, {"b", 2}});
+            }),
             "unflatten: path '<root>' is both a leaf and the prefix of 'b'");
 }
 
@@ -154,7 +162,9 @@ TEST(TreeAccess, MissingKeyNamesPathAndAvailableKeys) {
   }
   EXPECT_EQ(message_of<tr::KeyError>([&] { t["q"]; }),
             "no key 'q' at path 'q'; available keys at '<root>': {a, b, x}");
-  EXPECT_EQ(message_of<tr::KeyError>([&] { t.at(Path{"a", "b"}); }),
+  EXPECT_EQ(message_of<tr::KeyError>([&] {
+              t.at(Path{"a", "b"});
+            }),
             "no key 'b' at path 'a.b': 'a' is a leaf");
   // KeyError is a std::out_of_range, so generic handlers catch it.
   EXPECT_THROW(t.at("nope"), std::out_of_range);
@@ -180,12 +190,12 @@ TEST(TreeStructure, InsertEraseContainsSizeDepth) {
   t.insert("y.z.w", 9);  // creates y and y.z
   EXPECT_EQ(t.at("y.z.w").leaf(), 9);
   EXPECT_EQ(t.depth(), 3u);
-  t.insert(Path{"x", "c"}, 33);  // replaces
+  t.insert(Path{"x", "c"}, 33);      // replaces
   t.insert("b", IntTree{{"e", 5}});  // a leaf replaced by a subtree
-  EXPECT_EQ(t, (IntTree{{"a", 1},
-                        {"b", {{"e", 5}}},
-                        {"x", {{"c", 33}, {"d", 4}}},
-                        {"y", {{"z", {{"w", 9}}}}}}));
+  EXPECT_EQ(
+      t,
+      (IntTree{
+          {"a", 1}, {"b", {{"e", 5}}}, {"x", {{"c", 33}, {"d", 4}}}, {"y", {{"z", {{"w", 9}}}}}}));
   EXPECT_EQ(message_of<tr::KeyError>([&] { t.insert("a.q", 1); }),
             "cannot insert at 'a.q': 'a' is a leaf");
   EXPECT_EQ(message_of<tr::KeyError>([&] { t.insert(Path{}, 1); }),
@@ -240,15 +250,17 @@ TEST(TreeStructure, KeysWithDotsAndEmptyKeys) {
   EXPECT_TRUE(t.contains(Path{"a.b"}));
   auto flat = tr::flatten(t);
   EXPECT_EQ(flat.leaves, (std::vector<int>{2, 1, 3, 4}));
-  EXPECT_EQ(flat.spec.paths(), (std::vector<Path>{Path{""}, Path{"a.b"}, Path{"n", ""},
-                                                 Path{"n", "c.d"}}));
+  EXPECT_EQ(flat.spec.paths(),
+            (std::vector<Path>{Path{""}, Path{"a.b"}, Path{"n", ""}, Path{"n", "c.d"}}));
   EXPECT_EQ(Path({"n", "c.d"}).str(), "n.'c.d'");
   EXPECT_EQ(Path({"n", ""}).describe(), "n.''");
   EXPECT_EQ(Path{}.describe(), "<root>");
   EXPECT_EQ(Path::parse("x.c"), (Path{"x", "c"}));
   EXPECT_EQ(Path::parse("x..c"), (Path{"x", "", "c"}));
   EXPECT_EQ(Path::parse(""), Path{});
-  EXPECT_EQ(message_of<tr::KeyError>([&] { t.at(Path{"n", "c.e"}); }),
+  EXPECT_EQ(message_of<tr::KeyError>([&] {
+              t.at(Path{"n", "c.e"});
+            }),
             "no key 'c.e' at path 'n.'c.e''; available keys at 'n': {'', 'c.d'}");
   EXPECT_EQ(tr::unflatten<int>(std::vector<std::pair<Path, int>>{
                 {Path{"n", "c.d"}, 4}, {Path{""}, 2}, {Path{"n", ""}, 3}, {Path{"a.b"}, 1}}),
@@ -327,7 +339,9 @@ TEST(TreeOperators, EveryOperatorLeafWise) {
 }
 
 TEST(TreeOperators, StructureMismatchThrows) {
-  EXPECT_EQ(message_of<tr::StructureError>([] { make_t() + IntTree{{"a", 1}, {"b", 2}}; }),
+  EXPECT_EQ(message_of<tr::StructureError>([] {
+              make_t() + IntTree{{"a", 1}, {"b", 2}};
+            }),
             "zip: key mismatch at '<root>': argument 0 has keys {a, b, x}, argument 1 has keys "
             "{a, b}");
 }
@@ -390,8 +404,7 @@ TEST(TreeZip, ThreeTreesAndScalarsWithPaths) {
       tr::zip_map([](int a, int b, int s, int c) { return a + b + s * c; }, t, u, 100, t);
   EXPECT_EQ(got, (IntTree{{"a", 111}, {"b", 222}, {"x", {{"c", 333}, {"d", 444}}}}));
   const Tree<std::string> with_path = tr::zip_map(
-      [](const Path& p, int a, int b) { return p.describe() + ":" + std::to_string(a * b); }, t,
-      u);
+      [](const Path& p, int a, int b) { return p.describe() + ":" + std::to_string(a * b); }, t, u);
   EXPECT_EQ(with_path.at("x.d").leaf(), "x.d:160");
   EXPECT_EQ(tr::zip_map(std::plus<>{}, IntTree(2), IntTree(3)), IntTree(5));
 }
@@ -446,8 +459,7 @@ TEST(TreeZip, InnerKeepsCommonKeys) {
   EXPECT_EQ(tr::zip_map(inner, std::plus<>{}, a, ab), (IntTree{{"a", 11}}));
   const IntTree t1 = {{"a", 1}, {"x", {{"c", 3}, {"d", 4}}}, {"z", 0}};
   const IntTree t2 = {{"x", {{"d", 40}, {"e", 50}}}, {"z", 9}};
-  EXPECT_EQ(tr::zip_map(inner, std::plus<>{}, t1, t2),
-            (IntTree{{"x", {{"d", 44}}}, {"z", 9}}));
+  EXPECT_EQ(tr::zip_map(inner, std::plus<>{}, t1, t2), (IntTree{{"x", {{"d", 44}}}, {"z", 9}}));
 }
 
 TEST(TreeZip, LeftUsesFirstTreesKeys) {
@@ -473,9 +485,9 @@ TEST(TreeZip, OuterFillsFromMissingOrThrows) {
   EXPECT_EQ(tr::zip_map(outer, tr::missing(0), std::plus<>{}, ab, ac),
             (IntTree{{"a", 11}, {"b", 2}, {"c", 30}}));
   int calls = 0;
-  EXPECT_EQ(tr::zip_map(outer, tr::missing_from([&] { return ++calls * 1000; }), std::plus<>{},
-                        ab, ac),
-            (IntTree{{"a", 11}, {"b", 1002}, {"c", 2030}}));
+  EXPECT_EQ(
+      tr::zip_map(outer, tr::missing_from([&] { return ++calls * 1000; }), std::plus<>{}, ab, ac),
+      (IntTree{{"a", 11}, {"b", 1002}, {"c", 2030}}));
   EXPECT_EQ(calls, 2);
   EXPECT_EQ(message_of<tr::StructureError>([&] { tr::zip_map(outer, std::plus<>{}, ab, ac); }),
             "zip: key mismatch at '<root>': argument 1 has keys {a, c}, argument 0 has keys "
@@ -488,15 +500,17 @@ TEST(TreeZip, OuterListsWithMissingAndInheritIssueExample) {
   const IntTree t1 = {{"a", 2}, {"x", {{"c", 4}, {"d", 9}}}};
   const IntTree t2 = {{"a", 4}, {"b", 48}, {"x", {{"d", 54}}}};
   const IntTree t3 = {{"b", -12}, {"x", 7}, {"y", {{"e", 3}, {"f", 4}}}};
-  auto lists = [](const IntTree& t) { return tr::map([](int v) { return std::vector<int>{v}; }, t); };
+  auto lists = [](const IntTree& t) {
+    return tr::map([](int v) { return std::vector<int>{v}; }, t);
+  };
   auto append = [](std::vector<int> a, const std::vector<int>& b, const std::vector<int>& c) {
     a.insert(a.end(), b.begin(), b.end());
     a.insert(a.end(), c.begin(), c.end());
     return a;
   };
-  const ListTree got = tr::zip_map(ZipOptions{.mode = ZipMode::outer, .inherit = true},
-                                   tr::missing(std::vector<int>{}), append, lists(t1), lists(t2),
-                                   lists(t3));
+  const ListTree got =
+      tr::zip_map(ZipOptions{.mode = ZipMode::outer, .inherit = true},
+                  tr::missing(std::vector<int>{}), append, lists(t1), lists(t2), lists(t3));
   const ListTree expected = {{"a", {2, 4}},
                              {"b", {48, -12}},
                              {"x", {{"c", {4, 7}}, {"d", {9, 54, 7}}}},
@@ -515,8 +529,7 @@ TEST(TreeZip, LeafFacingSubtreeNeedsInherit) {
   EXPECT_EQ(tr::zip_map(ZipOptions{.inherit = true}, std::minus<>{}, flat_x, t),
             (IntTree{{"a", 9}, {"b", 18}, {"x", {{"c", 97}, {"d", 96}}}}));
   // A whole-tree leaf argument broadcasts like a scalar when inherit is on.
-  EXPECT_EQ(tr::zip_map(ZipOptions{.inherit = true}, std::plus<>{}, IntTree(1000), t),
-            1000 + t);
+  EXPECT_EQ(tr::zip_map(ZipOptions{.inherit = true}, std::plus<>{}, IntTree(1000), t), 1000 + t);
   EXPECT_THROW(tr::zip_map(std::plus<>{}, IntTree(1000), t), tr::StructureError);
 }
 
@@ -524,7 +537,8 @@ TEST(TreeZip, LeafFacingSubtreeNeedsInherit) {
 
 TEST(TreeFilter, IssueExamples) {
   const IntTree t = make_t();
-  EXPECT_EQ(tr::filter([](int v) { return v % 2 == 1; }, t), (IntTree{{"a", 1}, {"x", {{"c", 3}}}}));
+  EXPECT_EQ(tr::filter([](int v) { return v % 2 == 1; }, t),
+            (IntTree{{"a", 1}, {"x", {{"c", 3}}}}));
   EXPECT_EQ(tr::filter([](int v) { return v < 3; }, t), (IntTree{{"a", 1}, {"b", 2}}));
   EXPECT_EQ(tr::filter([](int v) { return v < 3; }, t, {.keep_empty = true}),
             (IntTree{{"a", 1}, {"b", 2}, {"x", IntTree()}}));
@@ -612,7 +626,9 @@ TEST(TreeFlatten, UnflattenFromShuffledPairs) {
 
 TEST(TreeFlatten, WrongLeafCountThrows) {
   const auto spec = tr::flatten(make_t()).spec;
-  EXPECT_EQ(message_of<tr::StructureError>([&] { tr::unflatten(spec, std::vector<int>{1, 2, 3}); }),
+  EXPECT_EQ(message_of<tr::StructureError>([&] {
+              tr::unflatten(spec, std::vector<int>{1, 2, 3});
+            }),
             "unflatten: the spec has 4 leaves but 3 were given");
 }
 
@@ -622,7 +638,8 @@ TEST(TreeFlatten, SpecEqualityAndHash) {
   const auto s3 = tr::flatten(IntTree{{"a", 1}, {"b", 2}, {"x", {{"c", 3}, {"e", 4}}}}).spec;
   const auto s4 = tr::flatten(IntTree{{"a", 1}, {"b", 2}, {"x", {{"c", 3}}}}).spec;
   const auto s5 = tr::flatten(IntTree{{"a", 1}, {"b", 2}, {"x", 3}}).spec;
-  const auto s6 = tr::flatten(Tree<std::string>{{"a", "p"}, {"b", "q"}, {"x", {{"c", "r"}, {"d", "s"}}}}).spec;
+  const auto s6 =
+      tr::flatten(Tree<std::string>{{"a", "p"}, {"b", "q"}, {"x", {{"c", "r"}, {"d", "s"}}}}).spec;
   EXPECT_EQ(s1, s2);
   EXPECT_EQ(s1, s6);  // the spec is the structure only, whatever the leaf type
   EXPECT_EQ(s1.hash(), s2.hash());
@@ -766,11 +783,12 @@ TEST(TreeScale, TenThousandLeaves) {
     ASSERT_EQ(flat.leaves[i], by_path[i].second);
   }
   const IntTree doubled = t + t;
-  EXPECT_EQ(tr::reduce(doubled, [](const auto& c) {
-              long s = 0;
-              for (const auto& kv : c) s += kv.second;
-              return static_cast<int>(s);
-            }),
+  EXPECT_EQ(tr::reduce(doubled,
+                       [](const auto& c) {
+                         long s = 0;
+                         for (const auto& kv : c) s += kv.second;
+                         return static_cast<int>(s);
+                       }),
             2 * (9999 * 10000 / 2));
   EXPECT_EQ(tr::unflatten(flat.spec, flat.leaves), t);
   const std::string printed = tr::to_string(t);
@@ -806,7 +824,9 @@ class CountingBuf : public std::streambuf {
   }
 };
 
-void check_deep(std::size_t depth) {
+// What walks iteratively (any depth): structure queries, flatten/unflatten, paths, printing,
+// destruction; copies and == recurse but are tested to 10,000 levels too.
+void check_deep_structure(std::size_t depth) {
   IntTree t = chain(depth);
   EXPECT_EQ(t.depth(), depth);
   EXPECT_EQ(t.leaf_count(), 1u);
@@ -825,24 +845,44 @@ void check_deep(std::size_t depth) {
   IntTree copy = t;
   copy.at(deepest).leaf() = 3;
   EXPECT_EQ(t.at(deepest).leaf(), 1);
-  EXPECT_EQ((copy + t).at(deepest).leaf(), 4);
-  EXPECT_EQ(tr::map([](int v) { return v * 5; }, t).at(deepest).leaf(), 5);
-  EXPECT_EQ(tr::filter([](int v) { return v > 1; }, t), IntTree());
-  EXPECT_EQ(tr::reduce(t, [](const auto& c) { return c[0].second + 1; }), static_cast<int>(depth) + 1);
+  EXPECT_NE(copy, t);
   // Line i (1-based, i <= depth) is 4*(i-1) spaces + "└── k --> <Tree>"; the glyph is 3 bytes.
   CountingBuf buf;
   std::ostream os(&buf);
   os << t;
   const std::size_t arrow_line = 10 + 1 + 5;  // "└── " (3 glyphs of 3 bytes, a space), "k", " --> "
-  std::size_t expected = 6;                      // the "<Tree>" header
+  std::size_t expected = 6;                   // the "<Tree>" header
   for (std::size_t i = 1; i <= depth; ++i)
     expected += 1 + 4 * (i - 1) + arrow_line + (i < depth ? 6 : 1);
   EXPECT_EQ(buf.lines, depth);
   EXPECT_EQ(buf.chars, expected);
+  // Destruction (of t, back, copy and flat's spec) at scope exit must not overflow either.
 }
 
-TEST(TreeScale, TwoHundredDeep) { check_deep(200); }
+// The recursive algorithms (one call per level, see Tree's documentation).
+void check_deep_algorithms(std::size_t depth) {
+  const IntTree t = chain(depth);
+  const Path deepest(std::vector<std::string>(depth, "k"));
+  EXPECT_EQ((t + t).at(deepest).leaf(), 2);
+  EXPECT_EQ(tr::zip_map(ZipOptions{.mode = ZipMode::outer}, tr::missing(0), std::plus<>{}, t, t)
+                .at(deepest)
+                .leaf(),
+            2);
+  EXPECT_EQ(tr::map([](int v) { return v * 5; }, t).at(deepest).leaf(), 5);
+  EXPECT_EQ(tr::filter([](int v) { return v > 1; }, t), IntTree());
+  EXPECT_EQ(tr::filter([](int v) { return v > 0; }, t), t);
+  EXPECT_EQ(tr::reduce(t, [](const auto& c) { return c[0].second + 1; }),
+            static_cast<int>(depth) + 1);
+  EXPECT_EQ(tr::rise(tr::subside(std::vector<IntTree>{t, t})), (std::vector<IntTree>{t, t}));
+}
 
-TEST(TreeScale, TenThousandDeep) { check_deep(10000); }
+TEST(TreeScale, TwoHundredDeep) {
+  check_deep_structure(200);
+  check_deep_algorithms(200);
+}
+
+TEST(TreeScale, TenThousandDeepFlattenPrintDestroy) {
+  check_deep_structure(10000);
+}
 
 }  // namespace

@@ -90,7 +90,8 @@ auto reduce(const Tree<T>& tree, LeafFn&& leaf_fn, NodeFn&& node_fn) {
 /// reduce() whose leaves enter node_fn as they are.
 template <class T, class NodeFn>
 T reduce(const Tree<T>& tree, NodeFn&& node_fn) {
-  return reduce(tree, [](const T& v) { return v; }, node_fn);
+  return reduce(
+      tree, [](const T& v) { return v; }, node_fn);
 }
 
 namespace detail {
@@ -121,8 +122,8 @@ Tree<std::vector<T>> subside_node(const std::vector<const Tree<T>*>& nodes,
         return t.is_leaf() ? std::string("a leaf") : "keys " + format_keys(keys_of_tree(t));
       };
       throw StructureError(here, "subside: at '" + here.describe() + "' tree 0 has " +
-                                     keys(*nodes[0]) + " but tree " + std::to_string(i) +
-                                     " has " + keys(*nodes[i]));
+                                     keys(*nodes[0]) + " but tree " + std::to_string(i) + " has " +
+                                     keys(*nodes[i]));
     }
   if (leaf) {
     std::vector<T> values;
@@ -184,7 +185,8 @@ std::tuple<Tree<Ts>...> rise(const Tree<std::tuple<Ts...>>& tree) {
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     return std::tuple<Tree<Ts>...>(
         map([](const std::tuple<Ts...>& v) { return std::get<I>(v); }, tree)...);
-  }(std::index_sequence_for<Ts...>{});
+  }
+  (std::index_sequence_for<Ts...>{});
 }
 template <class A, class B>
 std::pair<Tree<A>, Tree<B>> rise(const Tree<std::pair<A, B>>& tree) {

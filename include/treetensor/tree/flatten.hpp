@@ -33,13 +33,14 @@ class TreeSpec {
     std::vector<Path> out;
     out.reserve(leaves_);
     std::vector<std::string> prefix;
-    walk([&](std::string_view key, bool is_root) {
-      if (!is_root) prefix.emplace_back(key);
-    },
-         [&](bool is_root) {
-           if (!is_root) prefix.pop_back();
-         },
-         [&] { out.emplace_back(prefix); });
+    walk(
+        [&](std::string_view key, bool is_root) {
+          if (!is_root) prefix.emplace_back(key);
+        },
+        [&](bool is_root) {
+          if (!is_root) prefix.pop_back();
+        },
+        [&] { out.emplace_back(prefix); });
     return out;
   }
 
@@ -254,14 +255,15 @@ Tree<T> unflatten(std::vector<std::pair<Path, T>> pairs) {
     const Path& prev = pairs[i - 1].first;
     const Path& cur = pairs[i].first;
     if (prev.size() <= cur.size() && std::equal(prev.begin(), prev.end(), cur.begin()))
-      throw StructureError(cur, "unflatten: path '" + prev.describe() +
-                                    (prev == cur ? "' appears twice" : "' is both a leaf and the prefix of '" + cur.describe() + "'"));
+      throw StructureError(
+          cur, "unflatten: path '" + prev.describe() +
+                   (prev == cur ? "' appears twice"
+                                : "' is both a leaf and the prefix of '" + cur.describe() + "'"));
   }
   if (pairs.size() == 1 && pairs[0].first.empty()) return Tree<T>(std::move(pairs[0].second));
   Tree<T> root;
   for (auto& [path, value] : pairs) {
-    if (path.empty())
-      throw StructureError(path, "unflatten: the root path can only stand alone");
+    if (path.empty()) throw StructureError(path, "unflatten: the root path can only stand alone");
     root.insert(path, Tree<T>(std::move(value)));
   }
   return root;

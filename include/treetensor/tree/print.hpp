@@ -28,9 +28,13 @@ void format_leaf(std::ostream& os, const T& value);
 
 namespace detail {
 template <class T>
-concept Streamable = requires(std::ostream& os, const T& v) { os << v; };
+concept Streamable = requires(std::ostream& os, const T& v) {
+  os << v;
+};
 template <class T>
-concept TupleLike = requires { std::tuple_size<T>::value; };
+concept TupleLike = requires {
+  std::tuple_size<T>::value;
+};
 
 inline void print_lines(std::ostream& os, std::string_view text, const std::string& indent) {
   std::size_t start = 0;
@@ -43,25 +47,42 @@ inline void print_lines(std::ostream& os, std::string_view text, const std::stri
   }
 }
 
+// Iterative, so a tree of any depth prints (though the output grows with depth squared).
 template <class T, class Fmt>
-void print_node(std::ostream& os, const Tree<T>& node, std::string_view header, Fmt& fmt,
-                std::string& prefix) {
+void print_node(std::ostream& os, const Tree<T>& root, std::string_view header, Fmt& fmt) {
+  using Entry = typename Tree<T>::Entry;
+  struct Frame {
+    const Entry* it;
+    const Entry* end;
+    std::size_t mark;  // prefix length to restore when this subtree is done
+  };
+  std::string prefix;
+  WalkStack<Frame> stack;
   os << header;
-  const auto& children = node.children();
-  for (std::size_t i = 0; i < children.size(); ++i) {
-    const bool last = i + 1 == children.size();
-    const auto& [key, child] = children[i];
+  const auto& top = root.children();
+  stack.push({top.data(), top.data() + top.size(), 0});
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    if (f.it == f.end) {
+      prefix.resize(f.mark);
+      stack.pop();
+      continue;
+    }
+    const auto& [key, child] = *f.it++;
+    const bool last = f.it == f.end;
     os << '\n' << prefix << (last ? "└── " : "├── ") << key << " --> ";
     const std::size_t mark = prefix.size();
     prefix += last ? "    " : "│   ";
     if (child.is_leaf()) {
-      std::ostringstream leaf;
+      std::ostringstream leaf;  // fresh per leaf: format flags set by fmt do not leak
       fmt(leaf, child.leaf());
       print_lines(os, leaf.str(), prefix + std::string(key.size() + 5, ' '));
+      prefix.resize(mark);
     } else {
-      print_node(os, child, header, fmt, prefix);
+      os << header;
+      const auto& c = child.children();
+      stack.push({c.data(), c.data() + c.size(), mark});
     }
-    prefix.resize(mark);
   }
 }
 }  // namespace detail
@@ -102,8 +123,7 @@ void print(std::ostream& os, const Tree<T>& tree, std::string_view header, Fmt&&
     fmt(os, tree.leaf());
     return;
   }
-  std::string prefix;
-  detail::print_node(os, tree, header, fmt, prefix);
+  detail::print_node(os, tree, header, fmt);
 }
 
 /// print() with the header `<Tree>` and format_leaf().

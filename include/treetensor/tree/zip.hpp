@@ -142,9 +142,9 @@ const typename C::leaf_t& leaf_of(const C& c, std::optional<typename C::leaf_t>&
   } else {
     if (c.node) return c.node->leaf();
     if constexpr (std::is_same_v<M, NoMissing>) {
-      throw StructureError(make_path(trail),
-                           "zip: argument " + std::to_string(pos) + " has no leaf at '" +
-                               make_path(trail).describe() + "' and no missing value was given");
+      throw StructureError(make_path(trail), "zip: argument " + std::to_string(pos) +
+                                                 " has no leaf at '" + make_path(trail).describe() +
+                                                 "' and no missing value was given");
     } else if constexpr (std::is_constructible_v<L, decltype(missing.make())>) {
       return fill.emplace(missing.make());
     } else {
@@ -276,10 +276,10 @@ std::vector<std::string> keys_of(const C& c) {
 }
 
 template <class F, class... C>
-using zip_result_t = std::decay_t<typename std::conditional_t<
-    std::is_invocable_v<F&, const Path&, const cursor_leaf_t<C>&...>,
-    std::invoke_result<F&, const Path&, const cursor_leaf_t<C>&...>,
-    std::invoke_result<F&, const cursor_leaf_t<C>&...>>::type>;
+using zip_result_t = std::decay_t<
+    typename std::conditional_t<std::is_invocable_v<F&, const Path&, const cursor_leaf_t<C>&...>,
+                                std::invoke_result<F&, const Path&, const cursor_leaf_t<C>&...>,
+                                std::invoke_result<F&, const cursor_leaf_t<C>&...>>::type>;
 
 template <class F, class M, class... C>
 class Zipper {
@@ -329,9 +329,7 @@ class Zipper {
     return t;
   }
 
-  decltype(auto) call(const C&... cs) {
-    return call_impl(std::index_sequence_for<C...>{}, cs...);
-  }
+  decltype(auto) call(const C&... cs) { return call_impl(std::index_sequence_for<C...>{}, cs...); }
 
   template <std::size_t... I>
   decltype(auto) call_impl(std::index_sequence<I...>, const C&... cs) {
@@ -472,15 +470,14 @@ auto map(F&& f, const A& tree) {
 /// structures do not fit the mode, or when a leaf faces a subtree without `inherit`.
 /// Example: zip_map(std::plus<>{}, t, u) is t + u leaf-wise.
 template <class F, class... A>
-  requires(!std::is_same_v<std::decay_t<F>, ZipOptions>)
-auto zip_map(F&& f, const A&... args) {
+requires(!std::is_same_v<std::decay_t<F>, ZipOptions>) auto zip_map(F&& f, const A&... args) {
   return detail::zip_impl(ZipOptions{}, detail::NoMissing{}, f, args...);
 }
 
 /// zip_map() with a mode and inherit flag, without a missing value (absent keys throw).
 template <class F, class... A>
-  requires(!detail::is_missing_v<std::decay_t<F>>)
-auto zip_map(const ZipOptions& options, F&& f, const A&... args) {
+requires(!detail::is_missing_v<std::decay_t<F>>) auto zip_map(const ZipOptions& options, F&& f,
+                                                              const A&... args) {
   return detail::zip_impl(options, detail::NoMissing{}, f, args...);
 }
 
