@@ -33,7 +33,7 @@ void BM_RoundTrip(benchmark::State& state) {
   rt::Thread t;
   for (auto _ : state) t.submit([] {}).get();
 }
-BENCHMARK(BM_RoundTrip)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RoundTrip)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // Throughput: a burst of `range(0)` tiny jobs, then wait for the queue to drain.
 void BM_Throughput(benchmark::State& state) {
@@ -47,7 +47,7 @@ void BM_Throughput(benchmark::State& state) {
   benchmark::DoNotOptimize(sum);
   state.SetItemsProcessed(state.iterations() * jobs);
 }
-BENCHMARK(BM_Throughput)->Arg(1000)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Throughput)->Arg(1000)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // The same with one tracked read operand per job (registration and release of its key).
 void BM_ThroughputWithOperand(benchmark::State& state) {
@@ -60,7 +60,7 @@ void BM_ThroughputWithOperand(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * jobs);
 }
-BENCHMARK(BM_ThroughputWithOperand)->Arg(1000)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ThroughputWithOperand)->Arg(1000)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // What every tree call pays when no asyncs work is pending.
 void BM_TrackingInactive(benchmark::State& state) {

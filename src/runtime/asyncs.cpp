@@ -83,7 +83,7 @@ void finish_job(Runtime& rt, Worker& w, Job& job) {
   w.running = nullptr;
   ++w.finished;
   ++rt.finished_total;
-  rt.progress.notify_all();
+  if (rt.progress_waiters != 0) rt.progress.notify_all();
 }
 
 void worker_main(Worker& w) {
@@ -94,7 +94,11 @@ void worker_main(Worker& w) {
     std::unique_ptr<Job> job;
     {
       std::unique_lock lock(rt.mu);
-      w.wake.wait(lock, [&] { return !w.queue.empty() || w.stopping; });
+      while (w.queue.empty() && !w.stopping) {
+        w.sleeping = true;
+        w.wake.wait(lock);
+        w.sleeping = false;
+      }
       if (w.queue.empty()) return;  // stopping, and every job has run
       job = std::move(w.queue.front());
       w.queue.pop_front();
@@ -147,6 +151,7 @@ void wait_borrowing(Worker& w, JobState& s) {
     std::fprintf(stderr, "treetensor asyncs watchdog: %s is running and borrows its caller: "
                  "waiting on; %s\n", what.c_str(), describe(in_flight_jobs(rt)).c_str());
   }
+  const ProgressWaiter waiter(rt);
   rt.progress.wait(lock, done);
 }
 
@@ -258,8 +263,9 @@ void enqueue(Worker& w, std::shared_ptr<JobState> state, std::unique_ptr<Task> t
   job->state->seq = rt.next_seq++;
   register_operands(rt, *job);
   w.queue.push_back(std::move(job));
+  const bool wake = w.sleeping;
   lock.unlock();
-  w.wake.notify_one();
+  if (wake) w.wake.notify_one();
 }
 
 void wait_job(JobState& s) {
@@ -411,6 +417,7 @@ Thread::~Thread() {
   std::unique_lock lock(rt.mu);
   // Drain: a destructor cannot throw, so the watchdog only reports on stderr here.
   const auto drained = [&] { return w.finished == w.submitted; };
+  const detail::ProgressWaiter waiter(rt);
   while (!drained()) {
     const auto timeout = watchdog_timeout();
     if (timeout.count() == 0) {

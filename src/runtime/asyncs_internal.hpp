@@ -55,6 +55,7 @@ class Worker {
   std::uint64_t submitted = 0;
   std::uint64_t finished = 0;
   bool stopping = false;
+  bool sleeping = false;  // waiting on `wake`: only then does a submit pay for a notify
   std::condition_variable wake;
   // Started by Thread's constructor, joined by its destructor.
   std::thread os;
@@ -76,7 +77,8 @@ struct Use {
 
 struct Runtime {
   std::mutex mu;
-  std::condition_variable progress;           // notified whenever a job finishes
+  std::condition_variable progress;           // notified when a job finishes and someone waits
+  std::size_t progress_waiters = 0;           // threads blocked on `progress`
   std::uint64_t finished_total = 0;           // progress counter for the watchdog
   std::uint64_t next_seq = 1;
   std::vector<bool> id_taken;                 // index id-1
@@ -91,6 +93,18 @@ std::vector<InFlightJob> in_flight_jobs(const Runtime& rt);
 /// "asyncs thread 2, job 7 'label'".
 std::string job_context(const JobState& job);
 
+/// Counts the caller among Runtime::progress_waiters while it lives (caller holds Runtime::mu).
+class ProgressWaiter {
+ public:
+  explicit ProgressWaiter(Runtime& rt) : rt_(rt) { ++rt_.progress_waiters; }
+  ~ProgressWaiter() { --rt_.progress_waiters; }
+  ProgressWaiter(const ProgressWaiter&) = delete;
+  ProgressWaiter& operator=(const ProgressWaiter&) = delete;
+
+ private:
+  Runtime& rt_;
+};
+
 /// Blocks on Runtime::progress until `done()` (caller holds `lock` on Runtime::mu). With the
 /// watchdog on, throws WatchdogTimeout naming `what` when no job finishes for the timeout.
 template <class Pred>
@@ -102,6 +116,7 @@ template <class Pred>
 void wait_progress(std::unique_lock<std::mutex>& lock, Pred done, std::string_view what) {
   Runtime& rt = runtime_state();
   const auto timeout = watchdog_timeout();
+  const ProgressWaiter waiter(rt);
   if (timeout.count() == 0) {
     rt.progress.wait(lock, done);
     return;
