@@ -127,7 +127,19 @@ class Flattener {
  public:
   template <class Node, class Take>
   static TreeSpec run(Node& root, Take&& take) {
+    return run(root, take, [](std::size_t) {});
+  }
+
+  /// Like run(root, take), but first calls reserve(leaf count), so that the caller sizes its
+  /// leaf list once. A first pass counts nodes, leaves and key characters: sizing every list
+  /// exactly costs less than growing them, most of all on small trees.
+  template <class Node, class Take, class Reserve>
+  static TreeSpec run(Node& root, Take&& take, Reserve&& reserve) {
     auto data = std::make_shared<TreeSpec::Data>();
+    const Sizes sizes = measure(root);
+    data->nodes.reserve(sizes.nodes);
+    data->keys.reserve(sizes.key_chars);
+    reserve(sizes.leaves);
     std::size_t leaves = 0;
     // Records one node; returns its children when it has any.
     auto visit = [&](Node& node, std::string_view key) -> decltype(&root.children()) {
@@ -164,6 +176,30 @@ class Flattener {
   }
 
  private:
+  struct Sizes {
+    std::size_t nodes = 1, leaves = 0, key_chars = 0;
+  };
+
+  static Sizes measure(const Tree<T>& root) {
+    Sizes n;
+    detail::WalkStack<const Tree<T>*> stack;
+    stack.push(&root);
+    while (!stack.empty()) {
+      const Tree<T>* node = stack.back();
+      stack.pop();
+      if (node->is_leaf()) {
+        ++n.leaves;
+        continue;
+      }
+      for (const auto& [key, child] : node->children()) {
+        ++n.nodes;
+        n.key_chars += key.size();
+        stack.push(&child);
+      }
+    }
+    return n;
+  }
+
   static std::uint32_t narrow(std::size_t n) {
     if (n >= TreeSpec::kLeaf) [[unlikely]]
       throw std::length_error("flatten: a node has 2^32 - 1 children or more, or such a key");
@@ -211,7 +247,9 @@ template <TreeLike A>
 Flat<leaf_type_t<A>> flatten(const A& tree) {
   using T = leaf_type_t<A>;
   Flat<T> out;
-  out.spec = Flattener<T, T>::run(as_tree(tree), [&](const T& v) { out.leaves.push_back(v); });
+  out.spec = Flattener<T, T>::run(
+      as_tree(tree), [&](const T& v) { out.leaves.push_back(v); },
+      [&](std::size_t n) { out.leaves.reserve(n); });
   return out;
 }
 
@@ -221,7 +259,9 @@ template <TreeLike A>
 Flat<const leaf_type_t<A>*> flatten_refs(const A& tree) {
   using T = leaf_type_t<A>;
   Flat<const T*> out;
-  out.spec = Flattener<T, T>::run(as_tree(tree), [&](const T& v) { out.leaves.push_back(&v); });
+  out.spec = Flattener<T, T>::run(
+      as_tree(tree), [&](const T& v) { out.leaves.push_back(&v); },
+      [&](std::size_t n) { out.leaves.reserve(n); });
   return out;
 }
 
@@ -229,7 +269,8 @@ Flat<const leaf_type_t<A>*> flatten_refs(const A& tree) {
 template <class T>
 Flat<T*> flatten_mut(Tree<T>& tree) {
   Flat<T*> out;
-  out.spec = Flattener<T, T>::run(tree, [&](T& v) { out.leaves.push_back(&v); });
+  out.spec = Flattener<T, T>::run(
+      tree, [&](T& v) { out.leaves.push_back(&v); }, [&](std::size_t n) { out.leaves.reserve(n); });
   return out;
 }
 
