@@ -192,6 +192,13 @@ TEST_F(BenchTool, BadInputGivesAClearErrorAndNoCrash) {
   EXPECT_EQ(out.status, 1) << out.output;
   EXPECT_NE(out.output.find("does not match"), std::string::npos) << out.output;
 
+  // Without CUDA: a clear error; with CUDA: a tiny run that verifies.
+  out = run_bench("seed --device cuda -N 2 -M 1 -T 1 --warmup 1 --sizes 4 --no-progress");
+  if (out.output.find("has no CUDA") != std::string::npos)
+    EXPECT_EQ(out.status, 1) << out.output;
+  else
+    EXPECT_EQ(out.status, 0) << out.output;
+
   out = run_bench("seed --device tpu");
   EXPECT_NE(out.status, 0);
   EXPECT_LT(out.status, 128) << "crashed: " << out.output;

@@ -52,6 +52,7 @@ nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine
 }
 
 int run(const tb::Config& cfg) {
+  tb::check_device(cfg);
   const tb::MachineInfo machine = tb::collect_machine_info();
   std::cout << headline(cfg) << "\n" << machine.describe() << std::flush;
   tb::Progress progress(cfg.progress);

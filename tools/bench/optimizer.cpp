@@ -192,7 +192,6 @@ constexpr std::int64_t kVerifyStep = 5;  // a step past the first, so bias corre
 }  // namespace
 
 WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
-  check_device(cfg);
   const ModelShapes model = load_model(cfg.model_path);
   const std::string stage = fmt::format("optimizer {} ({} tensors, {} elements)", model.name,
                                         model.trainable.size(), model.elements);

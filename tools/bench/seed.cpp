@@ -120,7 +120,6 @@ std::vector<Row> make_rows(const Config& cfg, const SeedInputs& in,
 }  // namespace
 
 WorkloadResult run_seed(const Config& cfg, Progress& progress) {
-  check_device(cfg);
   WorkloadResult out;
   const auto sync = device_synchronizer(cfg.device);
   nlohmann::json sizes = nlohmann::json::array();

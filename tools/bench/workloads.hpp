@@ -26,7 +26,7 @@ struct WorkloadResult {
 
 /// The seed experiment over cfg.sizes: rows min, native, native-discard, linear, stream, auto,
 /// fused. Every row is checked against native before timing.
-/// @throws std::invalid_argument on an unusable setting (e.g. CUDA without a CUDA build).
+/// @throws c10::Error from a kernel (e.g. a dtype the device has no matmul for).
 WorkloadResult run_seed(const Config& cfg, Progress& progress);
 
 /// One Adam step over cfg.model's trainable parameters: rows native, foreach, linear, stream,
