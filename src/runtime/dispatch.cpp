@@ -207,6 +207,8 @@ void execute(const LeafCall& call, const detail::Plan& plan) {
 
 void run(const LeafCall& call) {
   if (call.leaves == 0) return;
+  static const bool env_allocator = detail::install_cpu_allocator_from_environment();
+  (void)env_allocator;
   // asyncs (issue 5): ThreadScope routing and job context for lanes; keep this line first.
   if (detail::run_on_scoped_thread(call)) return;
   const StreamMode mode = current_stream_mode();

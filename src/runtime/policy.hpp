@@ -46,6 +46,10 @@ struct Plan {
   std::uint64_t key = 0;  ///< learner key; 0 when the call is not timed
 };
 
+/// Installs the caching CPU allocator when TREETENSOR_CACHING_CPU_ALLOCATOR=1; returns
+/// whether it did. Called once, at the first tree call.
+bool install_cpu_allocator_from_environment();
+
 /// TREETENSOR_INLINE=1 (read once).
 bool inline_mode();
 /// Decides how to run `call` under `mode`. `commit` advances the learner's exploration
