@@ -313,3 +313,19 @@ TEST(LaneModes, InlineEnvironmentRunsEverythingOnTheCaller) {
       },
       ::testing::ExitedWithCode(0), "");
 }
+
+// The first automatic decision calibrates (a hand-off round trip to a worker). When that first
+// use happens inside leaves that occupy every lane, nobody can answer the ping: calibration must
+// fall back instead of waiting. No other test in this program uses automatic mode.
+TEST(LaneModes, FirstAutomaticCallInsideBusyLanesCompletes) {
+  std::atomic<int> inner{0};
+  rt_test::with_watchdog(20s, [&] {
+    rt::StreamGuard guard(2);
+    run_leaves("outer", 2, [&](std::size_t) {
+      std::this_thread::sleep_for(2ms);  // both lanes busy
+      rt::StreamGuard automatic(rt::automatic);
+      run_leaves("inner", 8, [&](std::size_t) { inner.fetch_add(1); });
+    });
+  });
+  EXPECT_EQ(inner.load(), 16);
+}
