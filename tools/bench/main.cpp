@@ -74,7 +74,8 @@ int run(const tb::Config& cfg) {
         std::to_string(machine.cores) + " cores, LibTorch " + machine.torch_version + ", " +
         machine.date.substr(0, 10);
     const std::string xlabel = seed ? "leaf size S (each leaf: S x 2S @ 2S x 4S)" : "model";
-    if (auto missing = tb::write_plot(*cfg.plot_path, result.records, title, xlabel))
+    if (auto missing = tb::write_plot(*cfg.plot_path, result.records, title, seed ? "S =" : "model",
+                                      xlabel))
       std::cout << *missing << "\n";
     else
       std::cout << "wrote " << *cfg.plot_path << "\n";

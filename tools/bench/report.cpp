@@ -88,21 +88,12 @@ void write_json(const std::string& path, const nlohmann::json& config,
   if (!f.flush()) throw std::runtime_error("cannot write '" + path + "' (--json)");
 }
 
-std::optional<std::string> write_plot(const std::string& path, const std::vector<Record>& records,
-                                      const std::string& title, const std::string& xlabel) {
-  const std::string term = png_terminal();
-  if (term.empty())
-    return "no plot: gnuplot with a PNG terminal is not installed; install it with "
-           "`sudo apt-get install gnuplot-nox` (Debian/Ubuntu) and run again to get " + path;
-  const auto sizes = unique_in_order(records, [](const Record& r) { return size_text(r.size); });
-  const auto strategies = unique_in_order(records, [](const Record& r) { return r.strategy; });
+namespace {
 
-  std::string script = "set terminal " + term + " size 960,600 noenhanced\n";
-  script += "set output " + gp_quote(path) + "\n";
-  script += "set title " + gp_quote(title) + "\n";
-  script += "set xlabel " + gp_quote(xlabel) + "\nset ylabel \"speed-up vs native (x)\"\n";
-  script += "set grid\nset key outside right\nset yrange [0:*]\n";
-  script += fmt::format("set xrange [-0.5:{}.5]\n", sizes.size() - 1);
+// One line per strategy across the sizes.
+std::string line_plot(const std::vector<Record>& records, const std::vector<std::string>& sizes,
+                      const std::vector<std::string>& strategies) {
+  std::string script = fmt::format("set xrange [-0.5:{}.5]\n", sizes.size() - 1);
   std::string plot = "plot ";
   for (std::size_t s = 0; s < strategies.size(); ++s) {
     script += fmt::format("$d{} << EOD\n", s);
@@ -117,7 +108,42 @@ std::optional<std::string> write_plot(const std::string& path, const std::vector
                         reference ? "dashtype 2 lc rgb \"black\"" : "lw 2 pt 7",
                         gp_quote(strategies[s]));
   }
-  script += plot + "\n";
+  return script + plot + "\n";
+}
+
+// One size only (an optimizer run): a bar per strategy, labelled with its speed-up.
+std::string bar_plot(const std::vector<Record>& records) {
+  std::string script = fmt::format("set xrange [-0.6:{}.6]\nset style fill solid 0.7\n"
+                                   "set boxwidth 0.6\nunset key\n$d << EOD\n",
+                                   records.size() - 1);
+  for (std::size_t i = 0; i < records.size(); ++i)
+    script += fmt::format("{} {} {}\n", i, gp_quote(records[i].strategy),
+                          records[i].speedup_vs_native);
+  return script + "EOD\nplot $d using 1:3:xtic(2) with boxes lc rgb \"#3b75af\", "
+                  "$d using 1:3:(sprintf(\"%.2fx\", $3)) with labels offset 0,1, "
+                  "1 with lines dashtype 2 lc rgb \"black\"\n";
+}
+
+}  // namespace
+
+std::optional<std::string> write_plot(const std::string& path, const std::vector<Record>& records,
+                                      const std::string& title, const std::string& size_name,
+                                      const std::string& xlabel) {
+  const std::string term = png_terminal();
+  if (term.empty())
+    return "no plot: gnuplot with a PNG terminal is not installed; install it with "
+           "`sudo apt-get install gnuplot-nox` (Debian/Ubuntu) and run again to get " + path;
+  const auto sizes = unique_in_order(records, [](const Record& r) { return size_text(r.size); });
+  const auto strategies = unique_in_order(records, [](const Record& r) { return r.strategy; });
+  const bool bars = sizes.size() == 1;
+
+  std::string script = "set terminal " + term + " size 960,600 noenhanced\n";
+  script += "set output " + gp_quote(path) + "\n";
+  script += "set title " + gp_quote(title) + "\n";
+  script += "set xlabel " + gp_quote(bars ? "strategy (" + size_name + " " + sizes[0] + ")" : xlabel) +
+            "\nset ylabel \"speed-up vs native (x)\"\n";
+  script += "set grid\nset key outside right\nset yrange [0:*]\n";
+  script += bars ? bar_plot(records) : line_plot(records, sizes, strategies);
 
   FILE* gp = popen("gnuplot", "w");
   if (!gp) throw std::runtime_error("cannot start gnuplot for --plot " + path);

@@ -37,10 +37,13 @@ void write_json(const std::string& path, const nlohmann::json& config,
                 const std::vector<Record>& records);
 
 /// Draws speed-up against native versus size, one line per strategy, into `path` (PNG) with
-/// gnuplot. When gnuplot (or a PNG terminal) is missing, writes nothing and returns a message
+/// gnuplot; with a single size (an optimizer run), one labelled bar per strategy instead.
+/// @param size_name  what a size is ("S", "model"), for the bar chart's axis label.
+/// @param xlabel     the line chart's x-axis label. When gnuplot (or a PNG terminal) is missing, writes nothing and returns a message
 /// saying how to install it; returns std::nullopt on success.
 /// @throws std::runtime_error when gnuplot is present but fails.
 std::optional<std::string> write_plot(const std::string& path, const std::vector<Record>& records,
-                                      const std::string& title, const std::string& xlabel);
+                                      const std::string& title, const std::string& size_name,
+                                      const std::string& xlabel);
 
 }  // namespace treetensor::bench
