@@ -357,8 +357,12 @@ TEST_P(TensorFused, MatmulOfEqualShapesIsOneBatchedProductUnderFusedMode) {
   const auto l = leaves(r);
   const bool one_storage = l[0].storage().is_alias_of(l[4].storage());
   // stream(fused) must take the batched form; linear and lanes never do (automatic may).
-  if (GetParam() == rt::StreamMode::of(rt::fused)) EXPECT_TRUE(one_storage);
-  if (GetParam().kind == rt::StreamMode::Kind::lanes) EXPECT_FALSE(one_storage);
+  if (GetParam() == rt::StreamMode::of(rt::fused)) {
+    EXPECT_TRUE(one_storage);
+  }
+  if (GetParam().kind == rt::StreamMode::Kind::lanes) {
+    EXPECT_FALSE(one_storage);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, TensorFused, ::testing::ValuesIn(strategies()), strategy_name);

@@ -21,6 +21,7 @@
 
 #include "treetensor/runtime/errors.hpp"
 #include "treetensor/runtime/operands.hpp"
+#include "treetensor/runtime/stream.hpp"
 
 namespace treetensor::detail {
 namespace {
@@ -297,6 +298,99 @@ std::vector<std::vector<at::Tensor>> columns_of(const Zip& z, std::size_t n) {
   return cols;
 }
 
+// ---- in-place aliasing ----------------------------------------------------------------------
+// An in-place call whose leaves share memory (tied weights: one tensor at two paths; a leaf
+// updated from another leaf's tensor) must update them in flatten order, one after another,
+// as the native loop does; otherwise lanes would race and values would depend on the strategy.
+
+// The byte range a tensor's elements occupy ([lo, hi); empty for no elements).
+std::pair<std::uintptr_t, std::uintptr_t> extent(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !t.has_storage()) return {0, 0};
+  std::int64_t lo = 0, hi = 0;
+  for (std::int64_t d = 0; d < t.dim(); ++d) {
+    const std::int64_t span = t.stride(d) * (t.size(d) - 1);
+    (span < 0 ? lo : hi) += span;
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  const auto item = static_cast<std::int64_t>(t.element_size());
+  return {base + static_cast<std::uintptr_t>(lo * item),
+          base + static_cast<std::uintptr_t>((hi + 1) * item)};
+}
+
+struct Touch {
+  const void* storage;  // tensors of different storages never overlap
+  std::size_t leaf;     // kAllLeaves for a broadcast tensor (read by every leaf)
+  bool write;
+  const at::Tensor* tensor;
+};
+constexpr std::size_t kAllLeaves = SIZE_MAX;
+
+std::size_t find_root(std::vector<std::size_t>& parent, std::size_t i) {
+  while (parent[i] != i) i = parent[i] = parent[parent[i]];
+  return i;
+}
+
+// Groups of leaves that must run in order on one thread; empty when every leaf is independent
+// (the common case: one storage sort and no further work).
+std::vector<std::vector<std::size_t>> conflict_groups(const Zip& z, c10::ArrayRef<Operand> args) {
+  const std::size_t leaves = z.leaves();
+  std::vector<Touch> touches;
+  touches.reserve(leaves * args.size());
+  for (std::size_t k = 0; k < args.size(); ++k) {
+    if (args[k].kind() == Operand::Kind::scalar) continue;
+    for (std::size_t i = 0; i < (args[k].is_tree() ? leaves : 1); ++i) {
+      const at::Tensor& t = args[k].is_tree() ? *z.row(i)[k] : args[k].tensor();
+      if (!t.defined() || !t.has_storage()) continue;
+      touches.push_back({t.storage().unsafeGetStorageImpl(),
+                         args[k].is_tree() ? i : kAllLeaves, k == 0, &t});
+    }
+  }
+  std::sort(touches.begin(), touches.end(),
+            [](const Touch& a, const Touch& b) { return a.storage < b.storage; });
+  std::vector<std::size_t> parent;
+  bool all = false;
+  for (std::size_t b = 0; b < touches.size();) {
+    std::size_t e = b + 1;
+    while (e < touches.size() && touches[e].storage == touches[b].storage) ++e;
+    for (std::size_t i = b; i < e; ++i)
+      for (std::size_t j = i + 1; j < e; ++j) {
+        const Touch &x = touches[i], &y = touches[j];
+        if (x.leaf == y.leaf || !(x.write || y.write)) continue;
+        const auto ex = extent(*x.tensor), ey = extent(*y.tensor);
+        if (ex.first >= ey.second || ey.first >= ex.second) continue;  // disjoint views
+        if (x.leaf == kAllLeaves || y.leaf == kAllLeaves) {
+          all = true;
+          continue;
+        }
+        if (parent.empty()) {
+          parent.resize(leaves);
+          for (std::size_t l = 0; l < leaves; ++l) parent[l] = l;
+        }
+        parent[find_root(parent, x.leaf)] = find_root(parent, y.leaf);
+      }
+    b = e;
+  }
+  std::vector<std::vector<std::size_t>> groups;
+  if (all) {
+    groups.emplace_back(leaves);
+    for (std::size_t l = 0; l < leaves; ++l) groups[0][l] = l;
+    return groups;
+  }
+  if (parent.empty()) return groups;
+  std::vector<std::size_t> slot(leaves, SIZE_MAX);
+  for (std::size_t l = 0; l < leaves; ++l) {  // groups ordered by their first leaf
+    const std::size_t r = find_root(parent, l);
+    if (slot[r] == SIZE_MAX) slot[r] = groups.size(), groups.emplace_back();
+    groups[slot[r]].push_back(l);
+  }
+  return groups;
+}
+
+// Whether the leaf jobs of this call may run concurrently (not linear, not inline).
+bool may_run_concurrently() {
+  return !(runtime::current_stream_mode() == runtime::StreamMode{});
+}
+
 }  // namespace
 
 bool FusedArgs::foreach_compatible() const {
@@ -410,8 +504,35 @@ void update_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate
     std::fill(done.begin(), done.end(), 1);
     return true;
   };
+  // Leaves that share memory run as one job each group, in flatten order, and never fused.
+  const auto groups = may_run_concurrently() ? conflict_groups(z, args)
+                                             : std::vector<std::vector<std::size_t>>{};
+  std::vector<std::size_t> failed(groups.size(), SIZE_MAX);
+  auto run_group = [&](std::size_t g) {
+    std::exception_ptr first;
+    for (std::size_t i : groups[g]) {
+      try {
+        run(i);
+      } catch (...) {
+        if (!first) first = std::current_exception(), failed[g] = i;
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  };
+  auto label_group = [&](std::size_t g) {
+    return label_of(target, failed[g] != SIZE_MAX ? failed[g] : groups[g].front());
+  };
+  auto cost_group = [&](std::size_t g) {
+    runtime::LeafCost c;
+    for (std::size_t i : groups[g]) c.flops += cost(i).flops, c.bytes += cost(i).bytes;
+    return c;
+  };
   runtime::LeafCall call{o.op, leaves, run, label, cost};
-  if (fused) call.fused = batched;
+  if (groups.empty()) {
+    if (fused) call.fused = batched;
+  } else {
+    call = runtime::LeafCall{o.op, groups.size(), run_group, label_group, cost_group};
+  }
   z.describe(call);
   try {
     runtime::run(call);

@@ -2,8 +2,8 @@
 // The compiled core every tree-tensor op is a thin shim over (STYLE.md: thin templates over a
 // compiled core). It zips the tree arguments (strict by default, treevalue's modes on request),
 // hands the leaf jobs to runtime::run() as one LeafCall, and builds the result trees.
-// Public so that users can add their own ops the same way; apply() (apply.hpp) is the
-// convenient form.
+// Public so that users can add their own ops the same way; apply() / apply_() (ops.hpp) are
+// the convenient forms.
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
@@ -105,6 +105,10 @@ std::vector<TreeTensor> map_leaves_multi(const CallOptions& o, c10::ArrayRef<Ope
 /// Runs the in-place update `f` on every leaf of args[0] (which must be a tree), zipped
 /// strictly with the other arguments. Before running, waits for pending asyncs work that
 /// reads or writes the updated tensors (operand tracking).
+/// Aliasing: when the memory a leaf updates overlaps memory another leaf's job reads or writes
+/// (tied weights: one tensor at two paths), those leaves run as one job, in flatten order,
+/// and the fused form is not used — so values equal the linear loop's under every strategy.
+/// Disjoint views of one storage (split/chunk results) stay independent.
 /// @throws as map_leaves(); when leaf jobs fail, the message also lists which leaves were
 ///         updated and which were not (DESIGN.md §3: never a silently half-updated tree).
 void update_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate f,
