@@ -252,6 +252,13 @@ TEST(TreeStructure, KeysWithDotsAndEmptyKeys) {
   EXPECT_EQ(flat.leaves, (std::vector<int>{2, 1, 3, 4}));
   EXPECT_EQ(flat.spec.paths(),
             (std::vector<Path>{Path{""}, Path{"a.b"}, Path{"n", ""}, Path{"n", "c.d"}}));
+  EXPECT_EQ(tr::to_string(t),
+            "<Tree>\n"
+            "├──  --> 2\n"
+            "├── a.b --> 1\n"
+            "└── n --> <Tree>\n"
+            "    ├──  --> 3\n"
+            "    └── c.d --> 4");
   EXPECT_EQ(Path({"n", "c.d"}).str(), "n.'c.d'");
   EXPECT_EQ(Path({"n", ""}).describe(), "n.''");
   EXPECT_EQ(Path{}.describe(), "<root>");

@@ -101,15 +101,7 @@ class Tree {
   /// worklist), so a tree of any depth is safe.
   ~Tree() {
     auto* c = std::get_if<0>(&node_);
-    if (!c || c->empty()) return;
-    thread_local std::size_t levels = 0;  // ~Tree frames active on this thread
-    if (levels >= kRecursionLimit) {
-      dismantle(*c);
-      return;
-    }
-    ++levels;
-    c->clear();
-    --levels;
+    if (c && !c->empty()) destroy_children(*c);  // leaves and empty nodes: nothing out of line
   }
 
   /// A leaf holding T(value).
@@ -284,6 +276,17 @@ class Tree {
 
   // Plain recursive destruction is fastest; below this many levels a worklist takes over.
   static constexpr std::size_t kRecursionLimit = 256;
+
+  [[gnu::noinline]] static void destroy_children(Children& children) noexcept {
+    thread_local std::size_t levels = 0;  // destroy_children frames active on this thread
+    if (levels >= kRecursionLimit) {
+      dismantle(children);
+      return;
+    }
+    ++levels;
+    children.clear();
+    --levels;
+  }
 
   // Empties `children` through a worklist: every list of grandchildren is moved out before
   // its parent dies, so no destructor below runs on a node that still has children.
