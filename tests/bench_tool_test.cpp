@@ -168,7 +168,7 @@ TEST_F(BenchTool, HelpExplainsEveryRowAndFlag) {
   for (const char* word : {"min ", "native ", "native-discard", "linear ", "stream ", "auto ",
                            "fused ", "--leaves", "--lanes", "--reps", "--warmup", "--sizes",
                            "--s1", "--s2", "--s3", "--dtype", "--device", "--seed", "--json",
-                           "--plot", "GFLOP/s"})
+                           "--plot", "--caching-allocator", "--no-progress", "GFLOP/s"})
     EXPECT_NE(seed.output.find(word), std::string::npos) << word;
   const auto opt = run_bench("optimizer --help");
   ASSERT_EQ(opt.status, 0);

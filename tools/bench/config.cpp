@@ -87,6 +87,10 @@ void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& dev
       ->type_name("FILE.png");
   sub.add_flag("--no-progress", [&cfg](std::int64_t) { cfg.progress = false; },
                "no progress line on stderr");
+  sub.add_flag("--caching-allocator", cfg.caching_allocator,
+               "install treetensor's caching CPU allocator before making inputs (every row "
+               "then allocates through it; TREETENSOR_CACHING_CPU_ALLOCATOR=1 does the same "
+               "from the first tree call)");
 }
 
 std::string resolve_model(const std::string& model) {

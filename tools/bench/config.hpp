@@ -57,6 +57,7 @@ struct Config {
   std::optional<std::string> json_path;      ///< --json FILE
   std::optional<std::string> plot_path;      ///< --plot FILE.png
   bool progress = true;                      ///< progress line on stderr
+  bool caching_allocator = false;            ///< install treetensor's caching CPU allocator
   std::string command_line;                  ///< argv joined, recorded in the JSON
 };
 

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "config.hpp"
+#include "treetensor/runtime/cpu_allocator.hpp"
 #include "machine.hpp"
 #include "report.hpp"
 #include "workloads.hpp"
@@ -30,6 +31,15 @@ std::string headline(const tb::Config& cfg) {
                      tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
 }
 
+// Which CPU allocator served the run, read after it (the environment variable installs the
+// caching one lazily, at the first tree call).
+std::string allocator_note() {
+  namespace rt = treetensor::runtime;
+  if (!rt::caching_cpu_allocator_installed()) return "LibTorch's default CPU allocator";
+  const auto s = rt::caching_cpu_allocator_stats();
+  return fmt::format("treetensor's caching CPU allocator ({} hits, {} misses)", s.hits, s.misses);
+}
+
 nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine,
                            const tb::WorkloadResult& result) {
   nlohmann::json j = {
@@ -45,6 +55,7 @@ nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine
                  "results kept until the clock stops; device synchronized per repetition"},
       {"verification", result.notes},
       {"all_verified", result.all_verified},
+      {"allocator", allocator_note()},
       {"command", cfg.command_line},
       {"machine", machine.to_json()}};
   j.update(result.config);
@@ -53,6 +64,7 @@ nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine
 
 int run(const tb::Config& cfg) {
   tb::check_device(cfg);
+  if (cfg.caching_allocator) treetensor::runtime::use_caching_cpu_allocator();
   const tb::MachineInfo machine = tb::collect_machine_info();
   std::cout << headline(cfg) << "\n" << machine.describe() << std::flush;
   tb::Progress progress(cfg.progress);
@@ -60,6 +72,7 @@ int run(const tb::Config& cfg) {
   const tb::WorkloadResult result = seed ? tb::run_seed(cfg, progress) : tb::run_optimizer(cfg, progress);
 
   for (const auto& note : result.notes) std::cout << "verification: " << note << "\n";
+  std::cout << "allocator: " << allocator_note() << "\n";
   std::cout << "\n";
   tb::print_table(std::cout, result.records, seed ? "S" : "model");
   std::cout << std::flush;
