@@ -124,10 +124,12 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress) {
   const auto sync = device_synchronizer(cfg.device);
   nlohmann::json sizes = nlohmann::json::array();
   nlohmann::json reps_used = nlohmann::json::object();
-  for (const SeedSize& s : cfg.sizes) {
+  for (std::size_t k = 0; k < cfg.sizes.size(); ++k) {
+    const SeedSize& s = cfg.sizes[k];
     sizes.push_back({{"S1", s.s1}, {"S2", s.s2}, {"S3", s.s3}});
-    const std::string stage = fmt::format("seed {} ({}x{} @ {}x{}, {} leaves)", s.label(), s.s1,
-                                          s.s2, s.s2, s.s3, cfg.leaves);
+    const std::string stage = fmt::format("seed size {}/{}: S={} ({}x{} @ {}x{}, {} leaves)", k + 1,
+                                          cfg.sizes.size(), s.label(), s.s1, s.s2, s.s2, s.s3,
+                                          cfg.leaves);
     progress.update(stage, "making inputs");
     at::manual_seed(cfg.seed);
     const SeedInputs in = make_inputs(cfg, s);
