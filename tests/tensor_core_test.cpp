@@ -349,3 +349,39 @@ TEST(TensorIndexing, SameIndexAndTreeOfIndices) {
   expect_same(t.index_select(0, at::arange(2)),
               native([](auto& x) { return x.index_select(0, at::arange(2)); }, t));
 }
+
+TEST(TensorErrors, DtypeMismatchInALeafNamesPathAndOp) {
+  TreeTensor a{{"f", at::ones({2})}, {"i", at::ones({2}, at::kLong)}};
+  try {
+    (void)tt::bitwise_and(a, 1);  // bitwise ops are undefined for float leaves
+    FAIL();
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_TRUE(contains(msg, "bitwise_and at leaf 'f'")) << msg;
+    EXPECT_FALSE(contains(msg, "leaf 'i'")) << msg;
+  }
+  TreeTensor ints{{"i", at::ones({2}, at::kLong)}};
+  try {
+    (void)tt::mean(ints);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "mean: needs floating leaves, leaf 'i' is Long");
+  }
+}
+
+// Mixed devices (issue 3): runs where LibTorch has CUDA and a GPU; skipped elsewhere.
+TEST(TensorDevices, MixedCpuAndCudaLeaves) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(0);
+  TreeTensor t{{"c", at::randn({3, 3})}, {"g", at::randn({3, 3}, at::Device(at::kCUDA))}};
+  TreeTensor u = tt::tree::map([](const at::Tensor& x) { return at::randn_like(x); }, t);
+  expect_same(t * u + 1, native([](auto& x, auto& y) { return x * y + 1; }, t, u));
+  expect_same(tt::matmul(t, u), native([](auto& x, auto& y) { return at::matmul(x, y); }, t, u), false);
+  EXPECT_THROW(tt::single(t.device()), std::invalid_argument);
+  TreeTensor on_gpu = t.to(at::Device(at::kCUDA));
+  EXPECT_EQ(tt::single(on_gpu.device()).type(), at::kCUDA);
+  EXPECT_TRUE(on_gpu.at("g").leaf().is_same(t.at("g").leaf())) << "already there: no copy";
+  TreeTensor r = tt::randn({{"a", {4}}}, at::TensorOptions().device(at::kCUDA));
+  EXPECT_EQ(r.at("a").leaf().device().type(), at::kCUDA);
+  EXPECT_NEAR(tt::sum(tt::cpu(on_gpu)).item<double>(), tt::sum(t.cpu()).item<double>(), 1e-4);
+}

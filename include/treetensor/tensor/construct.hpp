@@ -1,7 +1,10 @@
 #pragma once
 // Building tree tensors: from trees of shapes (DI-treetensor's construction functions), from
 // values, from state dicts and IValue nests; and back. Every leaf job goes through
-// runtime::run(). Conversions never copy tensor data (the leaves are the same tensors).
+// runtime::run(). Conversions never copy tensor data (the leaves are the same tensors), and
+// nothing here ever formats a tensor.
+// Thread safety: every function may be called concurrently; the random constructors take the
+// default CPU generator's lock while drawing their seeds.
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/TensorOptions.h>

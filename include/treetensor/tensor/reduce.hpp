@@ -17,6 +17,9 @@
 //   std → nan, masked_select → an empty 1-D tensor; min/max throw std::invalid_argument
 //   ("no elements"), as at::min of an empty tensor does. Leaves with no elements contribute
 //   nothing to min/max.
+//
+// Errors: a leaf's torch error (e.g. mean or std of integer leaves: std::invalid_argument
+// naming the leaf) with the op and leaf path added. Thread safety: as at::Tensor.
 
 #include <ATen/core/Tensor.h>
 
