@@ -4,7 +4,8 @@
 # ResNet-50 on their defaults. Tables go to stdout; JSON and PNG plots to out/.
 #
 #   bash scripts/bench.sh            # the defaults (about 1-2 minutes on 2 cores)
-#   bash scripts/bench.sh -T 5       # extra flags go to both runs (see treetensor-bench --help)
+#   bash scripts/bench.sh -T 5       # extra flags go to both runs, so only flags both take:
+#                                    # -M -T --warmup --dtype --device --seed --caching-allocator
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
