@@ -49,7 +49,8 @@ std::size_t node_count(const IntTree& t) {
   return tr::flatten(t).spec.node_count();
 }
 
-// ns_per_node = CPU seconds / (iterations * nodes * 1e-9).
+// ns_per_node = CPU seconds / (iterations * nodes * 1e-9). (The console prints an inverted
+// rate with an "s" suffix; the number is nanoseconds per node.)
 void report(benchmark::State& state, const IntTree& t) {
   const auto nodes = static_cast<double>(node_count(t));
   state.counters["nodes"] = nodes;

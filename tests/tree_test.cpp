@@ -612,6 +612,9 @@ TEST(TreeFlatten, OrderPathsAndRoundTrip) {
   IntTree m = t;
   for (int* p : tr::flatten_mut(m).leaves) *p *= -1;
   EXPECT_EQ(m, -t);
+  std::vector<int> taken;
+  EXPECT_EQ((tr::Flattener<int, int>::run(t, [&](int v) { taken.push_back(v); })), flat.spec);
+  EXPECT_EQ(taken, flat.leaves);
   const auto leaf = tr::flatten(IntTree(9));
   EXPECT_EQ(leaf.leaves, std::vector<int>{9});
   EXPECT_EQ(leaf.spec.paths(), std::vector<Path>{Path{}});

@@ -82,7 +82,8 @@ Tree<R> map_node(const Tree<T>& node, F& f, std::vector<const std::string*>& tra
     else
       return Tree<R>(f(node.leaf()));
   }
-  typename Tree<R>::Children out;
+  Tree<R> t;
+  auto& out = t.children();
   out.reserve(node.size());
   for (const auto& [key, child] : node.children()) {
     trail.push_back(&key);
@@ -97,8 +98,6 @@ Tree<R> map_node(const Tree<T>& node, F& f, std::vector<const std::string*>& tra
     out.emplace_back(key, map_node<R>(child, f, trail));
     trail.pop_back();
   }
-  Tree<R> t;
-  t.children() = std::move(out);
   return t;
 }
 
@@ -372,14 +371,13 @@ class Zipper {
     for (std::size_t i = 0; i < n; ++i)
       if (!((I == kFirstTree || key_at_is(std::get<I>(entries), i, first[i].first)) && ...))
         return false;
-    typename Tree<R>::Children children;
+    auto& children = out.children();
     children.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       trail_.push_back(&first[i].first);
       emplace_child(children, first[i].first, child_at(cs, std::get<I>(entries), i)...);
       trail_.pop_back();
     }
-    out.children() = std::move(children);
     return true;
   }
 
