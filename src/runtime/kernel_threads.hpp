@@ -9,13 +9,22 @@
 //    so omp_set_num_threads(1) on a lane thread limits exactly that thread. The ICV must be set
 //    after ATen's per-thread lazy init, which otherwise overwrites it on the thread's first
 //    parallel_for — hence at::internal::lazy_init_num_threads() first.
-//  - OpenBLAS built with pthreads keeps one global thread count (blas_cpu_number); gemm reads it
-//    per call. Setting and restoring it around each leaf from several threads makes concurrent
-//    calls see each other's values (a restore to 2 in one lane makes the other lane's gemm hand
-//    work to OpenBLAS's own server threads, which then contend with the lanes for the cores).
-//    So the BLAS count is set to 1 while any parallel tree call is in flight (reference-counted
-//    across threads) and restored when the last one ends. MKL's per-thread
-//    mkl_set_num_threads_local is used when present.
+//  - OpenBLAS built with pthreads (Debian's 0.3.21, NO_AFFINITY) keeps one global thread count
+//    (blas_cpu_number) that gemm reads per call; openblas_set_num_threads only stores it. What
+//    serialises concurrent BLAS calls is the threaded path: gemm asks for m·n·k / 2^18 threads
+//    (interface/gemm.c; SMP_THRESHOLD_MIN·GEMM_MULTITHREAD_THRESHOLD), capped by the count, so
+//    from m·n·k ≥ 2^19 — S=64 and up in issue 4's S×2S @ 2S×4S grid, just where lanes lost —
+//    it enters driver/level3/level3_thread.c's gemm_driver, which holds a process-wide static
+//    mutex (level3_lock) for the whole call and hands work to OpenBLAS's server threads. Two lanes
+//    with a count of 2 thus run their gemms one at a time, each also competing with the server
+//    threads for the 2 cores. Setting the count per leaf and restoring it (what a naive lane
+//    does) lets one lane's restore flip another lane's in-flight calls back onto that path.
+//    And set at run time, the server threads created at load stay alive: after a multithreaded
+//    call they busy-wait (sched_yield) for OpenBLAS's thread timeout before sleeping, while
+//    OPENBLAS_NUM_THREADS=1 at start-up never creates them — the start-up/run-time difference
+//    the issue measured. So here the count is set to 1 while any parallel tree call is in
+//    flight (reference-counted across threads) and restored when the last one ends; MKL's
+//    per-thread mkl_set_num_threads_local is used when present.
 // All symbols are looked up with dlsym, so nothing is hard-linked and a missing library is a
 // no-op.
 
