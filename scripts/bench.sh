@@ -11,8 +11,13 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 
+echo "bench.sh: building treetensor-bench (Release, build/; log in build/bench-build.log)" >&2
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target treetensor-bench
+if ! cmake --build build -j"$(nproc)" --target treetensor-bench >build/bench-build.log 2>&1; then
+  tail -n 40 build/bench-build.log >&2
+  echo "bench.sh: the build failed; full log in build/bench-build.log" >&2
+  exit 1
+fi
 
 mkdir -p out
 bench=build/tools/treetensor-bench
