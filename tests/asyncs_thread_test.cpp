@@ -1,6 +1,8 @@
 // asyncs threads: FIFO, futures, errors, pool, scopes, watchdog, back-pressure, destruction.
 #include "asyncs_test_util.hpp"
 
+#include "treetensor/runtime/stream.hpp"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -53,19 +55,25 @@ TEST_F(AsyncsThread, FuturesCarryValuesOfAnyType) {
   EXPECT_EQ(text.get(), "metrics") << "get() may be called again";
 }
 
-TEST_F(AsyncsThread, JobsRunOnTheirWorkerWithTheSubmittersGradMode) {
+TEST_F(AsyncsThread, JobsRunOnTheirWorkerWithTheSubmittersGradAndStreamMode) {
   rt::Thread t;
   EXPECT_EQ(rt::current_thread_id(), std::nullopt);
   auto where = t.submit([] { return rt::current_thread_id(); });
   auto grad_on = t.submit([] { return at::GradMode::is_enabled(); });
   rt::Future<bool> grad_off;
+  rt::Future<rt::StreamMode> three_lanes;
   {
     at::NoGradGuard no_grad;
+    rt::StreamGuard lanes(3);
     grad_off = t.submit([] { return at::GradMode::is_enabled(); });
+    three_lanes = t.submit([] { return rt::current_stream_mode(); });
   }
+  auto default_mode = t.submit([] { return rt::current_stream_mode(); });
   EXPECT_EQ(where.get(), t.id());
   EXPECT_TRUE(grad_on.get());
   EXPECT_FALSE(grad_off.get());
+  EXPECT_EQ(three_lanes.get(), rt::StreamMode::of(3));
+  EXPECT_EQ(default_mode.get(), rt::current_stream_mode());
 }
 
 TEST_F(AsyncsThread, JobErrorReachesGetWithItsTypeAndContext) {

@@ -65,6 +65,7 @@ void run_job(Worker& w, Job& job) {
   ActingGuard acting_guard({&w, job.state->seq});
   try {
     at::ThreadLocalStateGuard tls(job.tls);
+    StreamGuard mode(job.mode);
     // OneFlow's operand ordering: start after conflicting work submitted earlier elsewhere.
     await_keys(job.keys, acting(), job.state.get());
     block_streams(job.submitted_on, w.streams);

@@ -6,6 +6,7 @@
 // deadlocks simple at no measurable cost. Jobs never run under it.
 
 #include "treetensor/runtime/asyncs.hpp"
+#include "treetensor/runtime/stream.hpp"
 
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/Stream.h>
@@ -36,6 +37,7 @@ struct Job {
   std::shared_ptr<JobState> state;
   std::unique_ptr<Task> task;
   at::ThreadLocalState tls;           // the submitter's, installed around the job
+  StreamMode mode = current_stream_mode();  // the submitter's stream(M) mode, likewise
   std::vector<at::Tensor> operands;   // kept alive until the job has finished
   std::vector<OperandKey> keys;       // deduplicated; write wins over read
   std::vector<c10::Event> submitted_on;  // CUDA: recorded on the submitter's current streams

@@ -20,7 +20,8 @@
 //    current stream wait for the job's streams. Tensors that are not passed as operands get no
 //    such ordering. Without CUDA none of this costs anything.
 //  - Thread-local state of the submitter (grad mode, inference mode, autocast, dispatch keys;
-//    at::ThreadLocalState) is captured at submit() and installed around the job.
+//    at::ThreadLocalState) and its stream(M) mode (StreamGuard or process-wide) are captured at
+//    submit() and installed around the job, so a scoped tree call behaves as it would inline.
 //  - Errors: an exception thrown by a job is stored, never lost and never fatal. It is rethrown
 //    with its original type (see rethrow_with_context) and the context
 //    "asyncs thread <id>, job <n>[ '<label>']" by Future::get()/wait(); a job error that no
