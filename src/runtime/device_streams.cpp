@@ -18,6 +18,7 @@ class GenericBackend final : public StreamBackend {
 
   c10::Stream current(c10::Device device) override { return impl_.getStream(device); }
   c10::Stream exchange(c10::Stream stream) override { return impl_.exchangeStream(stream); }
+  c10::Device exchange_device(c10::Device device) override { return impl_.exchangeDevice(device); }
 
   c10::Stream lane_stream(std::size_t lane, c10::Device device) override {
     std::lock_guard lock(mutex_);
@@ -104,6 +105,7 @@ void CallerStreams::join() {
 
 LaneStreams::LaneStreams(CallerStreams& caller, std::size_t lane)
     : caller_(caller),
+      previous_device_(caller.backend().exchange_device(caller.device())),
       lane_stream_(caller.backend().lane_stream(lane, caller.device())),
       previous_(caller.backend().exchange(lane_stream_)),
       outer_(current_batch) {
@@ -116,6 +118,7 @@ void LaneStreams::finish() { caller_.add_lane_marker(caller_.backend().record(la
 LaneStreams::~LaneStreams() {
   current_batch = outer_;
   caller_.backend().exchange(previous_);
+  caller_.backend().exchange_device(previous_device_);
 }
 
 }  // namespace detail

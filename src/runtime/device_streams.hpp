@@ -38,7 +38,7 @@ class CallerStreams {
   std::vector<std::unique_ptr<StreamBackend::Marker>> lane_markers_;
 };
 
-/// Lane side: switches the lane to its stream and waits on the caller's marker (step 2);
+/// Lane side: switches the lane to the call's device and its stream and waits on the caller's marker (step 2);
 /// finish() records the lane's marker (step 3); the destructor restores the lane's stream.
 class LaneStreams {
  public:
@@ -50,6 +50,7 @@ class LaneStreams {
 
  private:
   CallerStreams& caller_;
+  c10::Device previous_device_;
   c10::Stream lane_stream_;
   c10::Stream previous_;
   CallerStreams* outer_;

@@ -47,6 +47,10 @@ class StreamBackend {
   virtual c10::Stream current(c10::Device device) = 0;
   /// Makes `stream` current on the calling thread; returns the stream it replaces.
   virtual c10::Stream exchange(c10::Stream stream) = 0;
+  /// Makes `device` the calling thread's current device; returns the previous one. Lanes call
+  /// it first, since the current device is per thread and not part of at::ThreadLocalState.
+  /// The default does nothing (devices without a current-device notion, simulated backends).
+  virtual c10::Device exchange_device(c10::Device device) { return device; }
   /// The stream lane `lane` (1..workers) uses on `device`; the same one on every call.
   virtual c10::Stream lane_stream(std::size_t lane, c10::Device device) = 0;
   /// Records a marker on `stream`.
