@@ -8,6 +8,8 @@
 #include <torch/version.h>
 #endif
 
+#include <fmt/format.h>
+
 #include <dlfcn.h>
 #include <link.h>
 
@@ -120,6 +122,13 @@ std::string utc_now() {
   return buf;
 }
 
+// Other work on a shared machine moves every figure; the load average says how much there was.
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double one_minute = -1;
+  return in >> one_minute ? one_minute : -1;
+}
+
 }  // namespace
 
 MachineInfo collect_machine_info() {
@@ -133,6 +142,7 @@ MachineInfo collect_machine_info() {
   m.inter_op_threads = at::get_num_interop_threads();
   m.cuda = at::hasCUDA();
   m.date = utc_now();
+  m.load_average = load_average();
   return m;
 }
 
@@ -144,7 +154,9 @@ std::string MachineInfo::describe() const {
   s += "threads: intra-op " + std::to_string(intra_op_threads) + ", inter-op " +
        std::to_string(inter_op_threads) + ", BLAS " +
        (blas_threads < 0 ? std::string("unknown") : std::to_string(blas_threads)) + "\n";
-  s += "date: " + date + "\n";
+  s += "date: " + date;
+  if (load_average >= 0) s += fmt::format(", load average {:.2f} at start", load_average);
+  s += "\n";
   if (!blas_note.empty()) s += "note: " + blas_note + "\n";
   return s;
 }
@@ -159,7 +171,8 @@ nlohmann::json MachineInfo::to_json() const {
           {"blas_threads", blas_threads < 0 ? nlohmann::json() : nlohmann::json(blas_threads)},
           {"blas_note", blas_note.empty() ? nlohmann::json() : nlohmann::json(blas_note)},
           {"cuda_available", cuda},
-          {"date", date}};
+          {"date", date},
+          {"load_average", load_average < 0 ? nlohmann::json() : nlohmann::json(load_average)}};
 }
 
 }  // namespace treetensor::bench

@@ -18,6 +18,7 @@ struct MachineInfo {
   int blas_threads = -1;       ///< openblas_get_num_threads(), -1 when not OpenBLAS
   bool cuda = false;           ///< at::hasCUDA()
   std::string date;            ///< UTC, ISO 8601, when collected
+  double load_average = -1;    ///< 1-minute load average when collected (/proc/loadavg), -1 unknown
   /// A warning when OpenBLAS runs kernels older than the CPU supports (it falls back to
   /// Prescott on CPUs newer than its detection table); empty otherwise.
   std::string blas_note;
