@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -162,19 +163,24 @@ TEST_P(Lanes, NoGradModeIsCarriedIntoLanesAndGradientsFlowWithout) {
     EXPECT_TRUE(at::equal(x[i].grad(), at::full({3}, 2.0 * (1.0 + i)))) << "leaf " << i;
 }
 
-TEST_P(Lanes, InferenceModeAndStreamModeAreCarried) {
-  std::vector<int> inference(32, -1);
+TEST_P(Lanes, InferenceModeAutocastAndStreamModeAreCarried) {
+  std::vector<int> inference(32, -1), autocast(32, -1);
   std::vector<rt::StreamMode> modes(32);
   with_watchdog(20s, [&] {
     rt::StreamGuard guard(lanes());
     c10::InferenceMode inference_mode;
+    at::autocast::set_cpu_enabled(true);
     run_leaves("probe", 32, [&](std::size_t i) {
+      std::this_thread::sleep_for(50us);  // let workers take part
       inference[i] = c10::InferenceMode::is_enabled();
+      autocast[i] = at::autocast::is_cpu_enabled();
       modes[i] = rt::current_stream_mode();
     });
+    at::autocast::set_cpu_enabled(false);
   });
   for (std::size_t i = 0; i < 32; ++i) {
     EXPECT_EQ(inference[i], 1) << "leaf " << i;
+    EXPECT_EQ(autocast[i], 1) << "leaf " << i;
     EXPECT_EQ(modes[i], rt::StreamMode::of(lanes())) << "leaf " << i;
   }
 }
