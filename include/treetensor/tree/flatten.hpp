@@ -221,22 +221,33 @@ Tree<T> TreeSpec::build(const Data& data, It leaf) {
   tree.children().reserve(root.arity);
   detail::WalkStack<Frame> stack;
   if (root.arity) stack.push({&tree.children(), root.arity});
-  std::size_t offset = 0;
-  for (std::size_t i = 1; i < data.nodes.size(); ++i) {
-    while (stack.back().remaining == 0) stack.pop();
+  const Node* node = data.nodes.data() + 1;
+  const char* key = data.keys.data();
+  while (!stack.empty()) {
     Frame& f = stack.back();
-    --f.remaining;
-    const Node& n = data.nodes[i];
-    const std::string_view key = std::string_view(data.keys).substr(offset, n.key_size);
-    offset += n.key_size;
-    if (n.arity == kLeaf) {
-      f.out->emplace_back(std::piecewise_construct, std::forward_as_tuple(key),
+    auto* out = f.out;
+    std::uint32_t left = f.remaining;
+    // Appends this node's children in a tight loop until one has children of its own.
+    bool descended = false;
+    while (left && !descended) {
+      const Node& n = *node++;
+      const std::string_view k(key, n.key_size);
+      key += n.key_size;
+      --left;
+      if (n.arity == kLeaf) {
+        out->emplace_back(std::piecewise_construct, std::forward_as_tuple(k),
                           std::forward_as_tuple(*leaf++));
-      continue;
+        continue;
+      }
+      auto& children = out->emplace_back(std::string(k), Tree<T>()).second.children();
+      children.reserve(n.arity);
+      if (n.arity) {
+        descended = true;
+        f.remaining = left;  // before the push, which may move the frames
+        stack.push({&children, n.arity});
+      }
     }
-    auto& children = f.out->emplace_back(std::string(key), Tree<T>()).second.children();
-    children.reserve(n.arity);
-    if (n.arity) stack.push({&children, n.arity});
+    if (!descended) stack.pop();
   }
   return tree;
 }
