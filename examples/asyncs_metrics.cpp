@@ -11,6 +11,11 @@
 // The program runs the same training twice — metrics inline, then on the metric thread — and
 // exits with status 1 unless both CSV files are identical. It prints the step times of both.
 //
+// Two BLAS callers at once: OpenBLAS built with pthreads hands each call to its own server
+// threads, so the main thread's and the metric thread's matmuls fight for the same cores.
+// Measured on 2 busy cores (100 steps, defaults): 0.65x with OpenBLAS's default thread count,
+// 1.16x with OPENBLAS_NUM_THREADS=1 set at start-up (results identical either way).
+//
 //   asyncs_metrics [--steps N] [--batch B] [--hidden H] [--val V] [--out DIR]
 //                  [--kernels one|process]   (the metric thread's KernelThreads)
 #include <treetensor/runtime/asyncs.hpp>
