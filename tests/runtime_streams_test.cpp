@@ -162,7 +162,7 @@ struct Outcome {
 };
 
 // Caller stream: waits for a host gate, then writes x; lanes: y = 2x on the current stream
-// (reading x at once, writing y 5 ms later); caller stream again: z = y. The gate opens only after the host has enqueued
+// (reading x at once, writing y 20 ms later); caller stream again: z = y. The gate opens only after the host has enqueued
 // everything, so no ordering comes from host timing. The host then waits for the caller stream
 // only.
 Outcome run_protocol(std::size_t lanes, rt::testing::ProtocolWaits waits) {
@@ -185,7 +185,7 @@ Outcome run_protocol(std::size_t lanes, rt::testing::ProtocolWaits waits) {
         const int xi = x[i].load();
         // Lane kernels are slow (read early, write late); the caller's own share is quick so
         // that it cannot hide a missing wait by delaying the caller stream.
-        if (on_lane) std::this_thread::sleep_for(5ms);
+        if (on_lane) std::this_thread::sleep_for(20ms);
         y[i].store(2 * xi);
       });
     });
@@ -193,6 +193,9 @@ Outcome run_protocol(std::size_t lanes, rt::testing::ProtocolWaits waits) {
   sim->enqueue_current([&] {
     for (int i = 0; i < kLeaves; ++i) z[i].store(y[i].load());
   });
+  // Margins far above scheduling delays of a loaded machine: lane streams get 50 ms to read x
+  // too early when they do not wait, and lane kernels write y 20 ms after reading x.
+  std::this_thread::sleep_for(50ms);
   gate.set();
   sim->synchronize(0);
   sim->synchronize_lanes();  // before x, y, z go away

@@ -120,33 +120,48 @@ class LeafBatch final : public detail::Batch {
     finish(ran);
   }
 
+  // Worker side. Nothing of the caller's (its stack-held stream state, the LeafCall) is
+  // touched before a piece is claimed: a worker admitted late may find every piece done and
+  // the caller already returned; a claimed piece keeps the caller waiting.
   void participate(std::size_t lane) noexcept override {
+    std::size_t piece = 0;
+    if (!claim(piece)) return;
     std::size_t ran = 0;
+    bool set_up = false;
     try {
       at::ThreadLocalStateGuard tls(tls_);
       detail::ThreadModeScope mode(mode_);
       std::optional<detail::LaneStreams> streams;
       if (streams_) streams.emplace(*streams_, lane);
-      std::size_t piece = 0;
-      while (claim(piece)) {
+      set_up = true;
+      do {
         run_piece(piece);
         ++ran;
-      }
+      } while (claim(piece));
       if (streams) streams->finish();
     } catch (...) {
-      // Only lane set-up can get here (leaf exceptions are caught per leaf); unclaimed pieces
-      // stay for the caller, and the failure is reported after the join.
-      lane_error_ = std::current_exception();
+      // Leaf exceptions are caught per leaf, so this is lane set-up or stream hand-back
+      // failing. A claimed piece that could not run fails its leaves with that error (every
+      // leaf still accounted for exactly once); the failure is reported after the join.
+      if (!set_up) {
+        fail_piece(piece, std::current_exception());
+        ran = 1;
+      }
+      if (!lane_failed_.exchange(true)) lane_error_ = std::current_exception();
     }
     finish(ran);
   }
 
   void rethrow_if_failed() const {
     errors_.rethrow_if_any(call_);
-    if (lane_error_) rethrow_with_context(lane_error_, std::string(call_.op) + ": lane set-up");
+    if (lane_error_) rethrow_with_context(lane_error_, std::string(call_.op) + ": lane stream set-up");
   }
 
  private:
+  void fail_piece(std::size_t piece, const std::exception_ptr& e) {
+    for (std::size_t i = bounds_[piece]; i < bounds_[piece + 1]; ++i) errors_.set(i, e);
+  }
+
   void run_piece(std::size_t piece) {
     for (std::size_t i = bounds_[piece]; i < bounds_[piece + 1]; ++i) {
       try {
@@ -163,7 +178,8 @@ class LeafBatch final : public detail::Batch {
   const at::ThreadLocalState tls_;  // captured on the caller: grad/inference mode, autocast, ...
   const StreamMode mode_;
   detail::CallerStreams* const streams_;
-  std::exception_ptr lane_error_;  // written by at most one lane before its finish()
+  std::atomic<bool> lane_failed_{false};
+  std::exception_ptr lane_error_;  // written by the first failing lane, before its finish()
 };
 
 void run_lanes(const LeafCall& call, std::size_t lanes) {
