@@ -115,17 +115,14 @@ class Zip {
  private:
   using Cursors = c10::SmallVector<const TensorTree*, 4>;
 
-  std::string here() const {
+  // The path of the node being zipped (only built for error messages).
+  Path here_path() const {
     std::vector<std::string> keys;
     keys.reserve(trail_.size());
     for (const auto* k : trail_) keys.push_back(*k);
-    return Path(std::move(keys)).describe();
-  }
-  Path here_path() const {
-    std::vector<std::string> keys;
-    for (const auto* k : trail_) keys.push_back(*k);
     return Path(std::move(keys));
   }
+  std::string here() const { return here_path().describe(); }
 
   void node(const Cursors& cur, TensorTree* out) {
     std::size_t internal = 0, leaf_args = 0, first = 0;
