@@ -275,14 +275,15 @@ std::string label_of(const TensorTree& t, std::size_t i) {
 }
 
 // Operand tracking (asyncs, DESIGN.md §10): wait for pending work before touching the leaves.
-void await_tracked(const Zip& z, c10::ArrayRef<Operand> args, bool writes_first) {
+// The first `written` arguments are written (in-place calls), the rest read.
+void await_tracked(const Zip& z, c10::ArrayRef<Operand> args, std::size_t written) {
   if (!runtime::tracking_active()) return;
   std::vector<at::Tensor> reads, writes;
   for (std::size_t k = 0; k < args.size(); ++k) {
     if (args[k].kind() == Operand::Kind::tensor) reads.push_back(args[k].tensor());
     if (!args[k].is_tree()) continue;
     auto col = z.column(k);
-    auto& dst = writes_first && k == 0 ? writes : reads;
+    auto& dst = k < written ? writes : reads;
     dst.insert(dst.end(), std::make_move_iterator(col.begin()), std::make_move_iterator(col.end()));
   }
   runtime::await_operands(reads, writes);
@@ -329,7 +330,8 @@ std::size_t find_root(std::vector<std::size_t>& parent, std::size_t i) {
 
 // Groups of leaves that must run in order on one thread; empty when every leaf is independent
 // (the common case: one storage sort and no further work).
-std::vector<std::vector<std::size_t>> conflict_groups(const Zip& z, c10::ArrayRef<Operand> args) {
+std::vector<std::vector<std::size_t>> conflict_groups(const Zip& z, c10::ArrayRef<Operand> args,
+                                                     std::size_t written) {
   const std::size_t leaves = z.leaves();
   std::vector<Touch> touches;
   touches.reserve(leaves * args.size());
@@ -339,7 +341,7 @@ std::vector<std::vector<std::size_t>> conflict_groups(const Zip& z, c10::ArrayRe
       const at::Tensor& t = args[k].is_tree() ? *z.row(i)[k] : args[k].tensor();
       if (!t.defined() || !t.has_storage()) continue;
       touches.push_back({t.storage().unsafeGetStorageImpl(),
-                         args[k].is_tree() ? i : kAllLeaves, k == 0, &t});
+                         args[k].is_tree() ? i : kAllLeaves, k < written, &t});
     }
   }
   std::sort(touches.begin(), touches.end(),
@@ -414,7 +416,7 @@ TreeTensor map_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafFn 
   Zip z(o, args);
   TreeTensor result;
   z.run(&result);
-  await_tracked(z, args, false);
+  await_tracked(z, args, 0);
   const std::size_t n = args.size();
   const auto& slots = z.slots();
   auto run = [&](std::size_t i) { *slots[i] = f(LeafArgs(z.row(i), args.data(), i)); };
@@ -443,7 +445,7 @@ std::vector<TreeTensor> map_leaves_multi(const CallOptions& o, c10::ArrayRef<Ope
   Zip z(o, args);
   TreeTensor skeleton;
   z.run(&skeleton);
-  await_tracked(z, args, false);
+  await_tracked(z, args, 0);
   const std::size_t leaves = z.leaves();
   std::vector<std::vector<at::Tensor>> results(leaves);
   auto run = [&](std::size_t i) { results[i] = f(LeafArgs(z.row(i), args.data(), i)); };
@@ -481,7 +483,7 @@ void update_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate
   strict.missing = nullptr;
   Zip z(strict, args);
   z.run(nullptr);
-  await_tracked(z, args, true);
+  await_tracked(z, args, o.written);
   const std::size_t leaves = z.leaves(), n = args.size();
   std::vector<std::uint8_t> done(leaves, 0);
   bool fused_ran = false;
@@ -502,7 +504,7 @@ void update_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate
     return true;
   };
   // Leaves that share memory run as one job each group, in flatten order, and never fused.
-  const auto groups = may_run_concurrently() ? conflict_groups(z, args)
+  const auto groups = may_run_concurrently() ? conflict_groups(z, args, o.written)
                                              : std::vector<std::vector<std::size_t>>{};
   std::vector<std::size_t> failed(groups.size(), SIZE_MAX);
   auto run_group = [&](std::size_t g) {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "treetensor/tensor/dispatch.hpp"
 #include "treetensor/tensor/ops.hpp"
 
 namespace treetensor {
@@ -44,19 +45,41 @@ void AdamOptions::validate() const {
   check(weight_decay_ >= 0, "weight_decay must be >= 0, got " + std::to_string(weight_decay_));
 }
 
+// One tree call whose leaf job runs every stage on its own tensors while they are in cache
+// (a stage-by-stage tree form streamed the whole model through memory seven times and ran at
+// 0.78x the hand-written loop on ResNet-50). The fused form is PyTorch's foreach Adam.
 void adam_step(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
                TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& o) {
   const Corrections c = corrections(o, step);
   at::NoGradGuard no_grad;
-  const TreeTensor g = o.weight_decay() != 0 ? add(grads, params, o.weight_decay())
-                                             : TreeTensor(grads);
-  mul_(exp_avg, o.beta1());
-  add_(exp_avg, g, 1 - o.beta1());
-  mul_(exp_avg_sq, o.beta2());
-  addcmul_(exp_avg_sq, g, g, 1 - o.beta2());
-  TreeTensor denom = div(sqrt(exp_avg_sq), c.bias2_sqrt);
-  add_(denom, o.eps());
-  addcdiv_(params, exp_avg, denom, -c.step_size);
+  const double b1 = o.beta1(), b2 = o.beta2(), wd = o.weight_decay(), eps = o.eps();
+  auto leaf = [&](const detail::LeafArgs& a) {
+    const at::Tensor &p = a.t(0), &m = a.t(1), &v = a.t(2);
+    const at::Tensor g = wd != 0 ? a.t(3).add(p, wd) : a.t(3);
+    m.mul_(b1).add_(g, 1 - b1);
+    v.mul_(b2).addcmul_(g, g, 1 - b2);
+    const at::Tensor denom = (v.sqrt() / c.bias2_sqrt).add_(eps);
+    p.addcdiv_(m, denom, -c.step_size);
+  };
+  auto fused = [&](const detail::FusedArgs& a) {
+    if (!a.foreach_compatible()) return false;
+    const at::TensorList p = a.column(0), m = a.column(1), v = a.column(2);
+    std::vector<at::Tensor> g = a.column(3).vec();
+    if (wd != 0) g = at::_foreach_add(g, p, wd);
+    at::_foreach_mul_(m, b1);
+    at::_foreach_add_(m, g, 1 - b1);
+    at::_foreach_mul_(v, b2);
+    at::_foreach_addcmul_(v, g, g, 1 - b2);
+    std::vector<at::Tensor> denom = at::_foreach_sqrt(v);
+    at::_foreach_div_(denom, c.bias2_sqrt);
+    at::_foreach_add_(denom, eps);
+    at::_foreach_addcdiv_(p, m, denom, -c.step_size);
+    return true;
+  };
+  detail::CallOptions call{"adam_step"};
+  call.written = 3;  // params, exp_avg, exp_avg_sq
+  const Operand args[] = {params, exp_avg, exp_avg_sq, grads};
+  detail::update_leaves(call, args, leaf, fused);
 }
 
 void adam_step_foreach(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,

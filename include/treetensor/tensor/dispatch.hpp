@@ -85,6 +85,10 @@ struct CallOptions {
   /// Cost of leaf i for the policy; by default the bytes of its tensor operands, read and
   /// written once.
   CostFn cost = nullptr;
+  /// update_leaves(): how many leading tree arguments the update writes (args[0] always; an
+  /// optimizer step writes its parameter and state trees). Operand tracking and the aliasing
+  /// rule treat these as written, the rest as read.
+  std::size_t written = 1;
 };
 
 /// Runs `f` on every leaf of the zipped arguments and returns the tree of its results, with

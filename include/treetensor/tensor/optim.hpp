@@ -2,9 +2,9 @@
 // Optimizer math over trees: one Adam step (PyTorch's torch.optim.Adam without amsgrad,
 // weight decay added to the gradient, bias correction), in two forms with identical values:
 //
-//  - adam_step: written with tree ops (mul_, add_, addcmul_, sqrt, div, addcdiv_), so every
-//    execution strategy applies to each stage; under stream(fused) each stage runs as one
-//    at::_foreach_* call.
+//  - adam_step: one tree call whose leaf job runs every stage on one parameter's tensors
+//    (while they are in cache, as the hand-written loop does), so every execution strategy
+//    applies to the whole step; under stream(fused) it runs as PyTorch's foreach stages.
 //  - adam_step_foreach: PyTorch's multi-tensor Adam (`foreach=True`): the same stages as
 //    at::_foreach_* calls on the flattened leaf lists — the reference for treetensor-bench's
 //    `foreach` row.
