@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's first command: installs what a fresh Debian 12 machine lacks, builds
-# treetensor-bench (Release, in build/), then runs the seed experiment and an Adam step over
+# treetensor-bench (Release, in build-release/), then runs the seed experiment and an Adam step over
 # ResNet-50 on their defaults. Tables go to stdout; JSON and PNG plots to out/.
 #
 #   bash scripts/bench.sh            # the defaults (about 1-2 minutes on 2 cores)
@@ -11,16 +11,16 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 
-echo "bench.sh: building treetensor-bench (Release, build/; log in build/bench-build.log)" >&2
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-if ! cmake --build build -j"$(nproc)" --target treetensor-bench >build/bench-build.log 2>&1; then
-  tail -n 40 build/bench-build.log >&2
-  echo "bench.sh: the build failed; full log in build/bench-build.log" >&2
+echo "bench.sh: building treetensor-bench (Release, build-release/; log in build-release/bench-build.log)" >&2
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+if ! cmake --build build-release -j"$(nproc)" --target treetensor-bench >build-release/bench-build.log 2>&1; then
+  tail -n 40 build-release/bench-build.log >&2
+  echo "bench.sh: the build failed; full log in build-release/bench-build.log" >&2
   exit 1
 fi
 
 mkdir -p out
-bench=build/tools/treetensor-bench
+bench=build-release/tools/treetensor-bench
 "$bench" seed --json out/seed.json --plot out/seed.png "$@"
 echo
 "$bench" optimizer --model resnet50 --json out/optimizer.json --plot out/optimizer.png "$@"
