@@ -104,7 +104,7 @@ TEST(Policy, FusedModeRunsTheFusedFormOrFallsBackToLeavesOnce) {
 }
 
 TEST(Policy, AutomaticKeepsTinyCallsOnTheCaller) {
-  Call c("tiny_add", 50);
+  Call c("tiny_add", 10);  // ~10 dispatches: a few µs, below any parked-worker wake-up
   const auto self = std::this_thread::get_id();
   std::atomic<int> elsewhere{0};
   c.leaf = [&](std::size_t) { elsewhere += std::this_thread::get_id() != self; };
@@ -126,13 +126,13 @@ TEST(Policy, AutomaticLearnsLanesForParallelWorkAndFusedWhenItIsFaster) {
   if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two hardware threads";
   with_watchdog(60s, [&] {
     rt::StreamGuard g(rt::StreamMode{rt::StreamMode::Kind::automatic, 2});
-    // Leaves that wait 3 ms each overlap on two lanes whatever the machine's load (a loaded
-    // scheduler adds about a millisecond, far below the 12 ms gained); the fused form is made
-    // much slower than linear.
+    // Leaves that wait 5 ms each overlap on two lanes whatever the machine's load (a loaded
+    // scheduler adds a millisecond or two, far below the 20 ms gained, and 40 ms a call is
+    // far above any hand-off, so the shape is timed); the fused form is much slower.
     Call waits("learn_sleep", 8);
-    waits.leaf = [](std::size_t) { std::this_thread::sleep_for(3ms); };
+    waits.leaf = [](std::size_t) { std::this_thread::sleep_for(5ms); };
     waits.with_fused([] {
-      std::this_thread::sleep_for(60ms);
+      std::this_thread::sleep_for(100ms);
       return true;
     });
     for (int rep = 0; rep < 10; ++rep) rt::run(waits.call);
@@ -141,7 +141,7 @@ TEST(Policy, AutomaticLearnsLanesForParallelWorkAndFusedWhenItIsFaster) {
     EXPECT_NE(d.reason.find("measured"), std::string::npos) << d.reason;
 
     Call batched("learn_fused", 8);
-    batched.leaf = [](std::size_t) { std::this_thread::sleep_for(3ms); };
+    batched.leaf = [](std::size_t) { std::this_thread::sleep_for(5ms); };
     batched.with_fused([] {
       std::this_thread::sleep_for(1ms);
       return true;
@@ -157,7 +157,7 @@ TEST(Policy, AutomaticRemembersAFusedFormThatDeclines) {
   std::vector<int> runs(16, 0);
   c.leaf = [&](std::size_t i) {
     ++runs[i];
-    std::this_thread::sleep_for(200us);
+    std::this_thread::sleep_for(2ms);  // 32 ms a call: far above any hand-off, so it is timed
   };
   int fused_calls = 0;
   c.with_fused([&] {
