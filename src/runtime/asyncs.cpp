@@ -1,5 +1,6 @@
 // asyncs threads: worker pool, job queue, futures, watchdog, synchronize (asyncs.hpp).
 #include "treetensor/runtime/asyncs.hpp"
+#include "treetensor/runtime/device_streams.hpp"
 
 #include "runtime/asyncs_hook.hpp"
 #include "runtime/asyncs_internal.hpp"
@@ -371,6 +372,7 @@ void synchronize() {
   lock.unlock();
 
   detail::synchronize_streams(streams);
+  synchronize_lane_streams();  // DESIGN.md §10: lanes' device streams too
   if (errors.empty()) return;
   std::sort(errors.begin(), errors.end(), [](const auto& a, const auto& b) {
     return a->seq < b->seq;
