@@ -113,6 +113,29 @@ TEST(TensorConvert, StateDictRoundTripSharesTensors) {
                tt::tree::StructureError);
 }
 
+TEST(TensorConvert, StateDictRejectsKeysDottedFormCannotName) {
+  // A key with '.' or an empty key would come back as another tree: refuse, naming it.
+  const TreeTensor dotted({{"a.b", at::ones({2})}});
+  try {
+    tt::to_state_dict(dotted);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'a.b'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(tt::to_state_dict(TreeTensor({{"", at::ones({2})}})), std::invalid_argument);
+  for (const char* key : {"a..b", ".a", "a."})
+    EXPECT_THROW(tt::from_state_dict(std::map<std::string, at::Tensor>{{key, at::ones(1)}}),
+                 std::invalid_argument)
+        << key;
+  EXPECT_THROW(tt::from_state_dict(std::map<std::string, at::Tensor>{{"", at::ones(1)},
+                                                                      {"b", at::ones(1)}}),
+               std::invalid_argument);
+  // A lone "" is a leaf root and round-trips.
+  const TreeTensor root = tt::from_state_dict(std::map<std::string, at::Tensor>{{"", at::ones(1)}});
+  EXPECT_TRUE(root.is_leaf());
+  EXPECT_EQ(tt::to_state_dict(root).count(""), 1u);
+}
+
 TEST(TensorConvert, IValueNestsBothWays) {
   c10::Dict<std::string, at::Tensor> inner;
   inner.insert("x", at::ones({2}));

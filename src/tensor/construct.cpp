@@ -231,12 +231,24 @@ TreeTensor as_tensor(const TensorTree& t, at::TensorOptions options) {
                       [&](const at::Tensor& x) { return converted(x, options); });
 }
 
+namespace {
+// A dotted key names a path only when no segment is empty ("a..b", ".a" and "a." do not).
+void check_dotted_key(const std::string& key, std::size_t entries) {
+  if (key.empty() ? entries == 1 : key.front() != '.' && key.back() != '.' &&
+                                       key.find("..") == std::string::npos)
+    return;
+  throw std::invalid_argument("from_state_dict: key '" + key + "' has an empty path segment" +
+                              (key.empty() ? " (the key \"\" stands only for a lone leaf root)"
+                                           : ""));
+}
+}  // namespace
+
 TreeTensor from_state_dict(const std::map<std::string, at::Tensor>& dict) {
-  return tree::unflatten<at::Tensor>(
-      std::vector<std::pair<std::string, at::Tensor>>(dict.begin(), dict.end()));
+  return from_state_dict(std::vector<std::pair<std::string, at::Tensor>>(dict.begin(), dict.end()));
 }
 
 TreeTensor from_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& items) {
+  for (const auto& [key, value] : items) check_dotted_key(key, items.size());
   return tree::unflatten<at::Tensor>(items);
 }
 
@@ -244,7 +256,17 @@ std::map<std::string, at::Tensor> to_state_dict(const TensorTree& t) {
   const auto flat = tree::flatten_refs(t);
   const auto paths = flat.spec.paths();
   std::map<std::string, at::Tensor> out;
-  for (std::size_t i = 0; i < paths.size(); ++i) out.emplace(paths[i].str(), *flat.leaves[i]);
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    std::string key;
+    for (const auto& k : paths[i]) {
+      if (k.empty() || k.find('.') != std::string::npos)
+        throw std::invalid_argument("to_state_dict: the key '" + k + "' on the path '" +
+                                    paths[i].describe() +
+                                    "' is empty or contains '.', so no dotted key names it");
+      key += key.empty() ? k : "." + k;
+    }
+    out.emplace(std::move(key), *flat.leaves[i]);
+  }
   return out;
 }
 

@@ -76,11 +76,14 @@ TreeTensor as_tensor(const TensorTree& t, at::TensorOptions options = {});
 /// A tree from a state dict or named_parameters(): the dotted key "layer1.0.conv1.weight"
 /// becomes the path layer1 → 0 → conv1 → weight. The tensors are shared, not copied.
 /// @throws tree::StructureError when a key is both a leaf and the prefix of another key, or
-///         appears twice.
+///         appears twice; std::invalid_argument naming the key when it has an empty segment
+///         ("a..b", ".a", "a."), or is "" beside other keys.
 TreeTensor from_state_dict(const std::map<std::string, at::Tensor>& dict);
 TreeTensor from_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& items);
 /// The dotted-key state dict of `t` (the inverse of from_state_dict; shares the tensors).
 /// A leaf root gives the single key "".
+/// @throws std::invalid_argument naming the path when a key is empty or contains '.': the
+///         dotted form would read back as another tree (keep such trees as trees).
 std::map<std::string, at::Tensor> to_state_dict(const TensorTree& t);
 
 /// A tree from an IValue nest: a tensor is a leaf; a dict with string keys (c10::Dict /
