@@ -107,6 +107,18 @@ TEST(RuntimeErrors, OthersAreCountedAndJoined) {
   }
 }
 
+TEST(RuntimeErrors, OthersKeepTheirFirstLineOnly) {
+  auto out = rethrown(std::make_exception_ptr(std::runtime_error("first\nsecond line")),
+                      {"'c': short\ndispatcher dump\nmore", "'d': one line"});
+  try {
+    std::rethrow_exception(out);
+  } catch (const std::runtime_error& err) {
+    EXPECT_EQ(std::string(err.what()),
+              "matmul at leaf 'a.b': first\nsecond line; 2 other failure(s): 'c': short; "
+              "'d': one line");
+  }
+}
+
 TEST(RuntimeErrors, BadAllocAndUnknownTypesPassUnchanged) {
   auto alloc = std::make_exception_ptr(std::bad_alloc());
   EXPECT_THROW(std::rethrow_exception(rethrown(alloc)), std::bad_alloc);

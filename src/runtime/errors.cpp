@@ -18,7 +18,9 @@ std::string with_context(std::string_view context, std::string_view message,
   text += "; " + std::to_string(others.size()) + " other failure(s): ";
   for (std::size_t i = 0; i < others.size(); ++i) {
     if (i > 0) text += "; ";
-    text += others[i];
+    // First line only: a torch error's later lines (dispatcher dumps, backtraces) would bury
+    // the list; the first failure keeps its whole message above.
+    text += std::string_view(others[i]).substr(0, others[i].find('\n'));
   }
   return text;
 }
