@@ -13,6 +13,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -24,8 +25,9 @@ struct Outcome {
   std::string output;  // stdout and stderr
 };
 
-Outcome run_bench(const std::string& args) {
-  const std::string cmd = std::string(TREETENSOR_BENCH_EXE) + " " + args + " 2>&1";
+// Runs the tool through the shell; `prefix` goes before it (e.g. "PATH=... ").
+Outcome run_bench_with_prefix(const std::string& prefix, const std::string& args) {
+  const std::string cmd = prefix + std::string(TREETENSOR_BENCH_EXE) + " " + args + " 2>&1";
   Outcome out;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return out;
@@ -35,6 +37,8 @@ Outcome run_bench(const std::string& args) {
   out.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
   return out;
 }
+
+Outcome run_bench(const std::string& args) { return run_bench_with_prefix("", args); }
 
 class BenchTool : public ::testing::Test {
  protected:
@@ -202,6 +206,94 @@ TEST_F(BenchTool, BadInputGivesAClearErrorAndNoCrash) {
   out = run_bench("seed --device tpu");
   EXPECT_NE(out.status, 0);
   EXPECT_LT(out.status, 128) << "crashed: " << out.output;
+}
+
+// Out-of-range counts and sizes say what was expected, not CLI11's "not in range 0.000000 to
+// 1797693134862315708145...".
+TEST_F(BenchTool, RangeErrorsAreReadable) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"seed -T 0", "--reps: must be an integer >= 1, got '0'"},
+      {"optimizer -T 0", "--reps: must be an integer >= 1, got '0'"},
+      {"seed -N 0", "--leaves: must be an integer >= 1, got '0'"},
+      {"seed -N -3", "--leaves: must be an integer >= 1, got '-3'"},
+      {"seed --sizes 4,-5", "--sizes: must be an integer >= 1, got '-5'"},
+      {"seed --sizes 4,x", "--sizes: must be an integer >= 1, got 'x'"},
+      {"seed --s1 0", "--s1: must be an integer >= 1, got '0'"},
+      {"seed --s1 4 --s2 0", "--s2: must be an integer >= 1, got '0'"},
+      {"seed --s1 4 --s3 2.5", "--s3: must be an integer >= 1, got '2.5'"}};
+  for (const auto& [args, message] : cases) {
+    const auto out = run_bench(args);
+    EXPECT_NE(out.status, 0) << args;
+    EXPECT_LT(out.status, 128) << args << " crashed: " << out.output;
+    EXPECT_NE(out.output.find(message), std::string::npos) << args << "\n" << out.output;
+    EXPECT_EQ(out.output.find("not in range"), std::string::npos) << args << "\n" << out.output;
+    EXPECT_EQ(out.output.find("machine:"), std::string::npos) << args << " ran:\n" << out.output;
+  }
+}
+
+// The plot is PNG, so --plot takes only a .png name (any case).
+TEST_F(BenchTool, PlotNeedsAPngName) {
+  for (const char* name : {"x.txt", "x", "x.png.txt"}) {
+    const auto out = run_bench(std::string("seed --no-progress --plot ") + path(name));
+    EXPECT_NE(out.status, 0) << name;
+    EXPECT_LT(out.status, 128) << name << " crashed: " << out.output;
+    EXPECT_NE(out.output.find("--plot: the plot is a PNG image: give a file name ending in .png, "
+                              "got '" + path(name) + "'"),
+              std::string::npos)
+        << out.output;
+    EXPECT_EQ(out.output.find("machine:"), std::string::npos) << name << " ran:\n" << out.output;
+  }
+  const auto out = run_bench("seed -N 2 -M 1 -T 1 --warmup 0 --sizes 4 --no-progress --plot " +
+                             path("UPPER.PNG"));
+  EXPECT_EQ(out.status, 0) << out.output;
+}
+
+// A --json or --plot path that cannot be written fails at once (exit 1, naming flag and path),
+// before the headline and any measuring; gnuplot never gets to fall back to stdout.
+TEST_F(BenchTool, OutputPathsAreCheckedBeforeMeasuring) {
+  const std::string missing = path("no_such_dir") + "/x";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--plot " + missing + ".png",
+       "--plot " + missing + ".png: directory '" + path("no_such_dir") + "' does not exist"},
+      {"--json " + missing + ".json",
+       "--json " + missing + ".json: directory '" + path("no_such_dir") + "' does not exist"},
+      {"--json " + dir_.string(), "--json " + dir_.string() + ": is a directory; give a file name"},
+      {"--json " + path("ok.json") + " --plot " + path("dir.png"),
+       "--plot " + path("dir.png") + ": is a directory; give a file name"}};
+  fs::create_directories(path("dir.png"));
+  for (const auto& [args, message] : cases) {
+    const auto out = run_bench("seed -N 2 -M 1 -T 1 --warmup 0 --sizes 4 --no-progress " + args);
+    EXPECT_EQ(out.status, 1) << args << "\n" << out.output;
+    EXPECT_NE(out.output.find(message), std::string::npos) << args << "\n" << out.output;
+    EXPECT_EQ(out.output.find("machine:"), std::string::npos) << args << " ran:\n" << out.output;
+    EXPECT_EQ(out.output.find("PNG"), std::string::npos) << args;
+    EXPECT_LT(out.output.size(), 1000u) << args << "\n" << out.output;
+  }
+  EXPECT_FALSE(fs::exists(path("ok.json"))) << "wrote --json although --plot was bad";
+}
+
+// Whatever gnuplot prints on stdout (it falls back there when it cannot open the output) never
+// reaches the tool's stdout, and a plot gnuplot did not write is an error, even when a file of
+// that name is left from an earlier run. A stand-in gnuplot on PATH prints and writes nothing.
+TEST_F(BenchTool, GnuplotOutputNeverReachesStdout) {
+  fs::create_directories(path("bin"));
+  const std::string fake = path("bin") + "/gnuplot";
+  std::ofstream(fake) << "#!/bin/sh\n"
+                         "[ \"$1\" = -e ] && exit 0\n"  // "set terminal pngcairo" works
+                         "cat >/dev/null\n"
+                         "echo FAKE-GNUPLOT-STDOUT\n"
+                         "exit 0\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  std::ofstream(path("old.png")) << "an earlier run's plot";
+  const auto faked = run_bench_with_prefix(
+      "PATH=" + path("bin") + ":\"$PATH\" ",
+      "seed -N 2 -M 1 -T 1 --warmup 0 --sizes 4 --no-progress --plot " + path("old.png"));
+  EXPECT_EQ(faked.status, 1) << faked.output;
+  EXPECT_NE(faked.output.find("gnuplot did not write '" + path("old.png") + "'"), std::string::npos)
+      << faked.output;
+  EXPECT_EQ(faked.output.find("FAKE-GNUPLOT-STDOUT"), std::string::npos) << faked.output;
+  EXPECT_NE(faked.output.find("native"), std::string::npos) << "the table comes first:\n"
+                                                            << faked.output;
 }
 
 }  // namespace

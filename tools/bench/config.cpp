@@ -2,6 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -59,6 +62,31 @@ Columns: mean and standard deviation of T timed steps (ms), GFLOP/s (null: not m
 a memory-bound update), speed-up = native mean / row mean, T = steps timed, verified. Strategies take turns
 within each repetition on one shared state, so the step count keeps advancing.)";
 
+// An integer >= 1. CLI::PositiveNumber would print "Value 0 not in range 0.000000 to
+// 179769313486231570814527...", unreadable; CLI11 prefixes this message with the flag's name.
+const CLI::Validator kAtLeastOne(
+    [](std::string& text) -> std::string {
+      std::int64_t v = 0;
+      const char* end = text.data() + text.size();
+      const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+      if (ec != std::errc() || ptr != end || v < 1)
+        return "must be an integer >= 1, got '" + text + "'";
+      return "";
+    },
+    ">=1");
+
+// The plot is always PNG (gnuplot's png/pngcairo terminal), so the name must say so.
+const CLI::Validator kPngFile(
+    [](std::string& text) -> std::string {
+      std::string ext = std::filesystem::path(text).extension().string();
+      std::transform(ext.begin(), ext.end(), ext.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      if (ext != ".png")
+        return "the plot is a PNG image: give a file name ending in .png, got '" + text + "'";
+      return "";
+    },
+    "");
+
 void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& device) {
   sub.add_option("-M,--lanes", cfg.lanes, "M: lanes of the `stream` row; `min` uses N/M leaves")
       ->check(CLI::Range(1, 64))
@@ -66,7 +94,7 @@ void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& dev
   sub.add_option("-T,--reps", cfg.reps,
                  "T: timed repetitions per strategy (default on CPU: per size, as many as fit "
                  "in about 6 s, 10 to 100; 50 with --device cuda)")
-      ->check(CLI::PositiveNumber);
+      ->check(kAtLeastOne);
   sub.add_option("--warmup", cfg.warmup, "untimed repetitions per strategy before timing")
       ->capture_default_str();
   sub.add_option("--dtype", dtype, "element type of every tensor")
@@ -84,7 +112,8 @@ void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& dev
   sub.add_option("--plot", cfg.plot_path,
                  "draw speed-up vs native against leaf size, one line per strategy, into "
                  "FILE.png (needs gnuplot: sudo apt-get install gnuplot-nox)")
-      ->type_name("FILE.png");
+      ->type_name("FILE.png")
+      ->check(kPngFile);
   sub.add_flag("--no-progress", [&cfg](std::int64_t) { cfg.progress = false; },
                "no progress line on stderr");
   sub.add_flag("--caching-allocator", cfg.caching_allocator,
@@ -144,17 +173,17 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
               "experiment), over a size sweep");
   add_common(*seed, cfg, dtype, device);
   seed->add_option("-N,--leaves", cfg.leaves, "N: number of leaves (default 200)")
-      ->check(CLI::PositiveNumber);
+      ->check(kAtLeastOne);
   auto* sizes_opt = seed->add_option(
       "--sizes", sizes,
       "sweep of S, comma-separated: S1=S, S2=2S, S3=4S (default 16,32,64,128 on CPU, 512 with "
-      "--device cuda)")->delimiter(',')->check(CLI::PositiveNumber);
+      "--device cuda)")->delimiter(',')->check(kAtLeastOne);
   seed->add_option("--s1", s1, "one explicit size instead of the sweep: rows of the left factor")
-      ->check(CLI::PositiveNumber)->excludes(sizes_opt);
+      ->check(kAtLeastOne)->excludes(sizes_opt);
   seed->add_option("--s2", s2, "inner dimension (default 2*S1); needs --s1")
-      ->check(CLI::PositiveNumber)->excludes(sizes_opt);
+      ->check(kAtLeastOne)->excludes(sizes_opt);
   seed->add_option("--s3", s3, "columns of the right factor (default 4*S1); needs --s1")
-      ->check(CLI::PositiveNumber)->excludes(sizes_opt);
+      ->check(kAtLeastOne)->excludes(sizes_opt);
   seed->footer(kSeedRows);
 
   CLI::App* opt = app.add_subcommand(

@@ -63,6 +63,9 @@ nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine
 }
 
 int run(const tb::Config& cfg) {
+  // Before any measuring: a bad output path must not cost a whole run.
+  if (cfg.json_path) tb::check_output_path("--json", *cfg.json_path);
+  if (cfg.plot_path) tb::check_output_path("--plot", *cfg.plot_path);
   tb::check_device(cfg);
   if (cfg.caching_allocator) treetensor::runtime::use_caching_cpu_allocator();
   const tb::MachineInfo machine = tb::collect_machine_info();

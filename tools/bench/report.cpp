@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -78,6 +81,20 @@ void print_table(std::ostream& out, const std::vector<Record>& records,
   }
 }
 
+void check_output_path(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  const auto fail = [&](const std::string& why) {
+    throw std::runtime_error(flag + " " + path + ": " + why);
+  };
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) fail("is a directory; give a file name");
+  const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : ".";
+  if (!fs::is_directory(parent, ec)) fail("directory '" + parent.string() + "' does not exist");
+  if (access(parent.c_str(), W_OK | X_OK) != 0)
+    fail("directory '" + parent.string() + "' is not writable");
+  if (fs::exists(path, ec) && access(path.c_str(), W_OK) != 0) fail("file is not writable");
+}
+
 void write_json(const std::string& path, const nlohmann::json& config,
                 const std::vector<Record>& records) {
   nlohmann::json results = nlohmann::json::array();
@@ -145,11 +162,16 @@ std::optional<std::string> write_plot(const std::string& path, const std::vector
   script += "set grid\nset key outside right\nset yrange [0:*]\n";
   script += bars ? bar_plot(records) : line_plot(records, sizes, strategies);
 
-  FILE* gp = popen("gnuplot", "w");
+  // A stale file from an earlier run must not pass for this run's plot.
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  FILE* gp = popen("gnuplot >/dev/null", "w");
   if (!gp) throw std::runtime_error("cannot start gnuplot for --plot " + path);
   std::fwrite(script.data(), 1, script.size(), gp);
   if (pclose(gp) != 0)
     throw std::runtime_error("gnuplot failed to draw '" + path + "' (see its message above)");
+  if (std::filesystem::file_size(path, ec) == 0 || ec)
+    throw std::runtime_error("gnuplot did not write '" + path + "' (see its message above)");
   return std::nullopt;
 }
 

@@ -36,12 +36,21 @@ void print_table(std::ostream& out, const std::vector<Record>& records,
 void write_json(const std::string& path, const nlohmann::json& config,
                 const std::vector<Record>& records);
 
+/// Checks, before any measuring, that `path` can be written as the output of `flag`: its
+/// parent directory (the current one for a bare name) exists and is writable, and `path`
+/// itself is not a directory. Creates nothing.
+/// @param flag  the option the path came from ("--json", "--plot"), named in the error.
+/// @throws std::runtime_error naming the flag and the path when it cannot be written.
+void check_output_path(const std::string& flag, const std::string& path);
+
 /// Draws speed-up against native versus size, one line per strategy, into `path` (PNG) with
 /// gnuplot; with a single size (an optimizer run), one labelled bar per strategy instead.
 /// @param size_name  what a size is ("S", "model"), for the bar chart's axis label.
 /// @param xlabel     the line chart's x-axis label. When gnuplot (or a PNG terminal) is missing, writes nothing and returns a message
 /// saying how to install it; returns std::nullopt on success.
-/// @throws std::runtime_error when gnuplot is present but fails.
+/// gnuplot's stdout is discarded (it falls back to stdout when it cannot open `path`, which
+/// would put PNG bytes into the table); its error messages go to stderr.
+/// @throws std::runtime_error when gnuplot is present but fails or does not write `path`.
 std::optional<std::string> write_plot(const std::string& path, const std::vector<Record>& records,
                                       const std::string& title, const std::string& size_name,
                                       const std::string& xlabel);
