@@ -1,5 +1,6 @@
 // asyncs threads: FIFO, futures, errors, pool, scopes, watchdog, back-pressure, destruction.
 #include "asyncs_test_util.hpp"
+#include "runtime/asyncs_internal.hpp"
 
 #include "treetensor/runtime/stream.hpp"
 
@@ -7,6 +8,8 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -308,6 +311,105 @@ TEST_F(AsyncsThread, DestructorDrainsPendingJobsAndKeepsTheirErrors) {
     EXPECT_EQ(std::string(e.what()),
               "asyncs thread " + std::to_string(id) + ", job 5: job five failed");
   }
+}
+
+TEST_F(AsyncsThread, DestroyedFromItsOwnJobDetachesRunsItsQueueAndFreesItsId) {
+  rt::set_watchdog_timeout(2s);  // a destructor that drains here waits for itself: fail, not hang
+  Gate gate;
+  auto* t = new rt::Thread();
+  const int id = t->id();
+  t->submit(gate.waiter());
+  auto deleting = t->submit([t] { delete t; });
+  auto behind = t->submit([] { return rt::current_thread_id(); });
+  ::testing::internal::CaptureStderr();
+  gate.open();
+  EXPECT_NO_THROW(deleting.get());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(
+      contains(err, "asyncs thread " + std::to_string(id) + " destroyed from its own job 2"));
+  EXPECT_EQ(behind.get(), id) << "a job queued behind the deleting one still runs on its worker";
+  // The worker frees its id once its queue has run: the whole pool becomes constructible.
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  for (;;) {
+    try {
+      std::vector<rt::Thread> all;
+      all.reserve(rt::max_threads());
+      for (std::size_t i = 0; i < rt::max_threads(); ++i) all.emplace_back();
+      break;
+    } catch (const rt::ThreadPoolExhausted&) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "id " << id << " never freed";
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+}
+
+TEST(AsyncsEnv, CountsParseStrictlyWithTheirRangeInTheError) {
+  using rt::detail::parse_env_count;
+  const char* wd = "TREETENSOR_WATCHDOG_MS";
+  EXPECT_EQ(parse_env_count(wd, "0", 0, 0, 86'400'000), 0u) << "0 means off and is valid";
+  EXPECT_EQ(parse_env_count(wd, "250", 0, 0, 86'400'000), 250u);
+  EXPECT_EQ(parse_env_count(wd, nullptr, 7, 0, 86'400'000), 7u);
+  EXPECT_EQ(parse_env_count(wd, "", 7, 0, 86'400'000), 7u);
+  for (const char* bad : {"-5", "abc", " 5", "+5", "5x", "86400001", "99999999999999999999"}) {
+    try {
+      parse_env_count(wd, bad, 0, 0, 86'400'000);
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), std::string("TREETENSOR_WATCHDOG_MS='") + bad +
+                                         "' must be an integer in 0..86400000"));
+    }
+  }
+  EXPECT_THROW(parse_env_count("TREETENSOR_ASYNCS_MAX_IN_FLIGHT", "0", 1024, 1, 1 << 30),
+               std::invalid_argument);
+}
+
+// The environment is read once per process: each case runs in a fresh child (threadsafe death
+// test style re-executes the binary), sets the variable, and exits 0 only on the right outcome.
+[[noreturn]] void expect_thread_rejects(const char* name, const char* value) {
+  setenv(name, value, 1);
+  std::fprintf(stderr, "watchdog %lld ms, max_in_flight %zu\n",
+               static_cast<long long>(rt::watchdog_timeout().count()), rt::max_in_flight());
+  try {
+    rt::Thread t;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(0);
+  }
+  std::exit(1);
+}
+
+TEST(AsyncsEnv, InvalidVariablesMakeThreadThrowInsteadOfTerminating) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(expect_thread_rejects("TREETENSOR_WATCHDOG_MS", "-5"), ::testing::ExitedWithCode(0),
+              "watchdog 0 ms.*TREETENSOR_WATCHDOG_MS='-5' must be an integer in 0..86400000");
+  EXPECT_EXIT(expect_thread_rejects("TREETENSOR_ASYNCS_MAX_IN_FLIGHT", "0"),
+              ::testing::ExitedWithCode(0),
+              "max_in_flight 1024.*TREETENSOR_ASYNCS_MAX_IN_FLIGHT='0' must be an integer in 1..");
+}
+
+[[noreturn]] void run_with_watchdog_env_zero() {
+  setenv("TREETENSOR_WATCHDOG_MS", "0", 1);
+  rt::Thread t;
+  std::exit(t.submit([] { return 42; }).get() == 42 && rt::watchdog_timeout().count() == 0 ? 0 : 1);
+}
+
+TEST(AsyncsEnv, WatchdogZeroMeansOff) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(run_with_watchdog_env_zero(), ::testing::ExitedWithCode(0), "");
+}
+
+[[noreturn]] void exit_with_an_unobserved_error() {
+  {
+    rt::Thread t;
+    t.submit([] { throw std::runtime_error("lost at exit"); });
+  }
+  std::exit(0);
+}
+
+TEST(AsyncsExit, UnobservedErrorsArePrintedAtExit) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit_with_an_unobserved_error(), ::testing::ExitedWithCode(0),
+              "treetensor: asyncs thread [0-9]+, job 1: error never observed: lost at exit");
 }
 
 }  // namespace

@@ -16,29 +16,52 @@ namespace treetensor::runtime {
 namespace detail {
 namespace {
 
-// Reads a positive integer from the environment; `fallback` when unset.
-std::size_t env_count(const char* name, std::size_t fallback, std::size_t max) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text, &end, 10);
-  if (*end != '\0' || v == 0 || v > max)
-    throw std::invalid_argument(std::string("treetensor asyncs: environment variable ") + name +
-                                "='" + text + "' must be an integer in 1.." +
-                                std::to_string(max));
-  return static_cast<std::size_t>(v);
+// An environment count read once without throwing, so that the noexcept getters may read it:
+// an invalid value leaves `fallback` in force and keeps its error for check_env().
+template <class T>
+struct EnvSetting {
+  EnvSetting(const char* name, T fallback, T min, T max) : value(fallback) {
+    try {
+      value = static_cast<T>(parse_env_count(name, std::getenv(name), fallback, min, max));
+    } catch (const std::invalid_argument& e) {
+      error = e.what();
+    }
+  }
+  std::atomic<T> value;
+  std::string error;
+};
+
+EnvSetting<long long>& watchdog_setting() {
+  static EnvSetting<long long> s("TREETENSOR_WATCHDOG_MS", 0, 0, 86'400'000);
+  return s;
 }
 
-std::atomic<long long>& watchdog_ms() {
-  static std::atomic<long long> ms{
-      static_cast<long long>(env_count("TREETENSOR_WATCHDOG_MS", 0, 86'400'000))};
-  return ms;
+EnvSetting<std::size_t>& in_flight_setting() {
+  static EnvSetting<std::size_t> s("TREETENSOR_ASYNCS_MAX_IN_FLIGHT", 1024, 1,
+                                   std::size_t{1} << 30);
+  return s;
 }
 
-std::atomic<std::size_t>& in_flight_limit() {
-  static std::atomic<std::size_t> n{
-      env_count("TREETENSOR_ASYNCS_MAX_IN_FLIGHT", 1024, std::size_t{1} << 30)};
-  return n;
+// Throws the error of an invalid asyncs environment variable (the first Thread construction).
+void check_env() {
+  for (const std::string* error : {&watchdog_setting().error, &in_flight_setting().error})
+    if (!error->empty()) throw std::invalid_argument(*error);
+}
+
+// Registered with atexit on the first unobserved job error: errors no get()/wait()/synchronize()
+// observed before the process exits would otherwise vanish silently.
+void report_unobserved_at_exit() {
+  Runtime& rt = runtime_state();
+  std::lock_guard lock(rt.mu);
+  auto jobs = rt.unobserved;
+  std::sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) { return a->seq < b->seq; });
+  for (const auto& j : jobs) {
+    try {
+      std::fprintf(stderr, "treetensor: %s: error never observed: %s\n", job_context(*j).c_str(),
+                   message_of(j->error).c_str());
+    } catch (...) {  // an exit handler must not throw; the next error still gets its line
+    }
+  }
 }
 
 // The ThreadScope stack of the calling OS thread: its innermost scope's worker.
@@ -80,7 +103,11 @@ void run_job(Worker& w, Job& job) {
 
 void finish_job(Runtime& rt, Worker& w, Job& job) {
   unregister_operands(rt, job);
-  if (job.state->error) rt.unobserved.push_back(job.state);
+  if (job.state->error) {
+    rt.unobserved.push_back(job.state);
+    static std::once_flag at_exit;
+    std::call_once(at_exit, [] { std::atexit(report_unobserved_at_exit); });
+  }
   job.state->done.store(true, std::memory_order_release);
   w.running = nullptr;
   ++w.finished;
@@ -88,10 +115,24 @@ void finish_job(Runtime& rt, Worker& w, Job& job) {
   if (rt.progress_waiters != 0) rt.progress.notify_all();
 }
 
+// The end of a worker whose Thread was destroyed from its own job (detach_from_own_job): it
+// leaves the live list and frees its id itself (caller holds Runtime::mu); returns the owner
+// to drop once the lock is released.
+std::shared_ptr<Worker> release_detached(Runtime& rt, Worker& w) {
+  auto it =
+      std::find_if(rt.live.begin(), rt.live.end(), [&](const auto& p) { return p.get() == &w; });
+  std::shared_ptr<Worker> self = std::move(*it);
+  rt.live.erase(it);
+  rt.id_taken[w.id - 1] = false;
+  w.os.detach();  // nobody joins a detached worker; its std::thread dies with `self`
+  return self;
+}
+
 void worker_main(Worker& w) {
   install_streams(w.streams);
   if (w.kernels == KernelThreads::one) pin_intra_op_to_one_thread();
   Runtime& rt = runtime_state();
+  std::shared_ptr<Worker> self;  // a detached worker's last owner: dropped after the lock
   for (;;) {
     std::unique_ptr<Job> job;
     {
@@ -101,7 +142,10 @@ void worker_main(Worker& w) {
         w.wake.wait(lock);
         w.sleeping = false;
       }
-      if (w.queue.empty()) return;  // stopping, and every job has run
+      if (w.queue.empty()) {  // stopping, and every job has run
+        if (w.detached) self = release_detached(rt, w);
+        return;
+      }
       job = std::move(w.queue.front());
       w.queue.pop_front();
       job->started = Clock::now();
@@ -184,7 +228,38 @@ void run_as(const LeafCall& call, Acting ctx) {
   run(wrapped);
 }
 
+// Destroying a Thread from its own job cannot drain (the job would wait for itself): the worker
+// is detached instead and ends on its own once its queue has run (release_detached).
+void detach_from_own_job(Worker& w) {
+  Runtime& rt = runtime_state();
+  std::lock_guard lock(rt.mu);
+  std::fprintf(stderr,
+               "treetensor asyncs: runtime::Thread of asyncs thread %d destroyed from its own "
+               "job %llu: detached instead of drained; it runs its %zu queued job(s), then frees "
+               "its id\n",
+               w.id, static_cast<unsigned long long>(w.running ? w.running->state->number : 0),
+               w.queue.size());
+  w.stopping = true;
+  w.detached = true;
+}
+
 }  // namespace
+
+std::size_t parse_env_count(const char* name, const char* text, std::size_t fallback,
+                            std::size_t min, std::size_t max) {
+  if (text == nullptr || *text == '\0') return fallback;
+  const std::string_view digits(text);
+  // strtoull alone would accept signs ("-5" wraps around) and leading blanks.
+  const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  const bool decimal =
+      digits.size() <= 19 && std::all_of(digits.begin(), digits.end(), is_digit);
+  const unsigned long long v = decimal ? std::strtoull(text, nullptr, 10) : 0;
+  if (!decimal || v < min || v > max)
+    throw std::invalid_argument(std::string("treetensor asyncs: environment variable ") + name +
+                                "='" + text + "' must be an integer in " + std::to_string(min) +
+                                ".." + std::to_string(max));
+  return static_cast<std::size_t>(v);
+}
 
 Worker::Worker(int id_, std::string name_, KernelThreads kernels_)
     : id(id_), name(std::move(name_)), kernels(kernels_), streams(pool_streams()) {}
@@ -318,7 +393,8 @@ using detail::runtime_state;
 using detail::Worker;
 
 std::size_t max_threads() {
-  static const std::size_t n = detail::env_count("TREETENSOR_ASYNCS_THREADS", 8, 1024);
+  static const std::size_t n = detail::parse_env_count(
+      "TREETENSOR_ASYNCS_THREADS", std::getenv("TREETENSOR_ASYNCS_THREADS"), 8, 1, 1024);
   return n;
 }
 
@@ -326,20 +402,21 @@ void set_watchdog_timeout(std::chrono::milliseconds timeout) {
   if (timeout.count() < 0)
     throw std::invalid_argument("treetensor asyncs: watchdog timeout must be >= 0 ms, got " +
                                 std::to_string(timeout.count()));
-  detail::watchdog_ms().store(timeout.count(), std::memory_order_relaxed);
+  detail::watchdog_setting().value.store(timeout.count(), std::memory_order_relaxed);
 }
 
 std::chrono::milliseconds watchdog_timeout() noexcept {
-  return std::chrono::milliseconds(detail::watchdog_ms().load(std::memory_order_relaxed));
+  return std::chrono::milliseconds(
+      detail::watchdog_setting().value.load(std::memory_order_relaxed));
 }
 
 void set_max_in_flight(std::size_t jobs) {
   if (jobs == 0) throw std::invalid_argument("treetensor asyncs: max_in_flight must be >= 1");
-  detail::in_flight_limit().store(jobs, std::memory_order_relaxed);
+  detail::in_flight_setting().value.store(jobs, std::memory_order_relaxed);
 }
 
 std::size_t max_in_flight() noexcept {
-  return detail::in_flight_limit().load(std::memory_order_relaxed);
+  return detail::in_flight_setting().value.load(std::memory_order_relaxed);
 }
 
 std::optional<int> current_thread_id() noexcept {
@@ -386,6 +463,7 @@ void synchronize() {
 // --- Thread ----------------------------------------------------------------------------------
 
 Thread::Thread(std::string name, KernelThreads kernels) {
+  detail::check_env();
   Runtime& rt = runtime_state();
   int id = 0;
   {
@@ -416,6 +494,10 @@ Thread::Thread(Thread&& other) noexcept : worker_(std::move(other.worker_)) {}
 Thread::~Thread() {
   if (!worker_) return;
   Worker& w = *worker_;
+  if (detail::acting().worker == &w) {
+    detail::detach_from_own_job(w);
+    return;
+  }
   Runtime& rt = runtime_state();
   std::unique_lock lock(rt.mu);
   // Drain: a destructor cannot throw, so the watchdog only reports on stderr here.

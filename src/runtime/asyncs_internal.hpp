@@ -58,10 +58,17 @@ class Worker {
   std::uint64_t finished = 0;
   bool stopping = false;
   bool sleeping = false;  // waiting on `wake`: only then does a submit pay for a notify
+  bool detached = false;  // its Thread was destroyed from its own job: it ends on its own
   std::condition_variable wake;
   // Started by Thread's constructor, joined by its destructor.
   std::thread os;
 };
+
+/// Parses `text`, the value of environment variable `name` (null when unset), as a decimal
+/// count in min..max; `fallback` when unset or empty.
+/// @throws std::invalid_argument naming `name`, its value and the valid range.
+std::size_t parse_env_count(const char* name, const char* text, std::size_t fallback,
+                            std::size_t min, std::size_t max);
 
 /// What the calling OS thread is doing for the asyncs runtime: running job `seq` of `worker`
 /// (on the worker itself, or in a lane running a leaf of a tree call that job made).

@@ -26,6 +26,13 @@
 //    with its original type (see rethrow_with_context) and the context
 //    "asyncs thread <id>, job <n>[ '<label>']" by Future::get()/wait(); a job error that no
 //    get()/wait() has observed is reported by the next synchronize(). The runtime stays usable.
+//    Errors still unobserved when the process exits (std::exit or a return from main) are
+//    printed to stderr, one line each: "treetensor: asyncs thread <id>, job <n>: error never
+//    observed: <message>".
+//  - Environment: TREETENSOR_WATCHDOG_MS and TREETENSOR_ASYNCS_MAX_IN_FLIGHT are read once, by
+//    the first use of the getters below. An invalid value never terminates the process: the
+//    default stays in force and every Thread construction throws std::invalid_argument naming
+//    the variable, its value and the valid range.
 //  - Watchdog: with a timeout set (TREETENSOR_WATCHDOG_MS or set_watchdog_timeout()), every
 //    blocking wait of this API — get, wait, synchronize, await_operands, back-pressure, scoped
 //    tree calls — throws WatchdogTimeout, listing the in-flight jobs, when no asyncs job
@@ -92,15 +99,17 @@ class WatchdogTimeout : public std::runtime_error {
 /// 8. Thread safety: safe from any thread.
 std::size_t max_threads();
 
-/// Watchdog timeout; zero means off. Initial value: TREETENSOR_WATCHDOG_MS (milliseconds) or
-/// off. The setter takes effect for waits that start afterwards.
+/// Watchdog timeout; zero means off. Initial value: TREETENSOR_WATCHDOG_MS (milliseconds,
+/// 0..86400000, 0 = off) or off; an invalid value keeps it off and makes the Thread constructor
+/// throw (see Environment above). The setter takes effect for waits that start afterwards.
 /// @throws std::invalid_argument for a negative timeout.
 /// Thread safety: safe from any thread.
 void set_watchdog_timeout(std::chrono::milliseconds timeout);
 std::chrono::milliseconds watchdog_timeout() noexcept;
 
 /// Back-pressure high-water mark: jobs in flight (queued plus running) per thread past which
-/// submit() blocks. Initial value: TREETENSOR_ASYNCS_MAX_IN_FLIGHT or 1024.
+/// submit() blocks. Initial value: TREETENSOR_ASYNCS_MAX_IN_FLIGHT (1..2^30) or 1024; an invalid
+/// value keeps 1024 and makes the Thread constructor throw (see Environment above).
 /// @throws std::invalid_argument for zero.
 /// Thread safety: safe from any thread; applies to submits that start afterwards.
 void set_max_in_flight(std::size_t jobs);
@@ -251,7 +260,11 @@ class Future {
 /// then returns the id to the pool. It never throws: errors of jobs whose futures were not
 /// observed are kept and reported by the next synchronize(). With the watchdog on, a drain that
 /// makes no progress prints the in-flight jobs to stderr once per timeout and keeps waiting.
-/// A Thread must not be destroyed from one of its own jobs.
+/// Destroyed from one of its own jobs (or a lane running a leaf of such a job), it cannot drain,
+/// as the job would wait for itself: it detaches instead. The destructor prints a line naming
+/// the thread to stderr and returns at once; the worker runs the jobs already queued (further
+/// submits are impossible: the Thread is gone), then ends and frees its id. synchronize()
+/// still waits for those jobs.
 ///
 /// Thread safety: submit(), id(), in_flight() and wait_idle() may be called concurrently from
 /// any threads; construction, move and destruction may not race with other calls.
@@ -260,7 +273,9 @@ class Thread {
   /// Takes the smallest free worker id and starts the worker.
   /// @param name     optional name of the worker (for debugging; watchdog reports give ids).
   /// @param kernels  threads for the jobs' kernels, see KernelThreads.
-  /// @throws ThreadPoolExhausted when all max_threads() ids are taken.
+  /// @throws ThreadPoolExhausted when all max_threads() ids are taken; std::invalid_argument
+  ///         when TREETENSOR_WATCHDOG_MS, TREETENSOR_ASYNCS_MAX_IN_FLIGHT or
+  ///         TREETENSOR_ASYNCS_THREADS is invalid (message: variable, value, valid range).
   explicit Thread(std::string name = {}, KernelThreads kernels = KernelThreads::one);
   ~Thread();
   Thread(Thread&& other) noexcept;
