@@ -95,7 +95,8 @@ void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& dev
                  "T: timed repetitions per strategy (default on CPU: per size, as many as fit "
                  "in about 6 s, 10 to 100; 50 with --device cuda)")
       ->check(kAtLeastOne);
-  sub.add_option("--warmup", cfg.warmup, "untimed repetitions per strategy before timing")
+  sub.add_option("--warmup", cfg.warmup, "untimed repetitions per strategy before timing (enough for automatic to try "
+                 "each strategy once per call shape, so its row is the steady state)")
       ->capture_default_str();
   sub.add_option("--dtype", dtype, "element type of every tensor")
       ->check(CLI::IsMember({"float32", "float64", "float16", "bfloat16"}))
