@@ -17,7 +17,9 @@ namespace rt = treetensor::runtime;
 
 namespace {
 
-std::string label(std::size_t i) { return "leaf" + std::to_string(i); }
+std::string label(std::size_t i) {
+  return "leaf" + std::to_string(i);
+}
 
 rt::StreamMode mode_of(const std::string& name) {
   if (name == "linear") return rt::StreamMode::of(1);
@@ -99,8 +101,8 @@ void matmul(benchmark::State& state, const std::string& strategy) {
   // Page faults taken per call (fresh output pages; issue 4's effect (2)).
   state.counters["faults"] = benchmark::Counter(static_cast<double>(minor_faults() - faults_before),
                                                 benchmark::Counter::kAvgIterations);
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      16.0 * s3 * static_cast<double>(c.a.size()), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(16.0 * s3 * static_cast<double>(c.a.size()),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
 }  // namespace
@@ -110,13 +112,18 @@ int main(int argc, char** argv) {
   for (const char* strategy : {"linear", "stream2", "auto"})
     benchmark::RegisterBenchmark(("fork_join_empty/" + std::string(strategy)).c_str(), fork_join,
                                  std::string(strategy))
-        ->Arg(1)->Arg(10)->Arg(200)->Unit(benchmark::kMicrosecond);
+        ->Arg(1)
+        ->Arg(10)
+        ->Arg(200)
+        ->Unit(benchmark::kMicrosecond);
   // Interleaved by size so the strategies of one S run back to back under the same load.
   for (int64_t s : {16, 32, 64, 128})
     for (const char* strategy : {"native", "linear", "stream2", "auto", "fused"})
       benchmark::RegisterBenchmark(("matmul200/" + std::string(strategy)).c_str(), matmul,
                                    std::string(strategy))
-          ->Arg(s)->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Arg(s)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

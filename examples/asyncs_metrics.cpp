@@ -54,14 +54,20 @@ Options parse(int argc, char** argv) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) throw std::invalid_argument("asyncs_metrics: " + arg + " needs a value");
     const std::string value = argv[++i];
-    if (arg == "--steps") o.steps = std::stoi(value);
-    else if (arg == "--batch") o.batch = std::stoi(value);
-    else if (arg == "--hidden") o.hidden = std::stoi(value);
-    else if (arg == "--val") o.val = std::stoi(value);
-    else if (arg == "--out") o.out = value;
+    if (arg == "--steps")
+      o.steps = std::stoi(value);
+    else if (arg == "--batch")
+      o.batch = std::stoi(value);
+    else if (arg == "--hidden")
+      o.hidden = std::stoi(value);
+    else if (arg == "--val")
+      o.val = std::stoi(value);
+    else if (arg == "--out")
+      o.out = value;
     else if (arg == "--kernels" && (value == "one" || value == "process"))
       o.kernels = value == "one" ? rt::KernelThreads::one : rt::KernelThreads::process;
-    else throw std::invalid_argument("asyncs_metrics: unknown option " + arg);
+    else
+      throw std::invalid_argument("asyncs_metrics: unknown option " + arg);
   }
   if (o.steps < 1 || o.batch < 1 || o.hidden < 1 || o.val < 1)
     throw std::invalid_argument("asyncs_metrics: sizes must be positive");
@@ -130,8 +136,8 @@ RunResult train(const Options& o, const Data& d, const std::string& csv,
     // The previous step's metric job reads the parameters: the in-place update waits for it.
     if (rt::tracking_active()) rt::await_operands({}, params);
     opt.step();
-    auto job = [step, loss = loss.detach(), logits = logits.detach(), y = d.y[step], model,
-                &d, file]() mutable {
+    auto job = [step, loss = loss.detach(), logits = logits.detach(), y = d.y[step], model, &d,
+                file]() mutable {
       *file << metrics_line(step, loss, logits, y, model, d) << std::flush;
     };
     if (metric_thread == nullptr) {
@@ -141,7 +147,8 @@ RunResult train(const Options& o, const Data& d, const std::string& csv,
     }
   }
   rt::synchronize();  // the last metric jobs; rethrows any job error
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return {seconds / o.steps};
 }
 
@@ -172,7 +179,8 @@ int main(int argc, char** argv) {
       async = train(o, d, async_csv, &metrics);
     }
     const bool same = read_file(sync_csv) == read_file(async_csv);
-    std::printf("steps %d, batch %d, hidden %d, validation %d\n", o.steps, o.batch, o.hidden, o.val);
+    std::printf("steps %d, batch %d, hidden %d, validation %d\n", o.steps, o.batch, o.hidden,
+                o.val);
     std::printf("step time, metrics inline:          %8.3f ms\n", sync.seconds_per_step * 1e3);
     std::printf("step time, metrics on asyncs thread: %8.3f ms (%.2fx)\n",
                 async.seconds_per_step * 1e3, sync.seconds_per_step / async.seconds_per_step);

@@ -53,8 +53,8 @@ int main(int argc, char** argv) {
     native.clear();
     for (const auto& [k, x] : ma) native.emplace(k, at::matmul(x, mb.at(k)));
   });
-  std::cout << "seed: " << n << " leaves of " << s << "x" << 2 * s << " @ " << 2 * s << "x"
-            << 4 * s << "\n"
+  std::cout << "seed: " << n << " leaves of " << s << "x" << 2 * s << " @ " << 2 * s << "x" << 4 * s
+            << "\n"
             << std::setw(18) << "native" << std::setw(10) << std::fixed << std::setprecision(3)
             << native_ms << " ms\n";
 

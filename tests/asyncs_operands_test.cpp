@@ -16,17 +16,21 @@ namespace {
 
 using AsyncsOperands = AsyncsTest;
 
-bool all_equal(const at::Tensor& t, double v) { return at::equal(t, at::full_like(t, v)); }
+bool all_equal(const at::Tensor& t, double v) {
+  return at::equal(t, at::full_like(t, v));
+}
 
 // A slow reader on an asyncs thread, an in-place add_ on the main thread: the reader sees the
 // old value, the main thread the new one.
 TEST_F(AsyncsOperands, InPlaceUpdateWaitsForAPendingReader) {
   rt::Thread t;
   at::Tensor x = at::full({64}, 1.0);
-  auto reader = t.submit([x] {
-    std::this_thread::sleep_for(50ms);
-    return x.clone();
-  }, {x}, {});
+  auto reader = t.submit(
+      [x] {
+        std::this_thread::sleep_for(50ms);
+        return x.clone();
+      },
+      {x}, {});
   EXPECT_TRUE(rt::tracking_active());
   rt::await_operands({x}, {x});  // what the tensor layer does before x.add_(1)
   EXPECT_TRUE(reader.ready()) << "write-after-read must wait for the reader";
@@ -39,10 +43,12 @@ TEST_F(AsyncsOperands, InPlaceUpdateWaitsForAPendingReader) {
 TEST_F(AsyncsOperands, ReadWaitsForAPendingWriterThroughAView) {
   rt::Thread t;
   at::Tensor x = at::zeros({4, 4});
-  auto writer = t.submit([x] {
-    std::this_thread::sleep_for(50ms);
-    x.fill_(3.0);
-  }, {}, {x});
+  auto writer = t.submit(
+      [x] {
+        std::this_thread::sleep_for(50ms);
+        x.fill_(3.0);
+      },
+      {}, {x});
   const at::Tensor row = x[2];  // a view: same storage, different TensorImpl and offset
   rt::await_operands({row}, {});
   EXPECT_TRUE(writer.ready()) << "read-after-write must wait for the writer";
@@ -54,10 +60,12 @@ TEST_F(AsyncsOperands, ReadsDoNotWaitForReadersNorUnrelatedTensors) {
   Gate gate;
   const at::Tensor x = at::ones({3});
   const at::Tensor y = at::ones({3});
-  auto reader = t.submit([x, wait = gate.waiter()] {
-    wait();
-    return x.sum().item<double>();
-  }, {x}, {});
+  auto reader = t.submit(
+      [x, wait = gate.waiter()] {
+        wait();
+        return x.sum().item<double>();
+      },
+      {x}, {});
   rt::await_operands({x}, {y});  // read-read and an unrelated write: no wait
   EXPECT_FALSE(reader.ready());
   gate.open();
@@ -68,11 +76,13 @@ TEST_F(AsyncsOperands, JobsStartAfterConflictingJobsSubmittedEarlierElsewhere) {
   rt::Thread a;
   rt::Thread b;
   at::Tensor x = at::zeros({8});
-  a.submit([x] {
-    std::this_thread::sleep_for(50ms);
-    x.fill_(5.0);
-  }, {}, {x});
-  auto reader = b.submit([x] { return x.clone(); }, {x}, {});   // RAW across threads
+  a.submit(
+      [x] {
+        std::this_thread::sleep_for(50ms);
+        x.fill_(5.0);
+      },
+      {}, {x});
+  auto reader = b.submit([x] { return x.clone(); }, {x}, {});  // RAW across threads
   auto writer = b.submit([x] { x.add_(1.0); }, {}, {x});
   EXPECT_TRUE(all_equal(reader.get(), 5.0));
   writer.get();
@@ -86,19 +96,23 @@ TEST_F(AsyncsOperands, AJobNeverWaitsForWorkQueuedBehindItOrSubmittedAfterIt) {
   Gate gate;
   Gate later_gate;
   at::Tensor x = at::zeros({2});
-  auto first = a.submit([x, wait = gate.waiter()] {
-    wait();
-    // Same thread, queued behind: waiting would self-deadlock. Other thread, submitted after
-    // this job: it waits for this job, so waiting for it would deadlock too.
-    rt::await_operands({x}, {x});
-    x.add_(1.0);
-    return x.clone();
-  }, {}, {});
+  auto first = a.submit(
+      [x, wait = gate.waiter()] {
+        wait();
+        // Same thread, queued behind: waiting would self-deadlock. Other thread, submitted after
+        // this job: it waits for this job, so waiting for it would deadlock too.
+        rt::await_operands({x}, {x});
+        x.add_(1.0);
+        return x.clone();
+      },
+      {}, {});
   a.submit([x] { x.mul_(10.0); }, {}, {x});
-  auto other = b.submit([x, wait = later_gate.waiter()] {
-    wait();
-    return x.clone();
-  }, {x}, {});
+  auto other = b.submit(
+      [x, wait = later_gate.waiter()] {
+        wait();
+        return x.clone();
+      },
+      {x}, {});
   gate.open();
   EXPECT_TRUE(all_equal(first.get(), 1.0));
   later_gate.open();
@@ -110,10 +124,12 @@ TEST_F(AsyncsOperands, AJobWaitsForWorkItSubmittedElsewhere) {
   rt::Thread b;
   at::Tensor x = at::zeros({2});
   auto parent = a.submit([&b, x] {
-    b.submit([x] {
-      std::this_thread::sleep_for(30ms);
-      x.fill_(7.0);
-    }, {}, {x});
+    b.submit(
+        [x] {
+          std::this_thread::sleep_for(30ms);
+          x.fill_(7.0);
+        },
+        {}, {x});
     rt::await_operands({x}, {});
     return x.clone();
   });

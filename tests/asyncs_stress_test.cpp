@@ -28,7 +28,7 @@ constexpr int kIterations = 10'000;
 #else
 constexpr int kIterations = 150'000;
 #endif
-constexpr int kWorkers = 3;      // threads that run operand-tracked work
+constexpr int kWorkers = 3;  // threads that run operand-tracked work
 constexpr int kAccumulators = 6;
 
 class AsyncsStress : public AsyncsTest {
@@ -93,29 +93,33 @@ void AsyncsStress::run(int iterations, unsigned seed) {
     if (op < 35) {  // a job adds v in place, in a tree call on 1 or 2 lanes; maybe throws
       const bool inject = pick(20) == 0;
       expect[k] += v;  // every leaf runs even when another throws
-      auto f = worker.submit([this, a = acc[k], v, id, inject, worker_id] {
-        ++executed_[id];
-        rt::StreamGuard lanes(1 + id % 2);
-        tree_call("stress_add", 2, [&](std::size_t leaf) {
-          if (leaf == 0) return void(a.add_(v));
-          if (inject) throw std::runtime_error("injected " + std::to_string(id));
-          tree_call("nested", 2, [&](std::size_t) {
-            if (rt::current_thread_id() != worker_id) throw std::logic_error("wrong thread");
-          });
-        });
-      }, {}, {acc[k]}, "add");
+      auto f = worker.submit(
+          [this, a = acc[k], v, id, inject, worker_id] {
+            ++executed_[id];
+            rt::StreamGuard lanes(1 + id % 2);
+            tree_call("stress_add", 2, [&](std::size_t leaf) {
+              if (leaf == 0) return void(a.add_(v));
+              if (inject) throw std::runtime_error("injected " + std::to_string(id));
+              tree_call("nested", 2, [&](std::size_t) {
+                if (rt::current_thread_id() != worker_id) throw std::logic_error("wrong thread");
+              });
+            });
+          },
+          {}, {acc[k]}, "add");
       if (inject && pick(2) == 0) {
         EXPECT_THROW(f.get(), std::runtime_error);
       } else if (inject) {
         dropped_errors.insert(id);
       }
     } else if (op < 65) {  // a job reads; it must see every write submitted before it
-      auto f = worker.submit([this, a = acc[k], id] {
-        ++executed_[id];
-        std::int64_t value = 0;
-        tree_call("stress_read", 1, [&](std::size_t) { value = a.item<std::int64_t>(); });
-        return value;
-      }, {acc[k]}, {}, "read");
+      auto f = worker.submit(
+          [this, a = acc[k], id] {
+            ++executed_[id];
+            std::int64_t value = 0;
+            tree_call("stress_read", 1, [&](std::size_t) { value = a.item<std::int64_t>(); });
+            return value;
+          },
+          {acc[k]}, {}, "read");
       reads.emplace_back(std::move(f), expect[k]);
     } else if (op < 80) {  // the main thread updates in place, as the tensor layer would
       ++executed_[id];

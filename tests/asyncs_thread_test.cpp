@@ -18,9 +18,9 @@
 
 namespace rt = treetensor::runtime;
 using treetensor::testing::AsyncsTest;
+using treetensor::testing::contains;
 using treetensor::testing::Gate;
 using treetensor::testing::tree_call;
-using treetensor::testing::contains;
 using namespace std::chrono_literals;
 
 namespace {
@@ -228,10 +228,12 @@ TEST_F(AsyncsThread, WatchdogNamesTheBlockedJobWithinASecond) {
   rt::set_watchdog_timeout(50ms);
   rt::Thread t("blocker");
   Gate gate;
-  auto f = t.submit([wait = gate.waiter()] {
-    wait();
-    return 11;
-  }, {}, {}, "blocked on latch");
+  auto f = t.submit(
+      [wait = gate.waiter()] {
+        wait();
+        return 11;
+      },
+      {}, {}, "blocked on latch");
   const auto start = std::chrono::steady_clock::now();
   try {
     f.get();

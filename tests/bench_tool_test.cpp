@@ -32,13 +32,16 @@ Outcome run_bench_with_prefix(const std::string& prefix, const std::string& args
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return out;
   std::array<char, 4096> buf;
-  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) out.output.append(buf.data(), n);
+  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;)
+    out.output.append(buf.data(), n);
   const int raw = pclose(p);
   out.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
   return out;
 }
 
-Outcome run_bench(const std::string& args) { return run_bench_with_prefix("", args); }
+Outcome run_bench(const std::string& args) {
+  return run_bench_with_prefix("", args);
+}
 
 class BenchTool : public ::testing::Test {
  protected:
@@ -57,8 +60,8 @@ class BenchTool : public ::testing::Test {
   fs::path dir_;
 };
 
-const std::set<std::string> kRecordKeys = {"workload", "strategy", "size", "mean_ms", "std_ms",
-                                           "gflops", "speedup_vs_native", "verified"};
+const std::set<std::string> kRecordKeys = {
+    "workload", "strategy", "size", "mean_ms", "std_ms", "gflops", "speedup_vs_native", "verified"};
 
 void expect_record_shape(const json& r) {
   std::set<std::string> keys;
@@ -120,8 +123,10 @@ TEST_F(BenchTool, SeedWritesEveryRowVerifiedWithDocumentedNames) {
 }
 
 TEST_F(BenchTool, SeedExplicitSizeIsLabelledS1xS2xS3) {
-  const auto out = run_bench("seed -N 4 -M 4 -T 1 --warmup 0 --s1 3 --s2 5 --s3 7 --no-progress "
-                             "--json " + path("seed.json"));
+  const auto out = run_bench(
+      "seed -N 4 -M 4 -T 1 --warmup 0 --s1 3 --s2 5 --s3 7 --no-progress "
+      "--json " +
+      path("seed.json"));
   ASSERT_EQ(out.status, 0) << out.output;
   const json j = read_json(path("seed.json"));
   ASSERT_EQ(j.at("results").size(), 7u);
@@ -146,7 +151,8 @@ void check_optimizer(const json& j, const std::string& model, std::size_t tensor
     EXPECT_TRUE(r.at("gflops").is_null());
     seen.insert(r.at("strategy").get<std::string>());
   }
-  EXPECT_EQ(seen, (std::set<std::string>{"native", "foreach", "linear", "stream", "auto", "fused"}));
+  EXPECT_EQ(seen,
+            (std::set<std::string>{"native", "foreach", "linear", "stream", "auto", "fused"}));
 }
 
 TEST_F(BenchTool, OptimizerResNet50TakesOnlyTrainableParameters) {
@@ -160,8 +166,10 @@ TEST_F(BenchTool, OptimizerResNet50TakesOnlyTrainableParameters) {
 }
 
 TEST_F(BenchTool, OptimizerMobileNetV3SmallTakesOnlyTrainableParameters) {
-  const auto out = run_bench("optimizer --model mobilenet_v3_small -T 2 --warmup 1 --no-progress "
-                             "--json " + path("opt.json"));
+  const auto out = run_bench(
+      "optimizer --model mobilenet_v3_small -T 2 --warmup 1 --no-progress "
+      "--json " +
+      path("opt.json"));
   ASSERT_EQ(out.status, 0) << out.output;
   check_optimizer(read_json(path("opt.json")), "mobilenet_v3_small", 142, 2'542'856);
 }
@@ -169,10 +177,14 @@ TEST_F(BenchTool, OptimizerMobileNetV3SmallTakesOnlyTrainableParameters) {
 TEST_F(BenchTool, HelpExplainsEveryRowAndFlag) {
   const auto seed = run_bench("seed --help");
   ASSERT_EQ(seed.status, 0);
-  for (const char* word : {"min ", "native ", "native-discard", "linear ", "stream ", "auto ",
-                           "fused ", "--leaves", "--lanes", "--reps", "--warmup", "--sizes",
-                           "--s1", "--s2", "--s3", "--dtype", "--device", "--seed", "--json",
-                           "--plot", "--caching-allocator", "--no-progress", "GFLOP/s"})
+  for (const char* word : {"min ",          "native ",  "native-discard",
+                           "linear ",       "stream ",  "auto ",
+                           "fused ",        "--leaves", "--lanes",
+                           "--reps",        "--warmup", "--sizes",
+                           "--s1",          "--s2",     "--s3",
+                           "--dtype",       "--device", "--seed",
+                           "--json",        "--plot",   "--caching-allocator",
+                           "--no-progress", "GFLOP/s"})
     EXPECT_NE(seed.output.find(word), std::string::npos) << word;
   const auto opt = run_bench("optimizer --help");
   ASSERT_EQ(opt.status, 0);
@@ -238,7 +250,8 @@ TEST_F(BenchTool, PlotNeedsAPngName) {
     EXPECT_NE(out.status, 0) << name;
     EXPECT_LT(out.status, 128) << name << " crashed: " << out.output;
     EXPECT_NE(out.output.find("--plot: the plot is a PNG image: give a file name ending in .png, "
-                              "got '" + path(name) + "'"),
+                              "got '" +
+                              path(name) + "'"),
               std::string::npos)
         << out.output;
     EXPECT_EQ(out.output.find("machine:"), std::string::npos) << name << " ran:\n" << out.output;

@@ -15,7 +15,8 @@ namespace rt = treetensor::runtime;
 namespace {
 
 // Rethrows `original` with context and returns what was thrown.
-std::exception_ptr rethrown(std::exception_ptr original, const std::vector<std::string>& others = {}) {
+std::exception_ptr rethrown(std::exception_ptr original,
+                            const std::vector<std::string>& others = {}) {
   try {
     rt::rethrow_with_context(original, "matmul at leaf 'a.b'", others);
   } catch (...) {

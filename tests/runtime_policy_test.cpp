@@ -41,7 +41,9 @@ struct Call {
 
  private:
   std::function<void(std::size_t)> run_leaf = [this](std::size_t i) { leaf(i); };
-  std::function<std::string(std::size_t)> label = [](std::size_t i) { return rt_test::leaf_label(i); };
+  std::function<std::string(std::size_t)> label = [](std::size_t i) {
+    return rt_test::leaf_label(i);
+  };
   std::function<bool()> fused_ref = [this] { return fused_fn(); };
   std::function<rt::LeafCost(std::size_t)> cost_ref = [this](std::size_t i) { return cost_fn(i); };
 };
@@ -187,8 +189,10 @@ TEST(Policy, ValuesAreTheSameUnderEveryStrategy) {
     for (std::size_t i = 0; i < n; ++i) got[i] = parts[i];
     return true;
   });
-  const std::vector<rt::StreamMode> modes{rt::StreamMode::of(1), rt::StreamMode::of(2),
-                                          rt::StreamMode::of(4), rt::StreamMode::of(8),
+  const std::vector<rt::StreamMode> modes{rt::StreamMode::of(1),
+                                          rt::StreamMode::of(2),
+                                          rt::StreamMode::of(4),
+                                          rt::StreamMode::of(8),
                                           rt::StreamMode::of(rt::automatic),
                                           rt::StreamMode::of(rt::fused)};
   with_watchdog(30s, [&] {

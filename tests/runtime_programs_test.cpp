@@ -45,10 +45,14 @@ Program random_program(std::mt19937& gen) {
 
 const char* name(Op op) {
   switch (op) {
-    case Op::add: return "add";
-    case Op::scale_: return "mul_";
-    case Op::matmul: return "matmul";
-    case Op::sum: return "sum";
+    case Op::add:
+      return "add";
+    case Op::scale_:
+      return "mul_";
+    case Op::matmul:
+      return "matmul";
+    case Op::sum:
+      return "sum";
   }
   return "?";
 }
@@ -60,16 +64,28 @@ void step(Op op, std::vector<at::Tensor>& x, const Program& p, std::vector<at::T
   auto leaf = [&](std::size_t i) {
     runs[i].fetch_add(1, std::memory_order_relaxed);
     switch (op) {
-      case Op::add: x[i] = x[i] + p.y[i]; break;
-      case Op::scale_: x[i].mul_(0.5); break;
-      case Op::matmul: x[i] = at::matmul(x[i], p.w[i]); break;
-      case Op::sum: sums[i] = x[i].sum(); break;
+      case Op::add:
+        x[i] = x[i] + p.y[i];
+        break;
+      case Op::scale_:
+        x[i].mul_(0.5);
+        break;
+      case Op::matmul:
+        x[i] = at::matmul(x[i], p.w[i]);
+        break;
+      case Op::sum:
+        sums[i] = x[i].sum();
+        break;
     }
   };
   auto fused = [&]() -> bool {
     switch (op) {
-      case Op::add: x = at::_foreach_add(x, p.y); break;
-      case Op::scale_: at::_foreach_mul_(x, 0.5); break;
+      case Op::add:
+        x = at::_foreach_add(x, p.y);
+        break;
+      case Op::scale_:
+        at::_foreach_mul_(x, 0.5);
+        break;
       case Op::matmul: {
         for (std::size_t i = 1; i < n; ++i)
           if (!x[i].sizes().equals(x[0].sizes()) || !p.w[i].sizes().equals(p.w[0].sizes()))
@@ -78,7 +94,8 @@ void step(Op op, std::vector<at::Tensor>& x, const Program& p, std::vector<at::T
         for (std::size_t i = 0; i < n; ++i) x[i] = parts[i];
         break;
       }
-      case Op::sum: return false;
+      case Op::sum:
+        return false;
     }
     ++fused_runs;
     return true;
@@ -106,10 +123,18 @@ std::vector<at::Tensor> native(const Program& p, std::vector<double>& totals) {
     double total = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
       switch (op) {
-        case Op::add: x[i] = x[i] + p.y[i]; break;
-        case Op::scale_: x[i].mul_(0.5); break;
-        case Op::matmul: x[i] = at::matmul(x[i], p.w[i]); break;
-        case Op::sum: total += x[i].sum().item<double>(); break;
+        case Op::add:
+          x[i] = x[i] + p.y[i];
+          break;
+        case Op::scale_:
+          x[i].mul_(0.5);
+          break;
+        case Op::matmul:
+          x[i] = at::matmul(x[i], p.w[i]);
+          break;
+        case Op::sum:
+          total += x[i].sum().item<double>();
+          break;
       }
     }
     if (op == Op::sum) totals.push_back(total);
@@ -159,23 +184,27 @@ TEST_P(Programs, SameValuesAsNativeLoopAndEveryLeafOnce) {
         if (exact)
           ASSERT_TRUE(at::equal(x[i], expected[i])) << "program " << prog << " leaf " << i;
         else
-          ASSERT_TRUE(at::allclose(x[i], expected[i], 1e-4, 1e-5)) << "program " << prog << " leaf " << i;
+          ASSERT_TRUE(at::allclose(x[i], expected[i], 1e-4, 1e-5))
+              << "program " << prog << " leaf " << i;
       }
     }
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Modes, Programs,
-    ::testing::Values(rt::StreamMode::of(1), rt::StreamMode::of(2), rt::StreamMode::of(4),
-                      rt::StreamMode::of(8), rt::StreamMode::of(rt::automatic),
-                      rt::StreamMode::of(rt::fused)),
-    [](const auto& info) {
-      const rt::StreamMode& m = info.param;
-      switch (m.kind) {
-        case rt::StreamMode::Kind::lanes: return "lanes" + std::to_string(m.lanes);
-        case rt::StreamMode::Kind::automatic: return std::string("automatic");
-        case rt::StreamMode::Kind::fused: return std::string("fused");
-      }
-      return std::string("unknown");
-    });
+INSTANTIATE_TEST_SUITE_P(Modes, Programs,
+                         ::testing::Values(rt::StreamMode::of(1), rt::StreamMode::of(2),
+                                           rt::StreamMode::of(4), rt::StreamMode::of(8),
+                                           rt::StreamMode::of(rt::automatic),
+                                           rt::StreamMode::of(rt::fused)),
+                         [](const auto& info) {
+                           const rt::StreamMode& m = info.param;
+                           switch (m.kind) {
+                             case rt::StreamMode::Kind::lanes:
+                               return "lanes" + std::to_string(m.lanes);
+                             case rt::StreamMode::Kind::automatic:
+                               return std::string("automatic");
+                             case rt::StreamMode::Kind::fused:
+                               return std::string("fused");
+                           }
+                           return std::string("unknown");
+                         });

@@ -121,7 +121,9 @@ class SimBackend final : public rt::StreamBackend {
   }
 
   // Test side.
-  void enqueue_current(std::function<void()> work) { stream(current_id()).enqueue(std::move(work)); }
+  void enqueue_current(std::function<void()> work) {
+    stream(current_id()).enqueue(std::move(work));
+  }
   void synchronize(c10::StreamId id) {
     auto marker = record(as_stream(id));
     static_cast<Handle&>(*marker).marker->wait();
@@ -157,14 +159,14 @@ class SimBackend final : public rt::StreamBackend {
 constexpr int kLeaves = 16;
 
 struct Outcome {
-  int wrong = 0;           // leaves whose final value is not 2·(i+1)
+  int wrong = 0;            // leaves whose final value is not 2·(i+1)
   int on_lane_streams = 0;  // leaves whose work was enqueued on a lane stream
 };
 
 // Caller stream: waits for a host gate, then writes x; lanes: y = 2x on the current stream
-// (reading x at once, writing y 20 ms later); caller stream again: z = y. The gate opens only after the host has enqueued
-// everything, so no ordering comes from host timing. The host then waits for the caller stream
-// only.
+// (reading x at once, writing y 20 ms later); caller stream again: z = y. The gate opens only after
+// the host has enqueued everything, so no ordering comes from host timing. The host then waits for
+// the caller stream only.
 Outcome run_protocol(std::size_t lanes, rt::testing::ProtocolWaits waits) {
   auto sim = std::make_shared<SimBackend>();
   rt::testing::install_stream_backend(sim, waits);

@@ -15,7 +15,9 @@
 
 namespace rt_test {
 
-inline std::string leaf_label(std::size_t i) { return "l" + std::to_string(i); }
+inline std::string leaf_label(std::size_t i) {
+  return "l" + std::to_string(i);
+}
 
 /// runtime::run over `leaves` leaves labelled l0, l1, ... with `fn(i)` as the leaf job.
 template <class F>

@@ -109,7 +109,8 @@ TEST(TensorConvert, StateDictRoundTripSharesTensors) {
   auto back = tt::to_state_dict(t);
   ASSERT_EQ(back.size(), sd.size());
   for (const auto& [k, v] : sd) EXPECT_TRUE(back.at(k).is_same(v)) << k;
-  EXPECT_THROW(tt::from_state_dict(std::map<std::string, at::Tensor>{{"a", at::ones(1)}, {"a.b", at::ones(1)}}),
+  EXPECT_THROW(tt::from_state_dict(
+                   std::map<std::string, at::Tensor>{{"a", at::ones(1)}, {"a.b", at::ones(1)}}),
                tt::tree::StructureError);
 }
 
@@ -127,9 +128,9 @@ TEST(TensorConvert, StateDictRejectsKeysDottedFormCannotName) {
     EXPECT_THROW(tt::from_state_dict(std::map<std::string, at::Tensor>{{key, at::ones(1)}}),
                  std::invalid_argument)
         << key;
-  EXPECT_THROW(tt::from_state_dict(std::map<std::string, at::Tensor>{{"", at::ones(1)},
-                                                                      {"b", at::ones(1)}}),
-               std::invalid_argument);
+  EXPECT_THROW(
+      tt::from_state_dict(std::map<std::string, at::Tensor>{{"", at::ones(1)}, {"b", at::ones(1)}}),
+      std::invalid_argument);
   // A lone "" is a leaf root and round-trips.
   const TreeTensor root = tt::from_state_dict(std::map<std::string, at::Tensor>{{"", at::ones(1)}});
   EXPECT_TRUE(root.is_leaf());
@@ -190,11 +191,13 @@ TEST(TensorPrint, TreetensorLayout) {
 }
 
 TEST(TensorPrint, TensorReprMatchesPytorch) {
-  EXPECT_EQ(tt::format_tensor(at::tensor({0.5, -1.25})), "tensor([ 0.5000, -1.2500], dtype=torch.float64)");
+  EXPECT_EQ(tt::format_tensor(at::tensor({0.5, -1.25})),
+            "tensor([ 0.5000, -1.2500], dtype=torch.float64)");
   EXPECT_EQ(tt::format_tensor(at::scalar_tensor(3.5)), "tensor(3.5000)");
   EXPECT_EQ(tt::format_tensor(at::tensor({1, 0}).to(at::kBool)), "tensor([ True, False])");
   EXPECT_EQ(tt::format_tensor(at::zeros({0, 3})), "tensor([], size=(0, 3))");
-  EXPECT_EQ(tt::format_tensor(at::ones({2}).requires_grad_()), "tensor([1., 1.], requires_grad=True)");
+  EXPECT_EQ(tt::format_tensor(at::ones({2}).requires_grad_()),
+            "tensor([1., 1.], requires_grad=True)");
   EXPECT_EQ(tt::format_tensor(at::tensor({1e-5f, 1.0f})), "tensor([1.0000e-05, 1.0000e+00])");
   const std::string big = tt::format_tensor(at::arange(2000));
   EXPECT_TRUE(contains(big, "0,    1,    2,  ..., 1997, 1998, 1999")) << big;
@@ -274,8 +277,9 @@ TEST(TensorErrors, StructureMismatchNamesPathPositionsAndKeys) {
     (void)tt::where(a > 0, 1.0, c);  // position 2 is a leaf where position 0 has a subtree
     FAIL();
   } catch (const tt::tree::StructureError& e) {
-    EXPECT_TRUE(contains(e.what(), "at 'b' argument 2 is a leaf but argument 0 is a subtree with "
-                                   "keys {x, y}"))
+    EXPECT_TRUE(contains(e.what(),
+                         "at 'b' argument 2 is a leaf but argument 0 is a subtree with "
+                         "keys {x, y}"))
         << e.what();
   }
   EXPECT_THROW((void)tt::add(at::ones(1), 2), std::invalid_argument);
@@ -341,7 +345,8 @@ TEST(TensorApply, ZipModesOnRequest) {
                tt::tree::StructureError);
   TreeTensor leafy{{"a", at::ones(2)}, {"b", at::full({2}, 5.0)}};
   TreeTensor deep{{"a", at::ones(2)}, {"b", TensorTree{{"x", at::ones(2)}, {"y", at::ones(2)}}}};
-  TreeTensor inherited = tt::apply(tt::ZipOptions{tt::ZipMode::strict, true}, nullptr, plus, leafy, deep);
+  TreeTensor inherited =
+      tt::apply(tt::ZipOptions{tt::ZipMode::strict, true}, nullptr, plus, leafy, deep);
   EXPECT_TRUE(at::equal(inherited.at("b.y").leaf(), at::full({2}, 6.0)));
 }
 
@@ -364,8 +369,10 @@ TEST(TensorIndexing, SameIndexAndTreeOfIndices) {
   at::manual_seed(3);
   TreeTensor t = randn_tree({{"a", {3, 4}}, {"b", {{"x", {5, 2}}}}});
   expect_same(t.index({Slice(), 0}), native([](auto& x) { return x.index({Slice(), 0}); }, t));
-  expect_same(tt::index(t, {Slice(1, 3)}), native([](auto& x) { return x.index({Slice(1, 3)}); }, t));
-  TreeTensor idx{{"a", at::tensor({2, 0}, at::kLong)}, {"b", TensorTree{{"x", at::tensor({4}, at::kLong)}}}};
+  expect_same(tt::index(t, {Slice(1, 3)}),
+              native([](auto& x) { return x.index({Slice(1, 3)}); }, t));
+  TreeTensor idx{{"a", at::tensor({2, 0}, at::kLong)},
+                 {"b", TensorTree{{"x", at::tensor({4}, at::kLong)}}}};
   expect_same(t.index(idx), native([](auto& x, auto& i) { return x.index({i}); }, t, idx));
   TreeTensor mask = t > 0;
   expect_same(t.index(mask), native([](auto& x, auto& m) { return x.index({m}); }, t, mask));
@@ -399,7 +406,8 @@ TEST(TensorDevices, MixedCpuAndCudaLeaves) {
   TreeTensor t{{"c", at::randn({3, 3})}, {"g", at::randn({3, 3}, at::Device(at::kCUDA))}};
   TreeTensor u = tt::tree::map([](const at::Tensor& x) { return at::randn_like(x); }, t);
   expect_same(t * u + 1, native([](auto& x, auto& y) { return x * y + 1; }, t, u));
-  expect_same(tt::matmul(t, u), native([](auto& x, auto& y) { return at::matmul(x, y); }, t, u), false);
+  expect_same(tt::matmul(t, u), native([](auto& x, auto& y) { return at::matmul(x, y); }, t, u),
+              false);
   EXPECT_THROW(tt::single(t.device()), std::invalid_argument);
   TreeTensor on_gpu = t.to(at::Device(at::kCUDA));
   EXPECT_EQ(tt::single(on_gpu.device()).type(), at::kCUDA);

@@ -28,7 +28,8 @@ class TensorOps : public ::testing::TestWithParam<rt::StreamMode> {
 
 // Float leaves of several shapes (0-d and empty included) plus one float64 leaf.
 TreeTensor mixed_float_tree() {
-  TreeTensor t = randn_tree({{"a", {3, 4}}, {"b", {{"x", {5}}, {"y", tt::Shape{}}}}, {"e", {0, 2}}});
+  TreeTensor t =
+      randn_tree({{"a", {3, 4}}, {"b", {{"x", {5}}, {"y", tt::Shape{}}}}, {"e", {0, 2}}});
   t.insert("d", TensorTree(at::randn({2, 2}, at::kDouble)));
   return t;
 }
@@ -47,9 +48,9 @@ struct UnaryCase {
   at::Tensor (*native)(const at::Tensor&);
   void (*native_)(const at::Tensor&);
 };
-#define TT_UNARY_CASE(n)                                                                   \
-  UnaryCase{#n, [](const tt::TensorTree& t) { return tt::n(t); },                          \
-            [](TreeTensor& t) -> TreeTensor& { return tt::n##_(t); },                      \
+#define TT_UNARY_CASE(n)                                              \
+  UnaryCase{#n, [](const tt::TensorTree& t) { return tt::n(t); },     \
+            [](TreeTensor& t) -> TreeTensor& { return tt::n##_(t); }, \
             [](const at::Tensor& x) { return at::n(x); }, [](const at::Tensor& x) { x.n##_(); }},
 const std::vector<UnaryCase> unary_cases = {TREETENSOR_UNARY_INPLACE_OPS(TT_UNARY_CASE)};
 #undef TT_UNARY_CASE
@@ -59,8 +60,8 @@ struct PlainUnaryCase {
   TreeTensor (*tree)(const tt::TensorTree&);
   at::Tensor (*native)(const at::Tensor&);
 };
-#define TT_PLAIN_UNARY_CASE(n)                                                                 \
-  PlainUnaryCase{#n, [](const tt::TensorTree& t) { return tt::n(t); },                         \
+#define TT_PLAIN_UNARY_CASE(n)                                         \
+  PlainUnaryCase{#n, [](const tt::TensorTree& t) { return tt::n(t); }, \
                  [](const at::Tensor& x) { return at::n(x); }},
 const std::vector<PlainUnaryCase> plain_unary_cases = {TREETENSOR_UNARY_OPS(TT_PLAIN_UNARY_CASE)};
 #undef TT_PLAIN_UNARY_CASE
@@ -74,13 +75,13 @@ struct BinaryCase {
   void (*inplace_tt)(const at::Tensor&, const at::Tensor&);
   void (*inplace_ts)(const at::Tensor&, const at::Scalar&);
 };
-#define TT_BINARY_CASE(n)                                                                     \
-  BinaryCase{#n,                                                                              \
-             [](const tt::Operand& a, const tt::Operand& b) { return tt::n(a, b); },          \
+#define TT_BINARY_CASE(n)                                                                       \
+  BinaryCase{#n,                                                                                \
+             [](const tt::Operand& a, const tt::Operand& b) { return tt::n(a, b); },            \
              [](TreeTensor& a, const tt::Operand& b) -> TreeTensor& { return tt::n##_(a, b); }, \
-             [](const at::Tensor& x, const at::Tensor& y) { return at::n(x, y); },            \
-             [](const at::Tensor& x, const at::Scalar& y) { return at::n(x, y); },            \
-             [](const at::Tensor& x, const at::Tensor& y) { x.n##_(y); },                     \
+             [](const at::Tensor& x, const at::Tensor& y) { return at::n(x, y); },              \
+             [](const at::Tensor& x, const at::Scalar& y) { return at::n(x, y); },              \
+             [](const at::Tensor& x, const at::Tensor& y) { x.n##_(y); },                       \
              [](const at::Tensor& x, const at::Scalar& y) { x.n##_(y); }},
 const std::vector<BinaryCase> binary_cases = {TREETENSOR_BINARY_SCALAR_OPS(TT_BINARY_CASE)};
 #undef TT_BINARY_CASE
@@ -90,7 +91,7 @@ struct TensorBinaryCase {
   TreeTensor (*tree)(const tt::Operand&, const tt::Operand&);
   at::Tensor (*native)(const at::Tensor&, const at::Tensor&);
 };
-#define TT_TBINARY_CASE(n)                                                                \
+#define TT_TBINARY_CASE(n)                                                                     \
   TensorBinaryCase{#n, [](const tt::Operand& a, const tt::Operand& b) { return tt::n(a, b); }, \
                    [](const at::Tensor& x, const at::Tensor& y) { return at::n(x, y); }},
 const std::vector<TensorBinaryCase> tensor_binary_cases = {
@@ -157,13 +158,15 @@ TEST_P(TensorOps, BinaryTableMatchesNativeLoop) {
     SCOPED_TRACE(c.name);
     expect_same(c.tree(fa, fb), native(c.native, fa, fb));
     const at::Tensor half = at::native::wrapped_scalar_tensor(0.5);
-    expect_same(c.tree(fa, 0.5), native([&](const at::Tensor& x) { return c.native(x, half); }, fa));
+    expect_same(c.tree(fa, 0.5),
+                native([&](const at::Tensor& x) { return c.native(x, half); }, fa));
   }
 }
 
 TEST_P(TensorOps, ArithmeticWithAlphaAndOptimizerMath) {
   const TreeTensor a = mixed_float_tree(), b = same_structure_float(a), c = same_structure_float(a);
-  expect_same(tt::add(a, b, 0.5), native([](auto& x, auto& y) { return at::add(x, y, 0.5); }, a, b));
+  expect_same(tt::add(a, b, 0.5),
+              native([](auto& x, auto& y) { return at::add(x, y, 0.5); }, a, b));
   expect_same(tt::sub(a, b, 2), native([](auto& x, auto& y) { return at::sub(x, y, 2); }, a, b));
   expect_same(tt::add(a, 3, 2), native([](auto& x) { return at::add(x, 3, 2); }, a));
   expect_same(a.add(b), native([](auto& x, auto& y) { return x.add(y); }, a, b));
@@ -188,7 +191,8 @@ TEST_P(TensorOps, ArithmeticWithAlphaAndOptimizerMath) {
               [](auto& x, auto& y, auto&) { x.lerp_(y, 0.25); });
   run_inplace([&](TreeTensor& t) { tt::copy_(t, c); }, [](auto& x, auto&, auto& z) { x.copy_(z); });
   run_inplace([&](TreeTensor& t) { tt::zero_(t); }, [](auto& x, auto&, auto&) { x.zero_(); });
-  run_inplace([&](TreeTensor& t) { tt::fill_(t, 2.5); }, [](auto& x, auto&, auto&) { x.fill_(2.5); });
+  run_inplace([&](TreeTensor& t) { tt::fill_(t, 2.5); },
+              [](auto& x, auto&, auto&) { x.fill_(2.5); });
   run_inplace([&](TreeTensor& t) { tt::clamp_(t, -0.5, 0.5); },
               [](auto& x, auto&, auto&) { x.clamp_(-0.5, 0.5); });
   run_inplace([&](TreeTensor& t) { t.sqrt_(); }, [](auto& x, auto&, auto&) { x.sqrt_(); });
@@ -202,7 +206,8 @@ TEST_P(TensorOps, ArithmeticWithAlphaAndOptimizerMath) {
               native3([](auto& x, auto& y, auto& z) { return at::addcmul(x, y, z, 0.1); }));
   expect_same(tt::addcdiv(a, b, c),
               native3([](auto& x, auto& y, auto& z) { return at::addcdiv(x, y, z); }));
-  expect_same(tt::lerp(a, b, 0.75), native([](auto& x, auto& y) { return at::lerp(x, y, 0.75); }, a, b));
+  expect_same(tt::lerp(a, b, 0.75),
+              native([](auto& x, auto& y) { return at::lerp(x, y, 0.75); }, a, b));
   expect_same(tt::clamp(a, c10::nullopt, 0.1),
               native([](auto& x) { return at::clamp(x, c10::nullopt, 0.1); }, a));
 }
@@ -210,7 +215,8 @@ TEST_P(TensorOps, ArithmeticWithAlphaAndOptimizerMath) {
 TEST_P(TensorOps, ComparisonFunctions) {
   const TreeTensor a = mixed_float_tree(), b = same_structure_float(a);
   const TreeTensor near = a + 1e-7;
-  expect_same(tt::isclose(a, near), native([](auto& x, auto& y) { return at::isclose(x, y); }, a, near));
+  expect_same(tt::isclose(a, near),
+              native([](auto& x, auto& y) { return at::isclose(x, y); }, a, near));
   EXPECT_TRUE(tt::allclose(a, near));
   EXPECT_FALSE(tt::allclose(a, b));
   EXPECT_TRUE(tt::equal(a, a.clone()));
@@ -257,11 +263,22 @@ TEST_P(TensorOps, ShapeOps) {
   expect_same(a.transpose(0, 1), native([](auto& x) { return x.transpose(0, 1); }, a));
   expect_same(a.permute({1, 0}), native([](auto& x) { return x.permute({1, 0}); }, a));
   expect_same(tt::flatten(a), native([](auto& x) { return x.flatten(); }, a));
-  expect_same(tt::cat({a, b}, 1), native([](auto& x, auto& y) { return at::cat({x, y}, 1); }, a, b));
-  expect_same(tt::stack({a, b, a}), native([](auto& x, auto& y) { return at::stack({x, y, x}); }, a, b));
-  expect_same(tt::where(a > 0, a, b), native([](auto& x, auto& y) { return at::where(x > 0, x, y); }, a, b));
-  expect_same(tt::where(a > 0, a, 0.0),
-              native([](auto& x) { return at::where(x > 0, x, at::native::wrapped_scalar_tensor(0.0)); }, a));
+  expect_same(tt::cat({a, b}, 1), native(
+                                      [](auto& x, auto& y) {
+                                        return at::cat({x, y}, 1);
+                                      },
+                                      a, b));
+  expect_same(tt::stack({a, b, a}), native(
+                                        [](auto& x, auto& y) {
+                                          return at::stack({x, y, x});
+                                        },
+                                        a, b));
+  expect_same(tt::where(a > 0, a, b),
+              native([](auto& x, auto& y) { return at::where(x > 0, x, y); }, a, b));
+  expect_same(
+      tt::where(a > 0, a, 0.0),
+      native([](auto& x) { return at::where(x > 0, x, at::native::wrapped_scalar_tensor(0.0)); },
+             a));
   const auto parts = tt::split(a, 2, 1);
   ASSERT_EQ(parts.size(), 3u);
   for (int k = 0; k < 3; ++k)
@@ -296,7 +313,8 @@ TEST_P(TensorOps, ResNet50StateDictTree) {
   }
   const TreeTensor params = tt::from_state_dict(items);
   ASSERT_EQ(params.leaf_count(), 320u);
-  const TreeTensor other = tt::tree::map([](const at::Tensor& x) { return at::ones_like(x); }, params);
+  const TreeTensor other =
+      tt::tree::map([](const at::Tensor& x) { return at::ones_like(x); }, params);
   expect_same(params + other, native([](auto& x, auto& y) { return x + y; }, params, other));
   expect_same(params * 0.5, native([](auto& x) { return x * 0.5; }, params));
   double want = 0;
@@ -328,7 +346,8 @@ TEST_P(TensorFused, BatchedFormsGiveNativeValues) {
   expect_same(a * b, native([](auto& x, auto& y) { return x * y; }, a, b));
   expect_same(a / c, native([](auto& x, auto& y) { return x / y; }, a, c));
   expect_same(a * 3.5, native([](auto& x) { return x * 3.5; }, a));
-  expect_same(tt::add(a, b, 0.5), native([](auto& x, auto& y) { return at::add(x, y, 0.5); }, a, b));
+  expect_same(tt::add(a, b, 0.5),
+              native([](auto& x, auto& y) { return at::add(x, y, 0.5); }, a, b));
   TreeTensor got = a.clone(), want = a.clone();
   tt::mul_(got, 0.9);
   tt::add_(got, b, 0.1);

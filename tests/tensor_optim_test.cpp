@@ -47,7 +47,9 @@ State make_state(const tt::ShapeTree& shapes) {
   return s;
 }
 
-State copy(const State& s) { return {s.p.clone(), s.g.clone(), s.m.clone(), s.v.clone()}; }
+State copy(const State& s) {
+  return {s.p.clone(), s.g.clone(), s.m.clone(), s.v.clone()};
+}
 
 }  // namespace
 

@@ -41,18 +41,41 @@ struct Native {
     for (std::size_t k = 0; k < n; ++k) {
       at::Tensor &a = x[k], &b = y[k];
       switch (op) {
-        case 0: a = a + b; break;
-        case 1: a = a * 0.5; break;
-        case 2: a.mul_(at::tanh(b)); break;
-        case 3: a = at::sigmoid(a); break;
-        case 4: a.add_(b, 0.1); break;
-        case 5: b = b - a; break;
-        case 6: a.addcmul_(b, b, 0.01); break;
-        case 9: a = at::where(a > 0, a, b); break;
-        case 10: a = at::tanh(a); break;
-        case 11: a.clamp_(-1, 1); break;
-        case 12: a = a / (at::abs(b) + 1); break;
-        default: break;
+        case 0:
+          a = a + b;
+          break;
+        case 1:
+          a = a * 0.5;
+          break;
+        case 2:
+          a.mul_(at::tanh(b));
+          break;
+        case 3:
+          a = at::sigmoid(a);
+          break;
+        case 4:
+          a.add_(b, 0.1);
+          break;
+        case 5:
+          b = b - a;
+          break;
+        case 6:
+          a.addcmul_(b, b, 0.01);
+          break;
+        case 9:
+          a = at::where(a > 0, a, b);
+          break;
+        case 10:
+          a = at::tanh(a);
+          break;
+        case 11:
+          a.clamp_(-1, 1);
+          break;
+        case 12:
+          a = a / (at::abs(b) + 1);
+          break;
+        default:
+          break;
       }
     }
     if (op == 7) scalars.push_back(stacked_sum(x));
@@ -71,20 +94,47 @@ struct Tree {
 
   void step(int op) {
     switch (op) {
-      case 0: x = x + y; break;
-      case 1: x = x * 0.5; break;
-      case 2: x *= tt::tanh(y); break;
-      case 3: x = tt::sigmoid(x); break;
-      case 4: tt::add_(x, y, 0.1); break;
-      case 5: y = y - x; break;
-      case 6: tt::addcmul_(x, y, y, 0.01); break;
-      case 7: scalars.push_back(tt::sum(x)); break;
-      case 8: scalars.push_back(tt::mean(y)); break;
-      case 9: x = tt::where(x > 0, x, y); break;
-      case 10: x = x.tanh(); break;
-      case 11: x.clamp_(-1, 1); break;
-      case 12: x = x / (tt::abs(y) + 1); break;
-      default: break;
+      case 0:
+        x = x + y;
+        break;
+      case 1:
+        x = x * 0.5;
+        break;
+      case 2:
+        x *= tt::tanh(y);
+        break;
+      case 3:
+        x = tt::sigmoid(x);
+        break;
+      case 4:
+        tt::add_(x, y, 0.1);
+        break;
+      case 5:
+        y = y - x;
+        break;
+      case 6:
+        tt::addcmul_(x, y, y, 0.01);
+        break;
+      case 7:
+        scalars.push_back(tt::sum(x));
+        break;
+      case 8:
+        scalars.push_back(tt::mean(y));
+        break;
+      case 9:
+        x = tt::where(x > 0, x, y);
+        break;
+      case 10:
+        x = x.tanh();
+        break;
+      case 11:
+        x.clamp_(-1, 1);
+        break;
+      case 12:
+        x = x / (tt::abs(y) + 1);
+        break;
+      default:
+        break;
     }
   }
 };

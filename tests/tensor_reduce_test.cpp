@@ -22,7 +22,9 @@ class TensorReduce : public ::testing::TestWithParam<rt::StreamMode> {
   rt::StreamGuard guard_{GetParam()};
 };
 
-at::Tensor bools(std::vector<int> v) { return at::tensor(v).to(at::kBool); }
+at::Tensor bools(std::vector<int> v) {
+  return at::tensor(v).to(at::kBool);
+}
 
 TreeTensor issue_sum_tree() {
   return TreeTensor{{"a", at::tensor({1.0f, 2.0f, 1.5f})},
@@ -30,9 +32,11 @@ TreeTensor issue_sum_tree() {
 }
 
 TreeTensor issue_mean_tree(bool requires_grad) {
-  return TreeTensor{
-      {"a", at::tensor({2.0f, 3.0f, 4.0f}).requires_grad_(requires_grad)},
-      {"b", TensorTree{{"x", at::tensor({5.0f, 6.0f, 7.0f, 8.0f}).view({2, 2}).detach().requires_grad_(requires_grad)}}}};
+  return TreeTensor{{"a", at::tensor({2.0f, 3.0f, 4.0f}).requires_grad_(requires_grad)},
+                    {"b", TensorTree{{"x", at::tensor({5.0f, 6.0f, 7.0f, 8.0f})
+                                               .view({2, 2})
+                                               .detach()
+                                               .requires_grad_(requires_grad)}}}};
 }
 
 // All elements of all leaves as one flat tensor: the reference for tree-level reductions.
@@ -60,7 +64,8 @@ TEST_P(TensorReduce, IssueValues) {
 }
 
 TEST_P(TensorReduce, TreeLevelEqualsReductionOfAllElements) {
-  TreeTensor t = randn_tree({{"a", {4, 5}}, {"b", {{"x", {7}}, {"y", tt::Shape{}}}}, {"e", {0, 3}}});
+  TreeTensor t =
+      randn_tree({{"a", {4, 5}}, {"b", {{"x", {7}}, {"y", tt::Shape{}}}}, {"e", {0, 3}}});
   t.insert("d", TensorTree(at::randn({3, 3}, at::kDouble)));
   const at::Tensor all = all_elements(t);
   EXPECT_NEAR(tt::sum(t).item<double>(), all.sum().item<double>(), 1e-4);
@@ -121,10 +126,15 @@ TEST_P(TensorReduce, EmptyTreesAndTreesWithoutElements) {
 TEST_P(TensorReduce, PerLeafFormsMatchNativeLoop) {
   TreeTensor t = randn_tree({{"a", {4, 5}}, {"b", {{"x", {3, 6}}}}});
   expect_same(tt::leaf_sum(t), native([](auto& x) { return x.sum(); }, t));
-  expect_same(tt::leaf_sum(t, {0, 1}, true), native([](auto& x) { return x.sum(at::IntArrayRef{0, 1}, true); }, t));
+  expect_same(tt::leaf_sum(t, {0, 1}, true), native(
+                                                 [](auto& x) {
+                                                   return x.sum(at::IntArrayRef{0, 1}, true);
+                                                 },
+                                                 t));
   expect_same(tt::leaf_mean(t), native([](auto& x) { return x.mean(); }, t));
   expect_same(tt::leaf_std(t), native([](auto& x) { return x.std(); }, t));
-  expect_same(tt::leaf_std(t, {1}, false, true), native([](auto& x) { return x.std({1}, false, true); }, t));
+  expect_same(tt::leaf_std(t, {1}, false, true),
+              native([](auto& x) { return x.std({1}, false, true); }, t));
   expect_same(tt::leaf_norm(t, 3), native([](auto& x) { return x.norm(3); }, t));
   expect_same(tt::leaf_min(t), native([](auto& x) { return x.min(); }, t));
   expect_same(tt::leaf_max(t), native([](auto& x) { return x.max(); }, t));
@@ -157,7 +167,8 @@ TEST_P(TensorReduce, GradientOfSquaredTreeMeanIsTenSevenths) {
 }
 
 TEST_P(TensorReduce, GradientsFlowThroughTreeOps) {
-  TreeTensor w = tt::randn({{"a", {3, 4}}, {"b", {{"x", {4, 2}}}}}, at::TensorOptions().requires_grad(true));
+  TreeTensor w =
+      tt::randn({{"a", {3, 4}}, {"b", {{"x", {4, 2}}}}}, at::TensorOptions().requires_grad(true));
   TreeTensor x = randn_tree({{"a", {2, 3}}, {"b", {{"x", {5, 4}}}}});
   at::Tensor loss = tt::sum(tt::sigmoid(tt::matmul(x, w)) * 2 + 1);
   loss.backward();
@@ -171,4 +182,5 @@ TEST_P(TensorReduce, GradientsFlowThroughTreeOps) {
   EXPECT_FALSE(tt::single((w * 2).requires_grad()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, TensorReduce, ::testing::ValuesIn(strategies()), strategy_name);
+INSTANTIATE_TEST_SUITE_P(Strategies, TensorReduce, ::testing::ValuesIn(strategies()),
+                         strategy_name);

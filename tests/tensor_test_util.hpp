@@ -34,7 +34,9 @@ inline std::string strategy_name(const ::testing::TestParamInfo<rt::StreamMode>&
 }
 
 /// The leaves of a tree in flatten order, and their paths.
-inline std::vector<at::Tensor> leaves(const TensorTree& t) { return treetensor::tree::flatten(t).leaves; }
+inline std::vector<at::Tensor> leaves(const TensorTree& t) {
+  return treetensor::tree::flatten(t).leaves;
+}
 inline std::vector<std::string> paths(const TensorTree& t) {
   std::vector<std::string> out;
   for (const auto& p : t.paths()) out.push_back(p.str());
@@ -56,7 +58,8 @@ inline void expect_same(const TensorTree& got, const TensorTree& want, bool exac
     if (exact) {
       const bool nan_ok = at::isFloatingType(w[i].scalar_type());
       EXPECT_TRUE(nan_ok ? at::allclose(g[i], w[i], 0, 0, true) : at::equal(g[i], w[i]))
-          << g[i] << "\nvs\n" << w[i];
+          << g[i] << "\nvs\n"
+          << w[i];
     } else {
       EXPECT_TRUE(at::allclose(g[i], w[i], rtol, atol, true)) << g[i] << "\nvs\n" << w[i];
     }

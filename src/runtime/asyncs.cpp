@@ -194,8 +194,10 @@ void wait_borrowing(Worker& w, JobState& s) {
       lock.unlock();
       throw;
     }
-    std::fprintf(stderr, "treetensor asyncs watchdog: %s is running and borrows its caller: "
-                 "waiting on; %s\n", what.c_str(), describe(in_flight_jobs(rt)).c_str());
+    std::fprintf(stderr,
+                 "treetensor asyncs watchdog: %s is running and borrows its caller: "
+                 "waiting on; %s\n",
+                 what.c_str(), describe(in_flight_jobs(rt)).c_str());
   }
   const ProgressWaiter waiter(rt);
   rt.progress.wait(lock, done);
@@ -251,8 +253,7 @@ std::size_t parse_env_count(const char* name, const char* text, std::size_t fall
   const std::string_view digits(text);
   // strtoull alone would accept signs ("-5" wraps around) and leading blanks.
   const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
-  const bool decimal =
-      digits.size() <= 19 && std::all_of(digits.begin(), digits.end(), is_digit);
+  const bool decimal = digits.size() <= 19 && std::all_of(digits.begin(), digits.end(), is_digit);
   const unsigned long long v = decimal ? std::strtoull(text, nullptr, 10) : 0;
   if (!decimal || v < min || v > max)
     throw std::invalid_argument(std::string("treetensor asyncs: environment variable ") + name +
@@ -280,8 +281,8 @@ Runtime& runtime_state() {
 }
 
 std::string job_context(const JobState& job) {
-  std::string text = "asyncs thread " + std::to_string(job.thread) + ", job " +
-                     std::to_string(job.number);
+  std::string text =
+      "asyncs thread " + std::to_string(job.thread) + ", job " + std::to_string(job.number);
   if (!job.label.empty()) text += " '" + job.label + "'";
   return text;
 }
@@ -312,8 +313,7 @@ void throw_watchdog(const Runtime& rt, std::string_view what, std::chrono::milli
 }
 
 void enqueue(Worker& w, std::shared_ptr<JobState> state, std::unique_ptr<Task> task,
-             c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes,
-             std::string label) {
+             c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes, std::string label) {
   auto job = std::make_unique<Job>();  // captures the submitter's thread-local state
   job->keys = operand_keys(reads, writes, &job->operands);
   job->submitted_on = record_submitter(job->operands, w.streams);
@@ -451,9 +451,8 @@ void synchronize() {
   detail::synchronize_streams(streams);
   synchronize_lane_streams();  // DESIGN.md §10: lanes' device streams too
   if (errors.empty()) return;
-  std::sort(errors.begin(), errors.end(), [](const auto& a, const auto& b) {
-    return a->seq < b->seq;
-  });
+  std::sort(errors.begin(), errors.end(),
+            [](const auto& a, const auto& b) { return a->seq < b->seq; });
   std::vector<std::string> others;
   for (std::size_t i = 1; i < errors.size(); ++i)
     others.push_back(detail::job_context(*errors[i]) + ": " + message_of(errors[i]->error));
@@ -529,7 +528,9 @@ detail::Worker& Thread::worker() const {
   return *worker_;
 }
 
-int Thread::id() const { return worker().id; }
+int Thread::id() const {
+  return worker().id;
+}
 
 std::size_t Thread::in_flight() const {
   Worker& w = worker();
@@ -544,8 +545,9 @@ void Thread::wait_idle() const {
                            std::to_string(w.id) + " called from its own job: it would deadlock");
   std::unique_lock lock(runtime_state().mu);
   const auto target = w.submitted;
-  detail::wait_progress(lock, [&] { return w.finished >= target; },
-                        "wait_idle of asyncs thread " + std::to_string(w.id));
+  detail::wait_progress(
+      lock, [&] { return w.finished >= target; },
+      "wait_idle of asyncs thread " + std::to_string(w.id));
 }
 
 // --- ThreadScope -----------------------------------------------------------------------------
@@ -555,6 +557,8 @@ ThreadScope::ThreadScope(const Thread& thread) : previous_(detail::scoped_worker
   detail::scoped_worker() = thread.worker_;
 }
 
-ThreadScope::~ThreadScope() { detail::scoped_worker() = std::move(previous_); }
+ThreadScope::~ThreadScope() {
+  detail::scoped_worker() = std::move(previous_);
+}
 
 }  // namespace treetensor::runtime

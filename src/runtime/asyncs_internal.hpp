@@ -36,11 +36,11 @@ struct OperandKey {
 struct Job {
   std::shared_ptr<JobState> state;
   std::unique_ptr<Task> task;
-  at::ThreadLocalState tls;           // the submitter's, installed around the job
+  at::ThreadLocalState tls;                 // the submitter's, installed around the job
   StreamMode mode = current_stream_mode();  // the submitter's stream(M) mode, likewise
-  std::vector<at::Tensor> operands;   // kept alive until the job has finished
-  std::vector<OperandKey> keys;       // deduplicated; write wins over read
-  std::vector<c10::Event> submitted_on;  // CUDA: recorded on the submitter's current streams
+  std::vector<at::Tensor> operands;         // kept alive until the job has finished
+  std::vector<OperandKey> keys;             // deduplicated; write wins over read
+  std::vector<c10::Event> submitted_on;     // CUDA: recorded on the submitter's current streams
   Clock::time_point submitted, started;
 };
 
@@ -86,13 +86,13 @@ struct Use {
 
 struct Runtime {
   std::mutex mu;
-  std::condition_variable progress;           // notified when a job finishes and someone waits
-  std::size_t progress_waiters = 0;           // threads blocked on `progress`
-  std::uint64_t finished_total = 0;           // progress counter for the watchdog
+  std::condition_variable progress;  // notified when a job finishes and someone waits
+  std::size_t progress_waiters = 0;  // threads blocked on `progress`
+  std::uint64_t finished_total = 0;  // progress counter for the watchdog
   std::uint64_t next_seq = 1;
-  std::vector<bool> id_taken;                 // index id-1
-  std::vector<std::shared_ptr<Worker>> live;  // workers of live Thread objects
-  std::vector<std::shared_ptr<JobState>> unobserved;  // failed jobs no one has waited for
+  std::vector<bool> id_taken;                              // index id-1
+  std::vector<std::shared_ptr<Worker>> live;               // workers of live Thread objects
+  std::vector<std::shared_ptr<JobState>> unobserved;       // failed jobs no one has waited for
   std::unordered_map<const void*, std::vector<Use>> uses;  // operand registry
 };
 Runtime& runtime_state();
@@ -164,8 +164,7 @@ void install_streams(const std::vector<c10::Stream>& streams);
 std::vector<c10::Event> record_submitter(const std::vector<at::Tensor>& tensors,
                                          const std::vector<c10::Stream>& worker_streams);
 /// Makes `streams` wait for `events` (device-side).
-void block_streams(const std::vector<c10::Event>& events,
-                   const std::vector<c10::Stream>& streams);
+void block_streams(const std::vector<c10::Event>& events, const std::vector<c10::Stream>& streams);
 /// One event recorded on each of `streams` (a job's end, for the caller to wait on).
 std::vector<c10::Event> record_on(const std::vector<c10::Stream>& streams);
 /// Makes the caller's current streams wait for `events` (device-side).

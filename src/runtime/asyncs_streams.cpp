@@ -59,8 +59,7 @@ std::vector<c10::Event> record_submitter(const std::vector<at::Tensor>& tensors,
   return events;
 }
 
-void block_streams(const std::vector<c10::Event>& events,
-                   const std::vector<c10::Stream>& streams) {
+void block_streams(const std::vector<c10::Event>& events, const std::vector<c10::Stream>& streams) {
   for (const auto& e : events)
     if (const auto* s = stream_for(streams, e.device_index())) e.block(*s);
 }

@@ -90,7 +90,9 @@ class CachingCpuAllocator final : public c10::Allocator {
 
 std::atomic<CachingCpuAllocator*> installed{nullptr};
 
-void CachingCpuAllocator::release(void* user) { installed.load()->give_back(user); }
+void CachingCpuAllocator::release(void* user) {
+  installed.load()->give_back(user);
+}
 
 }  // namespace
 

@@ -113,7 +113,9 @@ LaneStreams::LaneStreams(CallerStreams& caller, std::size_t lane)
   if (protocol_waits().lane_waits_for_caller) caller_.backend().wait(lane_stream_, caller_.start());
 }
 
-void LaneStreams::finish() { caller_.add_lane_marker(caller_.backend().record(lane_stream_)); }
+void LaneStreams::finish() {
+  caller_.add_lane_marker(caller_.backend().record(lane_stream_));
+}
 
 LaneStreams::~LaneStreams() {
   current_batch = outer_;

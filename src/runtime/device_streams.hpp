@@ -38,8 +38,9 @@ class CallerStreams {
   std::vector<std::unique_ptr<StreamBackend::Marker>> lane_markers_;
 };
 
-/// Lane side: switches the lane to the call's device and its stream and waits on the caller's marker (step 2);
-/// finish() records the lane's marker (step 3); the destructor restores the lane's stream.
+/// Lane side: switches the lane to the call's device and its stream and waits on the caller's
+/// marker (step 2); finish() records the lane's marker (step 3); the destructor restores the lane's
+/// stream.
 class LaneStreams {
  public:
   LaneStreams(CallerStreams& caller, std::size_t lane);

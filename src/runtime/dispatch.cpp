@@ -154,7 +154,8 @@ class LeafBatch final : public detail::Batch {
 
   void rethrow_if_failed() const {
     errors_.rethrow_if_any(call_);
-    if (lane_error_) rethrow_with_context(lane_error_, std::string(call_.op) + ": lane stream set-up");
+    if (lane_error_)
+      rethrow_with_context(lane_error_, std::string(call_.op) + ": lane stream set-up");
   }
 
  private:
@@ -185,7 +186,8 @@ class LeafBatch final : public detail::Batch {
 void run_lanes(const LeafCall& call, std::size_t lanes) {
   detail::ensure_workers(lanes - 1);
   std::optional<detail::CallerStreams> streams;
-  if (auto backend = detail::backend_for(call.device)) streams.emplace(std::move(backend), call.device);
+  if (auto backend = detail::backend_for(call.device))
+    streams.emplace(std::move(backend), call.device);
   detail::OneBlasThread one_blas_thread;
   auto batch = std::make_shared<LeafBatch>(call, lanes, piece_bounds(call, lanes),
                                            streams ? &*streams : nullptr);
@@ -211,8 +213,10 @@ bool run_fused(const LeafCall& call) {
 
 void execute(const LeafCall& call, const detail::Plan& plan) {
   switch (plan.decision.strategy) {
-    case Strategy::linear: return run_linear(call);
-    case Strategy::lanes: return run_lanes(call, plan.decision.lanes);
+    case Strategy::linear:
+      return run_linear(call);
+    case Strategy::lanes:
+      return run_lanes(call, plan.decision.lanes);
     case Strategy::fused:
       if (!run_fused(call)) run_linear(call);
       return;

@@ -39,8 +39,12 @@ int blas_saved = 0;
 
 }  // namespace
 
-int omp_threads() { return symbols().omp_get ? symbols().omp_get() : 0; }
-int blas_threads() { return symbols().blas_get ? symbols().blas_get() : 0; }
+int omp_threads() {
+  return symbols().omp_get ? symbols().omp_get() : 0;
+}
+int blas_threads() {
+  return symbols().blas_get ? symbols().blas_get() : 0;
+}
 
 void pin_intra_op_to_one_thread() {
   at::internal::lazy_init_num_threads();

@@ -118,7 +118,9 @@ void ensure_workers(std::size_t wanted) {
   }
 }
 
-std::size_t worker_count() { return pool().workers.load(std::memory_order_acquire); }
+std::size_t worker_count() {
+  return pool().workers.load(std::memory_order_acquire);
+}
 
 void submit(const std::shared_ptr<Batch>& batch) {
   Pool& p = pool();
@@ -144,6 +146,8 @@ void retire(const Batch* batch) {
   p.offer_count.store(p.offers.size(), std::memory_order_release);
 }
 
-std::size_t current_lane() noexcept { return this_lane; }
+std::size_t current_lane() noexcept {
+  return this_lane;
+}
 
 }  // namespace treetensor::runtime::detail

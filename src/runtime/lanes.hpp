@@ -41,7 +41,9 @@ class Batch {
 
   bool exhausted() const noexcept { return next_.load(std::memory_order_relaxed) >= pieces_; }
   /// Admits one more worker unless max_workers already joined.
-  bool admit_worker() noexcept { return joined_.fetch_add(1, std::memory_order_relaxed) < max_workers_; }
+  bool admit_worker() noexcept {
+    return joined_.fetch_add(1, std::memory_order_relaxed) < max_workers_;
+  }
   std::size_t pieces() const noexcept { return pieces_; }
   std::size_t max_workers() const noexcept { return max_workers_; }
 

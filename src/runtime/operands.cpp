@@ -77,9 +77,8 @@ void await_keys(const std::vector<OperandKey>& keys, const Acting& self, const J
   wait_progress(
       lock,
       [&] {
-        return std::all_of(awaited.begin(), awaited.end(), [](const auto& j) {
-          return j->done.load(std::memory_order_relaxed);
-        });
+        return std::all_of(awaited.begin(), awaited.end(),
+                           [](const auto& j) { return j->done.load(std::memory_order_relaxed); });
       },
       job == nullptr ? std::string("await_operands") : "operands of " + job_context(*job));
   lock.unlock();
@@ -91,8 +90,8 @@ void unregister_operands(Runtime& rt, const Job& job) {
   for (const auto& k : job.keys) {
     auto it = rt.uses.find(k.key);
     auto& list = it->second;
-    list.erase(std::find_if(list.begin(), list.end(),
-                            [&](const Use& u) { return u.job == job.state; }));
+    list.erase(
+        std::find_if(list.begin(), list.end(), [&](const Use& u) { return u.job == job.state; }));
     if (list.empty()) rt.uses.erase(it);
   }
   tracked_jobs.fetch_sub(1, std::memory_order_relaxed);

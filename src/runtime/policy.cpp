@@ -101,9 +101,11 @@ Calibration calibrate() {
   at::NoGradGuard no_grad;
   const at::Tensor one = at::ones({1});
   constexpr int ops = 100;
-  c.dispatch_s = best_time(3, [&] {
-                   for (int i = 0; i < ops; ++i) (void)at::add(one, one);
-                 }) / ops;
+  c.dispatch_s = best_time(3,
+                           [&] {
+                             for (int i = 0; i < ops; ++i) (void)at::add(one, one);
+                           }) /
+                 ops;
   const at::Tensor a = at::ones({64, 128}), b = at::ones({128, 128});
   c.flop_rate = 2.0 * 64 * 128 * 128 / best_time(4, [&] { (void)at::mm(a, b); });
   const at::Tensor src = at::ones({1 << 18});
@@ -118,7 +120,7 @@ Calibration calibrate() {
 constexpr int kStrategies = 3;  // indexed by Strategy
 constexpr int kSamples = 2;     // timed tries of each strategy before trusting it
 constexpr std::uint64_t kRecheckEvery = 64;
-constexpr double kMargin = 0.97;      // a rival must beat linear by 3% to be chosen
+constexpr double kMargin = 0.97;       // a rival must beat linear by 3% to be chosen
 constexpr double kTinyHandoffs = 3.0;  // calls cheaper than this many hand-offs stay linear
 
 struct Arm {
@@ -172,7 +174,8 @@ thread_local bool want_reason = true;
 
 template <class Reason>
 Decision decision(Strategy s, std::size_t lanes, Reason&& reason) {
-  return Decision{s, s == Strategy::lanes ? lanes : 1, want_reason ? std::string(reason()) : std::string()};
+  return Decision{s, s == Strategy::lanes ? lanes : 1,
+                  want_reason ? std::string(reason()) : std::string()};
 }
 
 std::string arm_summary(const Entry& e, std::size_t lanes) {
@@ -250,8 +253,8 @@ bool log_enabled() {
 void log_decision(const LeafCall& call, const Decision& d) {
   if (!log_enabled()) return;
   std::fprintf(stderr, "treetensor policy: %.*s leaves=%zu -> %s(%zu): %s\n",
-               static_cast<int>(call.op.size()), call.op.data(), call.leaves,
-               to_string(d.strategy), d.lanes, d.reason.c_str());
+               static_cast<int>(call.op.size()), call.op.data(), call.leaves, to_string(d.strategy),
+               d.lanes, d.reason.c_str());
 }
 
 Plan plan_automatic(const LeafCall& call, const StreamMode& mode, bool commit) {
@@ -284,7 +287,8 @@ bool inline_mode() {
 
 Plan plan(const LeafCall& call, const StreamMode& mode, bool commit) {
   want_reason = !commit || log_enabled();
-  if (inline_mode()) return Plan{decision(Strategy::linear, 1, [] { return "TREETENSOR_INLINE=1"; }), 0};
+  if (inline_mode())
+    return Plan{decision(Strategy::linear, 1, [] { return "TREETENSOR_INLINE=1"; }), 0};
   Plan p;
   switch (mode.kind) {
     case StreamMode::Kind::lanes:
@@ -295,9 +299,9 @@ Plan plan(const LeafCall& call, const StreamMode& mode, bool commit) {
                               [&] { return mode.to_string(); });
       return p;
     case StreamMode::Kind::fused:
-      p.decision = call.fused
-                       ? decision(Strategy::fused, 1, [] { return "stream(fused)"; })
-                       : decision(Strategy::linear, 1, [] { return "stream(fused): op has no fused form"; });
+      p.decision = call.fused ? decision(Strategy::fused, 1, [] { return "stream(fused)"; })
+                              : decision(Strategy::linear, 1,
+                                         [] { return "stream(fused): op has no fused form"; });
       return p;
     case StreamMode::Kind::automatic:
       p = plan_automatic(call, mode, commit);

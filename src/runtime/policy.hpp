@@ -13,8 +13,7 @@ extern thread_local StreamMode thread_mode;
 /// RAII: makes `mode` the calling thread's mode (lanes run their batch under the caller's mode).
 class ThreadModeScope {
  public:
-  explicit ThreadModeScope(const StreamMode& mode)
-      : had_(thread_mode_set), previous_(thread_mode) {
+  explicit ThreadModeScope(const StreamMode& mode) : had_(thread_mode_set), previous_(thread_mode) {
     thread_mode_set = true;
     thread_mode = mode;
   }

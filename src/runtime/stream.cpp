@@ -43,21 +43,34 @@ StreamMode StreamMode::of(std::size_t m) {
                                 std::to_string(max_lanes) + ", got " + std::to_string(m));
   return StreamMode{Kind::lanes, m};
 }
-StreamMode StreamMode::of(Automatic) { return StreamMode{Kind::automatic, hardware_lanes()}; }
-StreamMode StreamMode::of(Fused) { return StreamMode{Kind::fused, 1}; }
+StreamMode StreamMode::of(Automatic) {
+  return StreamMode{Kind::automatic, hardware_lanes()};
+}
+StreamMode StreamMode::of(Fused) {
+  return StreamMode{Kind::fused, 1};
+}
 
 std::string StreamMode::to_string() const {
   switch (kind) {
-    case Kind::lanes: return "stream(" + std::to_string(lanes) + ")";
-    case Kind::automatic: return "stream(automatic)";
-    case Kind::fused: return "stream(fused)";
+    case Kind::lanes:
+      return "stream(" + std::to_string(lanes) + ")";
+    case Kind::automatic:
+      return "stream(automatic)";
+    case Kind::fused:
+      return "stream(fused)";
   }
   return "stream(?)";
 }
 
-void stream(std::size_t m) { process_mode.store(pack(StreamMode::of(m)), std::memory_order_relaxed); }
-void stream(Automatic a) { process_mode.store(pack(StreamMode::of(a)), std::memory_order_relaxed); }
-void stream(Fused f) { process_mode.store(pack(StreamMode::of(f)), std::memory_order_relaxed); }
+void stream(std::size_t m) {
+  process_mode.store(pack(StreamMode::of(m)), std::memory_order_relaxed);
+}
+void stream(Automatic a) {
+  process_mode.store(pack(StreamMode::of(a)), std::memory_order_relaxed);
+}
+void stream(Fused f) {
+  process_mode.store(pack(StreamMode::of(f)), std::memory_order_relaxed);
+}
 
 StreamMode current_stream_mode() {
   if (detail::thread_mode_set) return detail::thread_mode;
@@ -80,9 +93,12 @@ StreamGuard::~StreamGuard() {
 
 const char* to_string(Strategy s) {
   switch (s) {
-    case Strategy::linear: return "linear";
-    case Strategy::lanes: return "lanes";
-    case Strategy::fused: return "fused";
+    case Strategy::linear:
+      return "linear";
+    case Strategy::lanes:
+      return "lanes";
+    case Strategy::fused:
+      return "fused";
   }
   return "?";
 }

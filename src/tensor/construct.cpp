@@ -78,10 +78,9 @@ TreeTensor random_like(std::string_view op, const TensorTree& t, at::TensorOptio
   const Operand args[] = {Operand(t)};
   return detail::map_leaves(detail::CallOptions{op}, args, [&](const detail::LeafArgs& x) {
     const at::Tensor& leaf = x.t(0);
-    return random_leaf(seeds[x.leaf()], leaf.options().merge_in(options),
-                       [&](at::Generator& g, at::TensorOptions o) {
-                         return fill(leaf.sizes(), g, o);
-                       });
+    return random_leaf(
+        seeds[x.leaf()], leaf.options().merge_in(options),
+        [&](at::Generator& g, at::TensorOptions o) { return fill(leaf.sizes(), g, o); });
   });
 }
 
@@ -145,19 +144,16 @@ TreeTensor full(const ShapeTree& shapes, const at::Scalar& value, at::TensorOpti
 }
 
 TreeTensor randn(const ShapeTree& shapes, at::TensorOptions options) {
-  return random_shapes("randn", shapes, options,
-                       [](const Shape& s, at::Generator& g, at::TensorOptions o) {
-                         return at::randn(s, g, o);
-                       });
+  return random_shapes(
+      "randn", shapes, options,
+      [](const Shape& s, at::Generator& g, at::TensorOptions o) { return at::randn(s, g, o); });
 }
 TreeTensor rand(const ShapeTree& shapes, at::TensorOptions options) {
-  return random_shapes("rand", shapes, options,
-                       [](const Shape& s, at::Generator& g, at::TensorOptions o) {
-                         return at::rand(s, g, o);
-                       });
+  return random_shapes(
+      "rand", shapes, options,
+      [](const Shape& s, at::Generator& g, at::TensorOptions o) { return at::rand(s, g, o); });
 }
-TreeTensor randint(int64_t low, int64_t high, const ShapeTree& shapes,
-                   at::TensorOptions options) {
+TreeTensor randint(int64_t low, int64_t high, const ShapeTree& shapes, at::TensorOptions options) {
   return random_shapes("randint", shapes, options,
                        [&](const Shape& s, at::Generator& g, at::TensorOptions o) {
                          return at::randint(low, high, s, g, o);
@@ -184,25 +180,21 @@ TreeTensor empty_like(const TensorTree& t, at::TensorOptions options) {
               [](const at::Tensor& x, at::TensorOptions o) { return at::empty_like(x, o); });
 }
 TreeTensor full_like(const TensorTree& t, const at::Scalar& value, at::TensorOptions options) {
-  return like("full_like", t, options, [&](const at::Tensor& x, at::TensorOptions o) {
-    return at::full_like(x, value, o);
-  });
+  return like("full_like", t, options,
+              [&](const at::Tensor& x, at::TensorOptions o) { return at::full_like(x, value, o); });
 }
 
 TreeTensor randn_like(const TensorTree& t, at::TensorOptions options) {
-  return random_like("randn_like", t, options,
-                     [](at::IntArrayRef s, at::Generator& g, at::TensorOptions o) {
-                       return at::randn(s, g, o);
-                     });
+  return random_like(
+      "randn_like", t, options,
+      [](at::IntArrayRef s, at::Generator& g, at::TensorOptions o) { return at::randn(s, g, o); });
 }
 TreeTensor rand_like(const TensorTree& t, at::TensorOptions options) {
-  return random_like("rand_like", t, options,
-                     [](at::IntArrayRef s, at::Generator& g, at::TensorOptions o) {
-                       return at::rand(s, g, o);
-                     });
+  return random_like(
+      "rand_like", t, options,
+      [](at::IntArrayRef s, at::Generator& g, at::TensorOptions o) { return at::rand(s, g, o); });
 }
-TreeTensor randint_like(const TensorTree& t, int64_t low, int64_t high,
-                        at::TensorOptions options) {
+TreeTensor randint_like(const TensorTree& t, int64_t low, int64_t high, at::TensorOptions options) {
   return random_like("randint_like", t, options,
                      [&](at::IntArrayRef s, at::Generator& g, at::TensorOptions o) {
                        return at::randint(low, high, s, g, o);
@@ -227,19 +219,18 @@ TreeTensor scalars(const tree::Tree<at::Scalar>& values, at::TensorOptions optio
 }
 
 TreeTensor as_tensor(const TensorTree& t, at::TensorOptions options) {
-  return detail::map1("as_tensor", t,
-                      [&](const at::Tensor& x) { return converted(x, options); });
+  return detail::map1("as_tensor", t, [&](const at::Tensor& x) { return converted(x, options); });
 }
 
 namespace {
 // A dotted key names a path only when no segment is empty ("a..b", ".a" and "a." do not).
 void check_dotted_key(const std::string& key, std::size_t entries) {
-  if (key.empty() ? entries == 1 : key.front() != '.' && key.back() != '.' &&
-                                       key.find("..") == std::string::npos)
+  if (key.empty() ? entries == 1
+                  : key.front() != '.' && key.back() != '.' && key.find("..") == std::string::npos)
     return;
-  throw std::invalid_argument("from_state_dict: key '" + key + "' has an empty path segment" +
-                              (key.empty() ? " (the key \"\" stands only for a lone leaf root)"
-                                           : ""));
+  throw std::invalid_argument(
+      "from_state_dict: key '" + key + "' has an empty path segment" +
+      (key.empty() ? " (the key \"\" stands only for a lone leaf root)" : ""));
 }
 }  // namespace
 
@@ -275,6 +266,8 @@ TreeTensor from_ivalue(const c10::IValue& value) {
   return from_ivalue_at(value, path);
 }
 
-c10::IValue to_ivalue(const TensorTree& t) { return to_ivalue_at(t); }
+c10::IValue to_ivalue(const TensorTree& t) {
+  return to_ivalue_at(t);
+}
 
 }  // namespace treetensor

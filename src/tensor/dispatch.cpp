@@ -234,20 +234,19 @@ class Zip {
         keys = keys_of(cur[j]->children());
       }
     }
-    throw tree::StructureError(
-        here_path(), "zip: at '" + here() + "' argument " + std::to_string(leaf_pos) +
-                         " is a leaf but argument " + std::to_string(tree_pos) +
-                         " is a subtree with keys " + tree::format_keys(keys) +
-                         "; pass inherit to broadcast the leaf into the subtree");
+    throw tree::StructureError(here_path(),
+                               "zip: at '" + here() + "' argument " + std::to_string(leaf_pos) +
+                                   " is a leaf but argument " + std::to_string(tree_pos) +
+                                   " is a subtree with keys " + tree::format_keys(keys) +
+                                   "; pass inherit to broadcast the leaf into the subtree");
   }
 
   [[noreturn]] void mismatch(std::size_t pa, const std::vector<std::string>& ka, std::size_t pb,
                              const std::vector<std::string>& kb, const std::string& tail) const {
-    throw tree::StructureError(here_path(), "zip: key mismatch at '" + here() + "': argument " +
-                                                std::to_string(pa) + " has keys " +
-                                                tree::format_keys(ka) + ", argument " +
-                                                std::to_string(pb) + " has keys " +
-                                                tree::format_keys(kb) + tail);
+    throw tree::StructureError(
+        here_path(), "zip: key mismatch at '" + here() + "': argument " + std::to_string(pa) +
+                         " has keys " + tree::format_keys(ka) + ", argument " + std::to_string(pb) +
+                         " has keys " + tree::format_keys(kb) + tail);
   }
 
   const CallOptions& o_;
@@ -331,7 +330,7 @@ std::size_t find_root(std::vector<std::size_t>& parent, std::size_t i) {
 // Groups of leaves that must run in order on one thread; empty when every leaf is independent
 // (the common case: one storage sort and no further work).
 std::vector<std::vector<std::size_t>> conflict_groups(const Zip& z, c10::ArrayRef<Operand> args,
-                                                     std::size_t written) {
+                                                      std::size_t written) {
   const std::size_t leaves = z.leaves();
   std::vector<Touch> touches;
   touches.reserve(leaves * args.size());
@@ -340,8 +339,8 @@ std::vector<std::vector<std::size_t>> conflict_groups(const Zip& z, c10::ArrayRe
     for (std::size_t i = 0; i < (args[k].is_tree() ? leaves : 1); ++i) {
       const at::Tensor& t = args[k].is_tree() ? *z.row(i)[k] : args[k].tensor();
       if (!t.defined() || !t.has_storage()) continue;
-      touches.push_back({t.storage().unsafeGetStorageImpl(),
-                         args[k].is_tree() ? i : kAllLeaves, k < written, &t});
+      touches.push_back({t.storage().unsafeGetStorageImpl(), args[k].is_tree() ? i : kAllLeaves,
+                         k < written, &t});
     }
   }
   std::sort(touches.begin(), touches.end(),
@@ -411,8 +410,7 @@ bool FusedArgs::foreach_compatible() const {
   return true;
 }
 
-TreeTensor map_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafFn f,
-                      FusedFn fused) {
+TreeTensor map_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafFn f, FusedFn fused) {
   Zip z(o, args);
   TreeTensor result;
   z.run(&result);
@@ -461,10 +459,10 @@ std::vector<TreeTensor> map_leaves_multi(const CallOptions& o, c10::ArrayRef<Ope
   for (std::size_t i = 1; i < leaves; ++i)
     if (results[i].size() != count) {
       const Path p = skeleton.paths()[i];
-      throw tree::StructureError(
-          p, std::string(o.op) + ": leaf '" + p.describe() + "' gave " +
-                 std::to_string(results[i].size()) + " results but leaf '" +
-                 skeleton.paths()[0].describe() + "' gave " + std::to_string(count));
+      throw tree::StructureError(p, std::string(o.op) + ": leaf '" + p.describe() + "' gave " +
+                                        std::to_string(results[i].size()) + " results but leaf '" +
+                                        skeleton.paths()[0].describe() + "' gave " +
+                                        std::to_string(count));
     }
   std::vector<TreeTensor> out(count, skeleton);
   for (std::size_t k = 0; k < count; ++k) {
@@ -544,11 +542,11 @@ void update_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate
     const auto paths = target.paths();
     for (std::size_t i = 0; i < leaves; ++i)
       (done[i] ? updated : untouched).push_back(paths[i].str());
-    runtime::rethrow_with_context(
-        std::current_exception(),
-        "in-place " + std::string(o.op) + " updated " + std::to_string(updated.size()) + " of " +
-            std::to_string(leaves) + " leaves " + join_paths(updated) +
-            ", not updated " + join_paths(untouched));
+    runtime::rethrow_with_context(std::current_exception(),
+                                  "in-place " + std::string(o.op) + " updated " +
+                                      std::to_string(updated.size()) + " of " +
+                                      std::to_string(leaves) + " leaves " + join_paths(updated) +
+                                      ", not updated " + join_paths(untouched));
   }
 }
 

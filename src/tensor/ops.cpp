@@ -24,10 +24,13 @@ using Kernel1 = at::Tensor (*)(const at::Tensor&);
 using Update1 = void (*)(const at::Tensor&);
 
 // The unary ops with an at::_foreach_* form in LibTorch 1.13 and 2.x.
-#define TREETENSOR_FOREACH_UNARY_OPS(X)                                                     \
-  X(abs) X(ceil) X(floor) X(round) X(trunc) X(frac) X(sigmoid) X(sqrt) X(exp) X(log) X(neg) \
-  X(reciprocal) X(sin) X(cos) X(tan) X(tanh) X(sinh) X(cosh) X(asin) X(acos) X(atan) X(erf) \
+// clang-format 14 does not converge on this name table.
+// clang-format off
+#define TREETENSOR_FOREACH_UNARY_OPS(X)                                                        \
+  X(abs) X(ceil) X(floor) X(round) X(trunc) X(frac) X(sigmoid) X(sqrt) X(exp) X(log) X(neg)    \
+  X(reciprocal) X(sin) X(cos) X(tan) X(tanh) X(sinh) X(cosh) X(asin) X(acos) X(atan) X(erf)    \
   X(erfc)
+// clang-format on
 
 struct ForeachUnary {
   std::vector<at::Tensor> (*map)(at::TensorList);
@@ -35,8 +38,8 @@ struct ForeachUnary {
 };
 
 const ForeachUnary* foreach_unary(std::string_view name) {
-#define TREETENSOR_FOREACH_ENTRY(n)                                                 \
-  {#n, ForeachUnary{[](at::TensorList l) { return at::_foreach_##n(l); },          \
+#define TREETENSOR_FOREACH_ENTRY(n)                                       \
+  {#n, ForeachUnary{[](at::TensorList l) { return at::_foreach_##n(l); }, \
                     [](at::TensorList l) { at::_foreach_##n##_(l); }}},
   static const std::unordered_map<std::string_view, ForeachUnary> table = {
       TREETENSOR_FOREACH_UNARY_OPS(TREETENSOR_FOREACH_ENTRY)};
@@ -45,8 +48,7 @@ const ForeachUnary* foreach_unary(std::string_view name) {
   return it == table.end() ? nullptr : &it->second;
 }
 
-TreeTensor unary_map(std::string_view op, const TensorTree& t, Kernel1 k,
-                     const ForeachUnary* fe) {
+TreeTensor unary_map(std::string_view op, const TensorTree& t, Kernel1 k, const ForeachUnary* fe) {
   const Operand args[] = {Operand(t)};
   auto leaf = [k](const LeafArgs& x) { return k(x.t(0)); };
   if (!fe) return detail::map_leaves(CallOptions{op}, args, leaf);
@@ -96,12 +98,11 @@ struct ForeachBinary {
 };
 
 const ForeachBinary* foreach_binary(std::string_view name) {
-#define TREETENSOR_FOREACH_ENTRY(n)                                                          \
-  {#n, ForeachBinary{                                                                        \
-           [](at::TensorList a, at::TensorList b) { return at::_foreach_##n(a, b); },        \
-           [](at::TensorList a, const at::Scalar& s) { return at::_foreach_##n(a, s); },     \
-           [](at::TensorList a, at::TensorList b) { at::_foreach_##n##_(a, b); },            \
-           [](at::TensorList a, const at::Scalar& s) { at::_foreach_##n##_(a, s); }}},
+#define TREETENSOR_FOREACH_ENTRY(n)                                                                \
+  {#n, ForeachBinary{[](at::TensorList a, at::TensorList b) { return at::_foreach_##n(a, b); },    \
+                     [](at::TensorList a, const at::Scalar& s) { return at::_foreach_##n(a, s); }, \
+                     [](at::TensorList a, at::TensorList b) { at::_foreach_##n##_(a, b); },        \
+                     [](at::TensorList a, const at::Scalar& s) { at::_foreach_##n##_(a, s); }}},
   static const std::unordered_map<std::string_view, ForeachBinary> table = {
       TREETENSOR_FOREACH_ENTRY(mul) TREETENSOR_FOREACH_ENTRY(div)};
 #undef TREETENSOR_FOREACH_ENTRY
@@ -125,8 +126,7 @@ TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, K
   return detail::map_leaves(binary_options(op, a), args, leaf, fused);
 }
 
-TreeTensor binary_tensor_map(std::string_view op, const Operand& a, const Operand& b,
-                             KernelTT tt) {
+TreeTensor binary_tensor_map(std::string_view op, const Operand& a, const Operand& b, KernelTT tt) {
   const Operand args[] = {a, b};
   CallOptions o{op};
   o.wrap_scalars = true;
@@ -155,7 +155,9 @@ TreeTensor& binary_update(std::string_view op, TreeTensor& a, const Operand& b, 
 
 // The _foreach forms of add/sub (with alpha) and mul/div. A scalar operand is only batched
 // with alpha == 1, where the per-leaf kernel computes exactly what _foreach does.
-bool is_one(const at::Scalar& s) { return s.isIntegral(false) ? s.toLong() == 1 : s.toDouble() == 1.0; }
+bool is_one(const at::Scalar& s) {
+  return s.isIntegral(false) ? s.toLong() == 1 : s.toDouble() == 1.0;
+}
 
 template <class ListList, class ListScalar>
 bool fused_binary(const FusedArgs& a, std::vector<at::Tensor>& out, const at::Scalar& alpha,
@@ -239,58 +241,66 @@ bool all_pairs(std::string_view op, const TensorTree& a, const TensorTree& b, P&
 }  // namespace
 
 // ---- the op table ----------------------------------------------------------------------------
-#define TREETENSOR_DEFINE_UNARY_INPLACE(name)                                           \
-  TreeTensor name(const TensorTree& t) {                                                \
-    static const ForeachUnary* fe = foreach_unary(#name);                               \
-    return unary_map(#name, t, [](const at::Tensor& x) { return at::name(x); }, fe);    \
-  }                                                                                     \
-  TreeTensor& name##_(TreeTensor& t) {                                                  \
-    static const ForeachUnary* fe = foreach_unary(#name);                               \
-    return unary_update(#name "_", t, [](const at::Tensor& x) { x.name##_(); }, fe);    \
-  }                                                                                     \
-  TreeTensor TreeTensor::name() const { return treetensor::name(*this); }              \
-  TreeTensor& TreeTensor::name##_() { return treetensor::name##_(*this); }
+#define TREETENSOR_DEFINE_UNARY_INPLACE(name)                           \
+  TreeTensor name(const TensorTree& t) {                                \
+    static const ForeachUnary* fe = foreach_unary(#name);               \
+    return unary_map(                                                   \
+        #name, t, [](const at::Tensor& x) { return at::name(x); }, fe); \
+  }                                                                     \
+  TreeTensor& name##_(TreeTensor& t) {                                  \
+    static const ForeachUnary* fe = foreach_unary(#name);               \
+    return unary_update(                                                \
+        #name "_", t, [](const at::Tensor& x) { x.name##_(); }, fe);    \
+  }                                                                     \
+  TreeTensor TreeTensor::name() const {                                 \
+    return treetensor::name(*this);                                     \
+  }                                                                     \
+  TreeTensor& TreeTensor::name##_() {                                   \
+    return treetensor::name##_(*this);                                  \
+  }
 TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DEFINE_UNARY_INPLACE)
 #undef TREETENSOR_DEFINE_UNARY_INPLACE
 
-#define TREETENSOR_DEFINE_UNARY(name)                                                     \
-  TreeTensor name(const TensorTree& t) {                                                  \
-    return unary_map(#name, t, [](const at::Tensor& x) { return at::name(x); }, nullptr); \
-  }                                                                                       \
-  TreeTensor TreeTensor::name() const { return treetensor::name(*this); }
+#define TREETENSOR_DEFINE_UNARY(name)                                        \
+  TreeTensor name(const TensorTree& t) {                                     \
+    return unary_map(                                                        \
+        #name, t, [](const at::Tensor& x) { return at::name(x); }, nullptr); \
+  }                                                                          \
+  TreeTensor TreeTensor::name() const {                                      \
+    return treetensor::name(*this);                                          \
+  }
 TREETENSOR_UNARY_OPS(TREETENSOR_DEFINE_UNARY)
 #undef TREETENSOR_DEFINE_UNARY
 
-#define TREETENSOR_DEFINE_BINARY_SCALAR(name)                                                  \
-  TreeTensor name(const Operand& a, const Operand& b) {                                        \
-    static const ForeachBinary* fe = foreach_binary(#name);                                    \
-    return binary_map(                                                                         \
+#define TREETENSOR_DEFINE_BINARY_SCALAR(name)                                                 \
+  TreeTensor name(const Operand& a, const Operand& b) {                                       \
+    static const ForeachBinary* fe = foreach_binary(#name);                                   \
+    return binary_map(                                                                        \
         #name, a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::name(x, y); }, \
         [](const at::Tensor& x, const at::Scalar& y) { return at::name(x, y); }, fe);         \
-  }                                                                                            \
-  TreeTensor& name##_(TreeTensor& a, const Operand& b) {                                       \
-    static const ForeachBinary* fe = foreach_binary(#name);                                    \
-    return binary_update(                                                                      \
+  }                                                                                           \
+  TreeTensor& name##_(TreeTensor& a, const Operand& b) {                                      \
+    static const ForeachBinary* fe = foreach_binary(#name);                                   \
+    return binary_update(                                                                     \
         #name "_", a, b, [](const at::Tensor& x, const at::Tensor& y) { x.name##_(y); },      \
         [](const at::Tensor& x, const at::Scalar& y) { x.name##_(y); }, fe);                  \
-  }                                                                                            \
-  TreeTensor TreeTensor::name(const Operand& other) const {                                    \
-    return treetensor::name(*this, other);                                                     \
-  }                                                                                            \
-  TreeTensor& TreeTensor::name##_(const Operand& other) {                                      \
-    return treetensor::name##_(*this, other);                                                  \
+  }                                                                                           \
+  TreeTensor TreeTensor::name(const Operand& other) const {                                   \
+    return treetensor::name(*this, other);                                                    \
+  }                                                                                           \
+  TreeTensor& TreeTensor::name##_(const Operand& other) {                                     \
+    return treetensor::name##_(*this, other);                                                 \
   }
 TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_DEFINE_BINARY_SCALAR)
 #undef TREETENSOR_DEFINE_BINARY_SCALAR
 
-#define TREETENSOR_DEFINE_BINARY_TENSOR(name)                                                 \
-  TreeTensor name(const Operand& a, const Operand& b) {                                       \
-    return binary_tensor_map(#name, a, b, [](const at::Tensor& x, const at::Tensor& y) {      \
-      return at::name(x, y);                                                                  \
-    });                                                                                       \
-  }                                                                                           \
-  TreeTensor TreeTensor::name(const Operand& other) const {                                   \
-    return treetensor::name(*this, other);                                                    \
+#define TREETENSOR_DEFINE_BINARY_TENSOR(name)                                                  \
+  TreeTensor name(const Operand& a, const Operand& b) {                                        \
+    return binary_tensor_map(                                                                  \
+        #name, a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::name(x, y); }); \
+  }                                                                                            \
+  TreeTensor TreeTensor::name(const Operand& other) const {                                    \
+    return treetensor::name(*this, other);                                                     \
   }
 TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_DEFINE_BINARY_TENSOR)
 #undef TREETENSOR_DEFINE_BINARY_TENSOR
@@ -362,28 +372,25 @@ TreeTensor& sub_(TreeTensor& a, const Operand& b, const at::Scalar& alpha) {
   return a;
 }
 
-
 TreeTensor clamp(const TensorTree& t, c10::optional<at::Scalar> min,
                  c10::optional<at::Scalar> max) {
   return map1("clamp", t, [&](const at::Tensor& x) { return at::clamp(x, min, max); });
 }
-TreeTensor& clamp_(TreeTensor& t, c10::optional<at::Scalar> min,
-                   c10::optional<at::Scalar> max) {
+TreeTensor& clamp_(TreeTensor& t, c10::optional<at::Scalar> min, c10::optional<at::Scalar> max) {
   return update1("clamp_", t, [&](const at::Tensor& x) { x.clamp_(min, max); });
 }
 
 namespace {
 // addcmul / addcdiv: leaf kernel and the _foreach form over three trees.
 template <class Leaf, class Foreach>
-TreeTensor& pointwise3_(std::string_view op, TreeTensor& self, const Operand& t1,
-                        const Operand& t2, Leaf leaf_fn, Foreach foreach_fn) {
+TreeTensor& pointwise3_(std::string_view op, TreeTensor& self, const Operand& t1, const Operand& t2,
+                        Leaf leaf_fn, Foreach foreach_fn) {
   const Operand args[] = {Operand(self), t1, t2};
   CallOptions o{op};
   o.wrap_scalars = true;
   auto leaf = [&](const LeafArgs& x) { leaf_fn(x.t(0), x.t(1), x.t(2)); };
   auto fused = [&](const FusedArgs& f) {
-    if (!f.operand(1).is_tree() || !f.operand(2).is_tree() || !f.foreach_compatible())
-      return false;
+    if (!f.operand(1).is_tree() || !f.operand(2).is_tree() || !f.foreach_compatible()) return false;
     foreach_fn(f.column(0), f.column(1), f.column(2));
     return true;
   };
@@ -438,8 +445,8 @@ TreeTensor lerp(const Operand& self, const Operand& end, const at::Scalar& weigh
   const Operand args[] = {self, end};
   CallOptions o{"lerp"};
   o.wrap_scalars = true;
-  return detail::map_leaves(
-      o, args, [&](const LeafArgs& x) { return at::lerp(x.t(0), x.t(1), weight); });
+  return detail::map_leaves(o, args,
+                            [&](const LeafArgs& x) { return at::lerp(x.t(0), x.t(1), weight); });
 }
 
 TreeTensor& lerp_(TreeTensor& self, const Operand& end, const at::Scalar& weight) {
@@ -465,8 +472,8 @@ TreeTensor& zero_(TreeTensor& t) {
     at::_foreach_zero_(f.column(0));
     return true;
   };
-  detail::update_leaves(CallOptions{"zero_"}, args, [](const LeafArgs& x) { x.t(0).zero_(); },
-                        fused);
+  detail::update_leaves(
+      CallOptions{"zero_"}, args, [](const LeafArgs& x) { x.t(0).zero_(); }, fused);
   return t;
 }
 
@@ -494,8 +501,7 @@ bool equal(const TensorTree& a, const TensorTree& b) {
                    [](const at::Tensor& x, const at::Tensor& y) { return at::equal(x, y); });
 }
 
-bool allclose(const TensorTree& a, const TensorTree& b, double rtol, double atol,
-              bool equal_nan) {
+bool allclose(const TensorTree& a, const TensorTree& b, double rtol, double atol, bool equal_nan) {
   return all_pairs("allclose", a, b, [&](const at::Tensor& x, const at::Tensor& y) {
     return x.sizes().equals(y.sizes()) && at::allclose(x, y, rtol, atol, equal_nan);
   });
@@ -513,8 +519,7 @@ TreeTensor mm(const Operand& a, const Operand& b) {
 }
 TreeTensor dot(const Operand& a, const Operand& b) {
   return matrix_op(
-      "dot", a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::dot(x, y); },
-      false);
+      "dot", a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::dot(x, y); }, false);
 }
 
 // ---- shape and conversion ----------------------------------------------------------------------
@@ -569,8 +574,8 @@ TreeTensor where(const Operand& cond, const Operand& a, const Operand& b) {
   const Operand args[] = {cond, a, b};
   CallOptions o{"where"};
   o.wrap_scalars = true;
-  return detail::map_leaves(
-      o, args, [](const LeafArgs& x) { return at::where(x.t(0), x.t(1), x.t(2)); });
+  return detail::map_leaves(o, args,
+                            [](const LeafArgs& x) { return at::where(x.t(0), x.t(1), x.t(2)); });
 }
 
 TreeTensor index(const TensorTree& t, at::ArrayRef<at::indexing::TensorIndex> indices) {
@@ -642,32 +647,66 @@ TreeTensor& TreeTensor::addcdiv_(const Operand& t1, const Operand& t2, const at:
 TreeTensor& TreeTensor::lerp_(const Operand& end, const at::Scalar& weight) {
   return treetensor::lerp_(*this, end, weight);
 }
-TreeTensor& TreeTensor::copy_(const Operand& src) { return treetensor::copy_(*this, src); }
-TreeTensor& TreeTensor::zero_() { return treetensor::zero_(*this); }
-TreeTensor& TreeTensor::fill_(const at::Scalar& value) { return treetensor::fill_(*this, value); }
-TreeTensor& TreeTensor::requires_grad_(bool r) { return treetensor::requires_grad_(*this, r); }
-TreeTensor TreeTensor::matmul(const Operand& o) const { return treetensor::matmul(*this, o); }
-TreeTensor TreeTensor::mm(const Operand& o) const { return treetensor::mm(*this, o); }
-TreeTensor TreeTensor::dot(const Operand& o) const { return treetensor::dot(*this, o); }
+TreeTensor& TreeTensor::copy_(const Operand& src) {
+  return treetensor::copy_(*this, src);
+}
+TreeTensor& TreeTensor::zero_() {
+  return treetensor::zero_(*this);
+}
+TreeTensor& TreeTensor::fill_(const at::Scalar& value) {
+  return treetensor::fill_(*this, value);
+}
+TreeTensor& TreeTensor::requires_grad_(bool r) {
+  return treetensor::requires_grad_(*this, r);
+}
+TreeTensor TreeTensor::matmul(const Operand& o) const {
+  return treetensor::matmul(*this, o);
+}
+TreeTensor TreeTensor::mm(const Operand& o) const {
+  return treetensor::mm(*this, o);
+}
+TreeTensor TreeTensor::dot(const Operand& o) const {
+  return treetensor::dot(*this, o);
+}
 TreeTensor TreeTensor::isclose(const Operand& o, double rtol, double atol, bool equal_nan) const {
   return treetensor::isclose(*this, o, rtol, atol, equal_nan);
 }
 TreeTensor TreeTensor::to(at::TensorOptions options, bool non_blocking, bool copy) const {
   return treetensor::to(*this, options, non_blocking, copy);
 }
-TreeTensor TreeTensor::to(at::ScalarType dtype) const { return treetensor::to(*this, dtype); }
-TreeTensor TreeTensor::to(at::Device device) const { return treetensor::to(*this, device); }
-TreeTensor TreeTensor::cpu() const { return treetensor::cpu(*this); }
-TreeTensor TreeTensor::contiguous() const { return treetensor::contiguous(*this); }
-TreeTensor TreeTensor::reshape(at::IntArrayRef s) const { return treetensor::reshape(*this, s); }
-TreeTensor TreeTensor::view(at::IntArrayRef s) const { return treetensor::view(*this, s); }
-TreeTensor TreeTensor::squeeze() const { return treetensor::squeeze(*this); }
-TreeTensor TreeTensor::squeeze(int64_t d) const { return treetensor::squeeze(*this, d); }
-TreeTensor TreeTensor::unsqueeze(int64_t d) const { return treetensor::unsqueeze(*this, d); }
+TreeTensor TreeTensor::to(at::ScalarType dtype) const {
+  return treetensor::to(*this, dtype);
+}
+TreeTensor TreeTensor::to(at::Device device) const {
+  return treetensor::to(*this, device);
+}
+TreeTensor TreeTensor::cpu() const {
+  return treetensor::cpu(*this);
+}
+TreeTensor TreeTensor::contiguous() const {
+  return treetensor::contiguous(*this);
+}
+TreeTensor TreeTensor::reshape(at::IntArrayRef s) const {
+  return treetensor::reshape(*this, s);
+}
+TreeTensor TreeTensor::view(at::IntArrayRef s) const {
+  return treetensor::view(*this, s);
+}
+TreeTensor TreeTensor::squeeze() const {
+  return treetensor::squeeze(*this);
+}
+TreeTensor TreeTensor::squeeze(int64_t d) const {
+  return treetensor::squeeze(*this, d);
+}
+TreeTensor TreeTensor::unsqueeze(int64_t d) const {
+  return treetensor::unsqueeze(*this, d);
+}
 TreeTensor TreeTensor::transpose(int64_t a, int64_t b) const {
   return treetensor::transpose(*this, a, b);
 }
-TreeTensor TreeTensor::permute(at::IntArrayRef d) const { return treetensor::permute(*this, d); }
+TreeTensor TreeTensor::permute(at::IntArrayRef d) const {
+  return treetensor::permute(*this, d);
+}
 TreeTensor TreeTensor::flatten(int64_t s, int64_t e) const {
   return treetensor::flatten(*this, s, e);
 }

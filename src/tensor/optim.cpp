@@ -15,8 +15,8 @@ namespace treetensor {
 namespace {
 
 struct Corrections {
-  double step_size;       // lr / (1 - beta1^t)
-  double bias2_sqrt;      // sqrt(1 - beta2^t)
+  double step_size;   // lr / (1 - beta1^t)
+  double bias2_sqrt;  // sqrt(1 - beta2^t)
 };
 
 Corrections corrections(const AdamOptions& o, int64_t step) {
@@ -28,8 +28,8 @@ Corrections corrections(const AdamOptions& o, int64_t step) {
 
 void require_same(const TensorTree& a, const TensorTree& b, const char* what) {
   if (!(tree::flatten_refs(a).spec == tree::flatten_refs(b).spec))
-    throw tree::StructureError({}, std::string("adam_step_foreach: ") + what +
-                                       " does not have the structure of params");
+    throw tree::StructureError(
+        {}, std::string("adam_step_foreach: ") + what + " does not have the structure of params");
 }
 
 }  // namespace

@@ -22,17 +22,28 @@ constexpr std::size_t kLineWidth = 80;
 
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kDouble: return "torch.float64";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kByte: return "torch.uint8";
-    case at::kChar: return "torch.int8";
-    case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kBool: return "torch.bool";
-    default: return std::string("torch.") + c10::toString(t);
+    case at::kFloat:
+      return "torch.float32";
+    case at::kDouble:
+      return "torch.float64";
+    case at::kHalf:
+      return "torch.float16";
+    case at::kBFloat16:
+      return "torch.bfloat16";
+    case at::kByte:
+      return "torch.uint8";
+    case at::kChar:
+      return "torch.int8";
+    case at::kShort:
+      return "torch.int16";
+    case at::kInt:
+      return "torch.int32";
+    case at::kLong:
+      return "torch.int64";
+    case at::kBool:
+      return "torch.bool";
+    default:
+      return std::string("torch.") + c10::toString(t);
   }
 }
 
@@ -150,8 +161,8 @@ class Writer {
     os << '[';
     const auto idx = shown(t.size(0), summarise_);
     if (t.dim() == 1) {
-      const std::size_t per_line =
-          std::max<std::size_t>(1, (kLineWidth - std::min(kLineWidth - 1, indent + 1)) / (width_ + 2));
+      const std::size_t per_line = std::max<std::size_t>(
+          1, (kLineWidth - std::min(kLineWidth - 1, indent + 1)) / (width_ + 2));
       for (std::size_t k = 0; k < idx.size(); ++k) {
         if (k) os << (k % per_line == 0 ? ",\n" + std::string(indent + 1, ' ') : ", ");
         if (idx[k] < 0)
@@ -182,8 +193,7 @@ class Writer {
 };
 
 bool default_dtype(at::ScalarType t) {
-  return t == at::typeMetaToScalarType(at::get_default_dtype()) || t == at::kLong ||
-         t == at::kBool;
+  return t == at::typeMetaToScalarType(at::get_default_dtype()) || t == at::kLong || t == at::kBool;
 }
 
 }  // namespace

@@ -87,8 +87,12 @@ at::Tensor any(const TensorTree& t) {
   return s.defined() ? s.any() : at::zeros({}, at::kBool);
 }
 
-at::Tensor min(const TensorTree& t) { return extreme("min", t, true); }
-at::Tensor max(const TensorTree& t) { return extreme("max", t, false); }
+at::Tensor min(const TensorTree& t) {
+  return extreme("min", t, true);
+}
+at::Tensor max(const TensorTree& t) {
+  return extreme("max", t, false);
+}
 
 at::Tensor std(const TensorTree& t, bool unbiased) {
   require_floating("std", t);
@@ -180,20 +184,35 @@ TreeTensor leaf_norm(const TensorTree& t, double p) {
 }
 TreeTensor leaf_masked_select(const TensorTree& t, const Operand& mask) {
   const Operand args[] = {Operand(t), mask};
-  return detail::map_leaves(detail::CallOptions{"masked_select"}, args,
-                            [](const detail::LeafArgs& x) {
-                              return at::masked_select(x.t(0), x.t(1));
-                            });
+  return detail::map_leaves(
+      detail::CallOptions{"masked_select"}, args,
+      [](const detail::LeafArgs& x) { return at::masked_select(x.t(0), x.t(1)); });
 }
 
 // ---- methods ---------------------------------------------------------------------------------
-at::Tensor TreeTensor::sum() const { return treetensor::sum(*this); }
-at::Tensor TreeTensor::mean() const { return treetensor::mean(*this); }
-at::Tensor TreeTensor::all() const { return treetensor::all(*this); }
-at::Tensor TreeTensor::any() const { return treetensor::any(*this); }
-at::Tensor TreeTensor::min() const { return treetensor::min(*this); }
-at::Tensor TreeTensor::max() const { return treetensor::max(*this); }
-at::Tensor TreeTensor::std(bool unbiased) const { return treetensor::std(*this, unbiased); }
-at::Tensor TreeTensor::norm(double p) const { return treetensor::norm(*this, p); }
+at::Tensor TreeTensor::sum() const {
+  return treetensor::sum(*this);
+}
+at::Tensor TreeTensor::mean() const {
+  return treetensor::mean(*this);
+}
+at::Tensor TreeTensor::all() const {
+  return treetensor::all(*this);
+}
+at::Tensor TreeTensor::any() const {
+  return treetensor::any(*this);
+}
+at::Tensor TreeTensor::min() const {
+  return treetensor::min(*this);
+}
+at::Tensor TreeTensor::max() const {
+  return treetensor::max(*this);
+}
+at::Tensor TreeTensor::std(bool unbiased) const {
+  return treetensor::std(*this, unbiased);
+}
+at::Tensor TreeTensor::norm(double p) const {
+  return treetensor::norm(*this, p);
+}
 
 }  // namespace treetensor

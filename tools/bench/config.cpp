@@ -16,11 +16,13 @@
 namespace treetensor::bench {
 namespace {
 
-const std::map<std::string, c10::ScalarType> kDtypes = {
-    {"float32", c10::kFloat}, {"float64", c10::kDouble},
-    {"float16", c10::kHalf},  {"bfloat16", c10::kBFloat16}};
+const std::map<std::string, c10::ScalarType> kDtypes = {{"float32", c10::kFloat},
+                                                        {"float64", c10::kDouble},
+                                                        {"float16", c10::kHalf},
+                                                        {"bfloat16", c10::kBFloat16}};
 
-constexpr const char* kSeedRows = R"(Rows (one per strategy and size; every row is checked against `native` before timing):
+constexpr const char* kSeedRows =
+    R"(Rows (one per strategy and size; every row is checked against `native` before timing):
   min             the tree call (linear) on N/M leaves: the time a perfect M-way split of
                   the N leaves could reach. Its GFLOP/s counts all N leaves, so it reads as
                   the throughput of that ideal split.
@@ -44,7 +46,8 @@ until the clock stops, then released outside the timed region; with --device cud
 device is synchronized after every repetition. TREETENSOR_LOG_POLICY=1 prints each
 automatic decision (and why) on stderr.)";
 
-constexpr const char* kOptimizerRows = R"(One Adam step (with bias correction and L2 weight decay, PyTorch's torch.optim.Adam
+constexpr const char* kOptimizerRows =
+    R"(One Adam step (with bias correction and L2 weight decay, PyTorch's torch.optim.Adam
 arithmetic) over the trainable parameters of a real model: four trees (parameters,
 gradients, first and second moments) built from the shapes in data/models/<model>.json.
 Only weights and biases take part, not running_mean / running_var / num_batches_tracked
@@ -95,7 +98,8 @@ void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& dev
                  "T: timed repetitions per strategy (default on CPU: per size, as many as fit "
                  "in about 6 s, 10 to 100; 50 with --device cuda)")
       ->check(kAtLeastOne);
-  sub.add_option("--warmup", cfg.warmup, "untimed repetitions per strategy before timing (enough for automatic to try "
+  sub.add_option("--warmup", cfg.warmup,
+                 "untimed repetitions per strategy before timing (enough for automatic to try "
                  "each strategy once per call shape, so its row is the steady state)")
       ->capture_default_str();
   sub.add_option("--dtype", dtype, "element type of every tensor")
@@ -115,8 +119,9 @@ void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& dev
                  "FILE.png (needs gnuplot: sudo apt-get install gnuplot-nox)")
       ->type_name("FILE.png")
       ->check(kPngFile);
-  sub.add_flag("--no-progress", [&cfg](std::int64_t) { cfg.progress = false; },
-               "no progress line on stderr");
+  sub.add_flag(
+      "--no-progress", [&cfg](std::int64_t) { cfg.progress = false; },
+      "no progress line on stderr");
   sub.add_flag("--caching-allocator", cfg.caching_allocator,
                "install treetensor's caching CPU allocator before making inputs (every row "
                "then allocates through it; TREETENSOR_CACHING_CPU_ALLOCATOR=1 does the same "
@@ -131,7 +136,8 @@ std::string resolve_model(const std::string& model) {
     if (fs::exists(p)) return p.string();
   }
   throw CLI::ValidationError("--model", "no model file '" + model + ".json' in ./data/models or " +
-                                            TREETENSOR_DATA_DIR + "/models; give a name there "
+                                            TREETENSOR_DATA_DIR +
+                                            "/models; give a name there "
                                             "(resnet50, mobilenet_v3_small) or a path to a .json");
 }
 
@@ -160,31 +166,39 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
   std::vector<std::int64_t> sizes = {16, 32, 64, 128};
   std::int64_t s1 = 0, s2 = 0, s3 = 0;
 
-  CLI::App app{"treetensor-bench: does tree-level parallelism pay on your sizes, and which "
-               "strategy wins? Every figure is measured side by side in one run.",
-               "treetensor-bench"};
+  CLI::App app{
+      "treetensor-bench: does tree-level parallelism pay on your sizes, and which "
+      "strategy wins? Every figure is measured side by side in one run.",
+      "treetensor-bench"};
   app.require_subcommand(1);
-  app.footer("Examples:\n  treetensor-bench seed --json out/seed.json --plot out/seed.png\n"
-             "  treetensor-bench optimizer --model resnet50 --json out/optimizer.json\n"
-             "  treetensor-bench seed --device cuda      # the seed's own sizes on a GPU\n"
-             "Run `treetensor-bench seed --help` or `... optimizer --help` for the rows.");
+  app.footer(
+      "Examples:\n  treetensor-bench seed --json out/seed.json --plot out/seed.png\n"
+      "  treetensor-bench optimizer --model resnet50 --json out/optimizer.json\n"
+      "  treetensor-bench seed --device cuda      # the seed's own sizes on a GPU\n"
+      "Run `treetensor-bench seed --help` or `... optimizer --help` for the rows.");
 
   CLI::App* seed = app.add_subcommand(
-      "seed", "N leaves a0..a{N-1}; leaf i multiplies S1xS2 by S2xS3 (DI-treetensor's stream "
-              "experiment), over a size sweep");
+      "seed",
+      "N leaves a0..a{N-1}; leaf i multiplies S1xS2 by S2xS3 (DI-treetensor's stream "
+      "experiment), over a size sweep");
   add_common(*seed, cfg, dtype, device);
   seed->add_option("-N,--leaves", cfg.leaves, "N: number of leaves (default 200)")
       ->check(kAtLeastOne);
-  auto* sizes_opt = seed->add_option(
-      "--sizes", sizes,
-      "sweep of S, comma-separated: S1=S, S2=2S, S3=4S (default 16,32,64,128 on CPU, 512 with "
-      "--device cuda)")->delimiter(',')->check(kAtLeastOne);
+  auto* sizes_opt = seed->add_option("--sizes", sizes,
+                                     "sweep of S, comma-separated: S1=S, S2=2S, S3=4S (default "
+                                     "16,32,64,128 on CPU, 512 with "
+                                     "--device cuda)")
+                        ->delimiter(',')
+                        ->check(kAtLeastOne);
   seed->add_option("--s1", s1, "one explicit size instead of the sweep: rows of the left factor")
-      ->check(kAtLeastOne)->excludes(sizes_opt);
+      ->check(kAtLeastOne)
+      ->excludes(sizes_opt);
   seed->add_option("--s2", s2, "inner dimension (default 2*S1); needs --s1")
-      ->check(kAtLeastOne)->excludes(sizes_opt);
+      ->check(kAtLeastOne)
+      ->excludes(sizes_opt);
   seed->add_option("--s3", s3, "columns of the right factor (default 4*S1); needs --s1")
-      ->check(kAtLeastOne)->excludes(sizes_opt);
+      ->check(kAtLeastOne)
+      ->excludes(sizes_opt);
   seed->footer(kSeedRows);
 
   CLI::App* opt = app.add_subcommand(
@@ -217,8 +231,9 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
     if (sub->get_option("--reps")->count() == 0 && cuda) cfg.reps = 50;
     if (sub->get_option("--warmup")->count() == 0 && cuda) cfg.warmup = 5;
     if (cfg.reps == 0 && cfg.warmup == 0)
-      throw CLI::ValidationError("--warmup", "0 needs an explicit -T: the automatic T is judged "
-                                              "from the warm-up");
+      throw CLI::ValidationError("--warmup",
+                                 "0 needs an explicit -T: the automatic T is judged "
+                                 "from the warm-up");
     if (cfg.workload == Workload::seed) {
       if (s1 > 0) {
         cfg.sizes = {{s1, s2 > 0 ? s2 : 2 * s1, s3 > 0 ? s3 : 4 * s1}};

@@ -39,8 +39,8 @@ inline constexpr std::size_t kAutoRepsMin = 10, kAutoRepsMax = 100;
 /// Every setting of one run; filled by parse_command_line() with device-dependent defaults.
 struct Config {
   Workload workload = Workload::seed;
-  std::size_t leaves = 200;                  ///< N (seed)
-  std::size_t lanes = 2;                     ///< M for the stream row and the min row
+  std::size_t leaves = 200;  ///< N (seed)
+  std::size_t lanes = 2;     ///< M for the stream row and the min row
   /// T: timed repetitions per strategy; 0 means automatic: per size, as many as fit in
   /// about `rep_budget_s` seconds (judged from the last warm-up), between kAutoRepsMin and
   /// kAutoRepsMax.
@@ -49,18 +49,18 @@ struct Config {
   /// Untimed repetitions per strategy first: 8 lets stream(automatic) finish its one-time
   /// trial of each strategy (two calls each), so every row shows the steady state.
   std::size_t warmup = 8;
-  std::vector<SeedSize> sizes;               ///< seed sizes, in sweep order
+  std::vector<SeedSize> sizes;  ///< seed sizes, in sweep order
   c10::ScalarType dtype = c10::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
-  std::uint64_t seed = 0;                    ///< random seed of the inputs
-  std::string model = "resnet50";            ///< optimizer: a name in data/models or a .json path
-  std::string model_path;                    ///< resolved path of the model file
+  std::uint64_t seed = 0;          ///< random seed of the inputs
+  std::string model = "resnet50";  ///< optimizer: a name in data/models or a .json path
+  std::string model_path;          ///< resolved path of the model file
   AdamSettings adam;
-  std::optional<std::string> json_path;      ///< --json FILE
-  std::optional<std::string> plot_path;      ///< --plot FILE.png
-  bool progress = true;                      ///< progress line on stderr
-  bool caching_allocator = false;            ///< install treetensor's caching CPU allocator
-  std::string command_line;                  ///< argv joined, recorded in the JSON
+  std::optional<std::string> json_path;  ///< --json FILE
+  std::optional<std::string> plot_path;  ///< --plot FILE.png
+  bool progress = true;                  ///< progress line on stderr
+  bool caching_allocator = false;        ///< install treetensor's caching CPU allocator
+  std::string command_line;              ///< argv joined, recorded in the JSON
 };
 
 /// Parses argv into a Config, applying the CPU or CUDA defaults for what was not given.

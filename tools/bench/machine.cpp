@@ -45,15 +45,14 @@ bool has_cpu_flag(const std::string& flags, std::string_view flag) {
 // OpenBLAS 0.3.21 maps CPUs newer than its table (e.g. family 6 model 207) to Prescott, whose
 // SSE3 kernels ran the seed's matmuls 2.5x slower than SkylakeX's on this machine.
 std::string blas_core_note(const std::string& core) {
-  static const std::set<std::string> old_cores = {"Prescott", "Core2", "Penryn", "Dunnington",
-                                                  "Nehalem", "Atom", "Sandybridge"};
+  static const std::set<std::string> old_cores = {"Prescott", "Core2", "Penryn",     "Dunnington",
+                                                  "Nehalem",  "Atom",  "Sandybridge"};
   const std::string flags = cpuinfo_field("flags");
   if (!old_cores.count(core) || !has_cpu_flag(flags, "avx2")) return "";
   const char* better = has_cpu_flag(flags, "avx512f") ? "SkylakeX" : "Haswell";
   return "OpenBLAS runs its " + core + " kernels on this AVX2" +
          (has_cpu_flag(flags, "avx512f") ? std::string("/AVX-512") : "") +
-         " CPU (too new for its detection); OPENBLAS_CORETYPE=" + better +
-         " selects faster ones";
+         " CPU (too new for its detection); OPENBLAS_CORETYPE=" + better + " selects faster ones";
 }
 
 std::string torch_version() {

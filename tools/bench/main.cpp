@@ -7,9 +7,9 @@
 #include <iostream>
 
 #include "config.hpp"
-#include "treetensor/runtime/cpu_allocator.hpp"
 #include "machine.hpp"
 #include "report.hpp"
+#include "treetensor/runtime/cpu_allocator.hpp"
 #include "workloads.hpp"
 
 namespace tb = treetensor::bench;
@@ -17,10 +17,10 @@ namespace tb = treetensor::bench;
 namespace {
 
 std::string headline(const tb::Config& cfg) {
-  const std::string reps =
-      cfg.reps ? std::to_string(cfg.reps)
-               : fmt::format("{}..{} (about {:g} s per size)", tb::kAutoRepsMin, tb::kAutoRepsMax,
-                             cfg.rep_budget_s);
+  const std::string reps = cfg.reps
+                               ? std::to_string(cfg.reps)
+                               : fmt::format("{}..{} (about {:g} s per size)", tb::kAutoRepsMin,
+                                             tb::kAutoRepsMax, cfg.rep_budget_s);
   const std::string timing = fmt::format(
       "M={}, T={} timed repetitions after {} warm-up, strategies interleaved round-robin",
       cfg.lanes, reps, cfg.warmup);
@@ -51,8 +51,9 @@ nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine
       {"dtype", tb::dtype_name(cfg.dtype)},
       {"device", cfg.device.str()},
       {"seed", cfg.seed},
-      {"timing", "round-robin: each repetition runs every strategy once, the order rotating; "
-                 "results kept until the clock stops; device synchronized per repetition"},
+      {"timing",
+       "round-robin: each repetition runs every strategy once, the order rotating; "
+       "results kept until the clock stops; device synchronized per repetition"},
       {"verification", result.notes},
       {"all_verified", result.all_verified},
       {"allocator", allocator_note()},
@@ -72,7 +73,8 @@ int run(const tb::Config& cfg) {
   std::cout << headline(cfg) << "\n" << machine.describe() << std::flush;
   tb::Progress progress(cfg.progress);
   const bool seed = cfg.workload == tb::Workload::seed;
-  const tb::WorkloadResult result = seed ? tb::run_seed(cfg, progress) : tb::run_optimizer(cfg, progress);
+  const tb::WorkloadResult result =
+      seed ? tb::run_seed(cfg, progress) : tb::run_optimizer(cfg, progress);
 
   for (const auto& note : result.notes) std::cout << "verification: " << note << "\n";
   std::cout << "allocator: " << allocator_note() << "\n";
@@ -85,13 +87,13 @@ int run(const tb::Config& cfg) {
     std::cout << "wrote " << *cfg.json_path << "\n";
   }
   if (cfg.plot_path) {
-    const std::string title =
-        headline(cfg).substr(0, headline(cfg).find(';')) + "\n" + machine.cpu + ", " +
-        std::to_string(machine.cores) + " cores, LibTorch " + machine.torch_version + ", " +
-        machine.date.substr(0, 10);
+    const std::string title = headline(cfg).substr(0, headline(cfg).find(';')) + "\n" +
+                              machine.cpu + ", " + std::to_string(machine.cores) +
+                              " cores, LibTorch " + machine.torch_version + ", " +
+                              machine.date.substr(0, 10);
     const std::string xlabel = seed ? "leaf size S (each leaf: S x 2S @ 2S x 4S)" : "model";
-    if (auto missing = tb::write_plot(*cfg.plot_path, result.records, title, seed ? "S =" : "model",
-                                      xlabel))
+    if (auto missing =
+            tb::write_plot(*cfg.plot_path, result.records, title, seed ? "S =" : "model", xlabel))
       std::cout << *missing << "\n";
     else
       std::cout << "wrote " << *cfg.plot_path << "\n";

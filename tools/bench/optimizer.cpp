@@ -71,7 +71,8 @@ ModelShapes load_model(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error("model shapes file '" + path +
                              "' does not match {\"model\", \"tensors\": [{\"key\", \"shape\", "
-                             "\"dtype\"}]}: " + e.what());
+                             "\"dtype\"}]}: " +
+                             e.what());
   }
   return m;
 }
@@ -140,7 +141,8 @@ void adam_native(AdamState& s, std::int64_t step, const AdamSettings& o) {
 void adam_foreach(AdamState& s, std::int64_t step, const AdamSettings& o) {
   const double bc1 = 1 - std::pow(o.beta1, double(step));
   const double bc2_sqrt = std::sqrt(1 - std::pow(o.beta2, double(step)));
-  std::vector<at::Tensor> grads = o.weight_decay != 0 ? at::_foreach_add(s.g, s.p, o.weight_decay) : s.g;
+  std::vector<at::Tensor> grads =
+      o.weight_decay != 0 ? at::_foreach_add(s.g, s.p, o.weight_decay) : s.g;
   at::_foreach_mul_(s.m, o.beta1);
   at::_foreach_add_(s.m, grads, 1 - o.beta1);
   at::_foreach_mul_(s.v, o.beta2);
@@ -221,14 +223,14 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
   std::vector<Candidate> candidates;
   for (const auto& [name, step] : rows)
     candidates.push_back({name, [shared, step_count, step] { step(*shared, ++*step_count); }, {}});
-  const RoundRobin measured = time_round_robin(candidates, rep_plan(cfg),
-                                               device_synchronizer(cfg.device), progress, stage);
+  const RoundRobin measured =
+      time_round_robin(candidates, rep_plan(cfg), device_synchronizer(cfg.device), progress, stage);
   const auto& timings = measured.timings;
   progress.clear();
   for (std::size_t i = 0; i < rows.size(); ++i)
     out.records.push_back({"optimizer", rows[i].first, model.name, timings[i].mean_ms,
-                           timings[i].std_ms, std::nullopt,
-                           timings[0].mean_ms / timings[i].mean_ms, verification.passed(i), measured.reps});
+                           timings[i].std_ms, std::nullopt, timings[0].mean_ms / timings[i].mean_ms,
+                           verification.passed(i), measured.reps});
 
   out.config = {{"model", model.name},
                 {"model_file", cfg.model_path},

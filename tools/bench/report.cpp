@@ -130,15 +130,17 @@ std::string line_plot(const std::vector<Record>& records, const std::vector<std:
 
 // One size only (an optimizer run): a bar per strategy, labelled with its speed-up.
 std::string bar_plot(const std::vector<Record>& records) {
-  std::string script = fmt::format("set xrange [-0.6:{}.6]\nset style fill solid 0.7\n"
-                                   "set boxwidth 0.6\nunset key\n$d << EOD\n",
-                                   records.size() - 1);
+  std::string script = fmt::format(
+      "set xrange [-0.6:{}.6]\nset style fill solid 0.7\n"
+      "set boxwidth 0.6\nunset key\n$d << EOD\n",
+      records.size() - 1);
   for (std::size_t i = 0; i < records.size(); ++i)
-    script += fmt::format("{} {} {}\n", i, gp_quote(records[i].strategy),
-                          records[i].speedup_vs_native);
-  return script + "EOD\nplot $d using 1:3:xtic(2) with boxes lc rgb \"#3b75af\", "
-                  "$d using 1:3:(sprintf(\"%.2fx\", $3)) with labels offset 0,1, "
-                  "1 with lines dashtype 2 lc rgb \"black\"\n";
+    script +=
+        fmt::format("{} {} {}\n", i, gp_quote(records[i].strategy), records[i].speedup_vs_native);
+  return script +
+         "EOD\nplot $d using 1:3:xtic(2) with boxes lc rgb \"#3b75af\", "
+         "$d using 1:3:(sprintf(\"%.2fx\", $3)) with labels offset 0,1, "
+         "1 with lines dashtype 2 lc rgb \"black\"\n";
 }
 
 }  // namespace
@@ -149,7 +151,8 @@ std::optional<std::string> write_plot(const std::string& path, const std::vector
   const std::string term = png_terminal();
   if (term.empty())
     return "no plot: gnuplot with a PNG terminal is not installed; install it with "
-           "`sudo apt-get install gnuplot-nox` (Debian/Ubuntu) and run again to get " + path;
+           "`sudo apt-get install gnuplot-nox` (Debian/Ubuntu) and run again to get " +
+           path;
   const auto sizes = unique_in_order(records, [](const Record& r) { return size_text(r.size); });
   const auto strategies = unique_in_order(records, [](const Record& r) { return r.strategy; });
   const bool bars = sizes.size() == 1;
@@ -157,7 +160,8 @@ std::optional<std::string> write_plot(const std::string& path, const std::vector
   std::string script = "set terminal " + term + " size 960,600 noenhanced\n";
   script += "set output " + gp_quote(path) + "\n";
   script += "set title " + gp_quote(title) + "\n";
-  script += "set xlabel " + gp_quote(bars ? "strategy (" + size_name + " " + sizes[0] + ")" : xlabel) +
+  script += "set xlabel " +
+            gp_quote(bars ? "strategy (" + size_name + " " + sizes[0] + ")" : xlabel) +
             "\nset ylabel \"speed-up vs native (x)\"\n";
   script += "set grid\nset key outside right\nset yrange [0:*]\n";
   script += bars ? bar_plot(records) : line_plot(records, sizes, strategies);

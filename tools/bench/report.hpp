@@ -13,15 +13,15 @@ namespace treetensor::bench {
 /// One row: a strategy at one size (seed) or on one model (optimizer). Field names are the
 /// JSON names other tools read; keep them.
 struct Record {
-  std::string workload;              ///< "seed" or "optimizer"
-  std::string strategy;              ///< "min", "native", "native-discard", "foreach", ...
-  nlohmann::json size;               ///< seed: S (number) or "S1xS2xS3"; optimizer: model name
+  std::string workload;  ///< "seed" or "optimizer"
+  std::string strategy;  ///< "min", "native", "native-discard", "foreach", ...
+  nlohmann::json size;   ///< seed: S (number) or "S1xS2xS3"; optimizer: model name
   double mean_ms = 0;
   double std_ms = 0;
-  std::optional<double> gflops;      ///< null where not meaningful
-  double speedup_vs_native = 0;      ///< native mean / this mean
-  bool verified = false;             ///< allclose to native before timing
-  std::size_t reps = 0;              ///< timed repetitions (table only; in the JSON config)
+  std::optional<double> gflops;  ///< null where not meaningful
+  double speedup_vs_native = 0;  ///< native mean / this mean
+  bool verified = false;         ///< allclose to native before timing
+  std::size_t reps = 0;          ///< timed repetitions (table only; in the JSON config)
 
   nlohmann::json to_json() const;
 };
@@ -46,8 +46,8 @@ void check_output_path(const std::string& flag, const std::string& path);
 /// Draws speed-up against native versus size, one line per strategy, into `path` (PNG) with
 /// gnuplot; with a single size (an optimizer run), one labelled bar per strategy instead.
 /// @param size_name  what a size is ("S", "model"), for the bar chart's axis label.
-/// @param xlabel     the line chart's x-axis label. When gnuplot (or a PNG terminal) is missing, writes nothing and returns a message
-/// saying how to install it; returns std::nullopt on success.
+/// @param xlabel     the line chart's x-axis label. When gnuplot (or a PNG terminal) is missing,
+/// writes nothing and returns a message saying how to install it; returns std::nullopt on success.
 /// gnuplot's stdout is discarded (it falls back to stdout when it cannot open `path`, which
 /// would put PNG bytes into the table); its error messages go to stderr.
 /// @throws std::runtime_error when gnuplot is present but fails or does not write `path`.

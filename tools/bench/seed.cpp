@@ -91,13 +91,16 @@ std::vector<Row> make_rows(const Config& cfg, const SeedInputs& in,
       return treetensor::matmul(a, b);
     };
     auto release = [keep_tree] { keep_tree->clear(); };
-    return Row{name, [call] { return to_map(call()); },
-               {name, [call, keep_tree] { keep_tree->push_back(call()); }, release}, leaves};
+    return Row{name,
+               [call] { return to_map(call()); },
+               {name, [call, keep_tree] { keep_tree->push_back(call()); }, release},
+               leaves};
   };
   const auto linear = runtime::StreamMode::of(1);
   std::vector<Row> rows;
   rows.push_back(tree_row("min", linear, in.ta_min, in.tb_min, n_min));
-  rows.push_back({"native", [&in] { return native_matmul(in.a, in.b); },
+  rows.push_back({"native",
+                  [&in] { return native_matmul(in.a, in.b); },
                   {"native", [&in, keep_map] { *keep_map = native_matmul(in.a, in.b); },
                    [keep_map] { keep_map->clear(); }},
                   n});
@@ -108,7 +111,8 @@ std::vector<Row> make_rows(const Config& cfg, const SeedInputs& in,
                     return seen;
                   },
                   {"native-discard",
-                   [&in] { native_discard(in.a, in.b, [](auto&, const at::Tensor&) {}); }, {}},
+                   [&in] { native_discard(in.a, in.b, [](auto&, const at::Tensor&) {}); },
+                   {}},
                   n});
   rows.push_back(tree_row("linear", linear, in.ta, in.tb, n));
   rows.push_back(tree_row("stream", runtime::StreamMode::of(cfg.lanes), in.ta, in.tb, n));
@@ -127,9 +131,9 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress) {
   for (std::size_t k = 0; k < cfg.sizes.size(); ++k) {
     const SeedSize& s = cfg.sizes[k];
     sizes.push_back({{"S1", s.s1}, {"S2", s.s2}, {"S3", s.s3}});
-    const std::string stage = fmt::format("seed size {}/{}: S={} ({}x{} @ {}x{}, {} leaves)", k + 1,
-                                          cfg.sizes.size(), s.label(), s.s1, s.s2, s.s2, s.s3,
-                                          cfg.leaves);
+    const std::string stage =
+        fmt::format("seed size {}/{}: S={} ({}x{} @ {}x{}, {} leaves)", k + 1, cfg.sizes.size(),
+                    s.label(), s.s1, s.s2, s.s2, s.s3, cfg.leaves);
     progress.update(stage, "making inputs");
     at::manual_seed(cfg.seed);
     const SeedInputs in = make_inputs(cfg, s);
@@ -153,10 +157,15 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress) {
     const double native_ms = timings[1].mean_ms;
     const double flops = s.leaf_flops() * double(cfg.leaves);
     for (std::size_t i = 0; i < rows.size(); ++i) {
-      Record r{"seed", rows[i].name,
+      Record r{"seed",
+               rows[i].name,
                s.is_sweep_shape() ? nlohmann::json(s.s1) : nlohmann::json(s.label()),
-               timings[i].mean_ms, timings[i].std_ms, flops / (timings[i].mean_ms * 1e6),
-               native_ms / timings[i].mean_ms, verification.passed(i), measured.reps};
+               timings[i].mean_ms,
+               timings[i].std_ms,
+               flops / (timings[i].mean_ms * 1e6),
+               native_ms / timings[i].mean_ms,
+               verification.passed(i),
+               measured.reps};
       out.records.push_back(r);
     }
   }

@@ -8,16 +8,18 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <stdexcept>
 
 namespace treetensor::bench {
 
 Progress::Progress(bool enabled) : enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0) {}
 
-Progress::~Progress() { clear(); }
+Progress::~Progress() {
+  clear();
+}
 
 void Progress::update(const std::string& stage, const std::string& detail) {
   if (!enabled_) return;
@@ -89,15 +91,17 @@ RoundRobin time_round_robin(const std::vector<Candidate>& candidates, const RepP
     throw std::invalid_argument("an automatic number of repetitions needs a warm-up");
   double round_ms = 0;
   for (std::size_t r = 0; r < plan.warmup; ++r) {
-    const auto ms = one_round(candidates, r, sync, progress, stage,
-                              "warm-up " + std::to_string(r + 1) + "/" + std::to_string(plan.warmup));
+    const auto ms =
+        one_round(candidates, r, sync, progress, stage,
+                  "warm-up " + std::to_string(r + 1) + "/" + std::to_string(plan.warmup));
     round_ms = std::accumulate(ms.begin(), ms.end(), 0.0);
   }
   RoundRobin out;
   out.reps = plan.fixed;
   if (out.reps == 0) {
     const double fit = std::ceil(plan.budget_s * 1e3 / std::max(round_ms, 1e-3));
-    out.reps = std::clamp(static_cast<std::size_t>(std::min(fit, 1e9)), plan.min_reps, plan.max_reps);
+    out.reps =
+        std::clamp(static_cast<std::size_t>(std::min(fit, 1e9)), plan.min_reps, plan.max_reps);
   }
   std::vector<std::vector<double>> samples(candidates.size());
   for (std::size_t r = 0; r < out.reps; ++r) {

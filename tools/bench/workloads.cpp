@@ -14,7 +14,8 @@ void check_device(const Config& cfg) {
         ": this LibTorch build has no CUDA (at::hasCUDA() is false); use a CUDA build of "
         "LibTorch or run on the CPU");
   if (!cfg.device.is_cuda() && !cfg.device.is_cpu())
-    throw std::invalid_argument("--device " + cfg.device.str() + ": only cpu and cuda are supported");
+    throw std::invalid_argument("--device " + cfg.device.str() +
+                                ": only cpu and cuda are supported");
 }
 
 Verification::Verification(std::string subject, c10::ScalarType dtype)
@@ -63,10 +64,11 @@ std::string Verification::note() const {
     list += (list.empty() ? "" : ", ") + names_[i];
   }
   if (!failed.empty()) return subject_ + ": VERIFICATION FAILED" + failed;
-  return fmt::format("{}: all {} strategies match native before timing (allclose rtol={:g} "
-                     "atol={:g}); bitwise equal: {}{}",
-                     subject_, names_.size(), rtol, atol, exact.empty() ? "none" : exact,
-                     close.empty() ? "" : "; within tolerance only: " + close);
+  return fmt::format(
+      "{}: all {} strategies match native before timing (allclose rtol={:g} "
+      "atol={:g}); bitwise equal: {}{}",
+      subject_, names_.size(), rtol, atol, exact.empty() ? "none" : exact,
+      close.empty() ? "" : "; within tolerance only: " + close);
 }
 
 RepPlan rep_plan(const Config& cfg) {

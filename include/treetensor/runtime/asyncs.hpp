@@ -76,11 +76,11 @@ class AsyncsUsageError : public std::logic_error {
 
 /// One job that had not finished when a WatchdogTimeout was raised.
 struct InFlightJob {
-  int thread = 0;            ///< asyncs thread id (1..max_threads())
-  std::uint64_t job = 0;     ///< job number on that thread, counting from 1
-  std::string label;         ///< the submitter's label, may be empty
-  bool running = false;      ///< running (true) or still queued (false)
-  double seconds = 0;        ///< seconds since the job started (running) or was submitted
+  int thread = 0;         ///< asyncs thread id (1..max_threads())
+  std::uint64_t job = 0;  ///< job number on that thread, counting from 1
+  std::string label;      ///< the submitter's label, may be empty
+  bool running = false;   ///< running (true) or still queued (false)
+  double seconds = 0;     ///< seconds since the job started (running) or was submitted
 };
 
 /// A blocking asyncs wait made no progress (no asyncs job finished) for the watchdog timeout.
@@ -164,9 +164,9 @@ struct JobState {
   virtual ~JobState() = default;
   std::atomic<bool> done{false};
   int thread = 0;
-  std::uint64_t number = 0;      // job number on its thread, from 1
-  std::uint64_t seq = 0;         // global submission order
-  std::uint64_t submitter = 0;   // seq of the job that submitted this one, 0 if none
+  std::uint64_t number = 0;     // job number on its thread, from 1
+  std::uint64_t seq = 0;        // global submission order
+  std::uint64_t submitter = 0;  // seq of the job that submitted this one, 0 if none
   std::string label;
   std::exception_ptr error;
   std::vector<c10::Event> finished;  // CUDA: recorded on the worker streams after the job
@@ -210,8 +210,7 @@ struct TaskImpl final : Task {
 
 /// Queues a job on `worker` (blocking for back-pressure) and fills in state's ids.
 void enqueue(Worker& worker, std::shared_ptr<JobState> state, std::unique_ptr<Task> task,
-             c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes,
-             std::string label);
+             c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes, std::string label);
 /// Blocks until `state` is done (watchdog), joins streams, marks its error observed, rethrows it.
 void wait_job(JobState& state);
 
@@ -301,8 +300,8 @@ class Thread {
   ///         back-pressure. Never blocks for back-pressure when called from this thread's own
   ///         jobs (the queue could not drain meanwhile).
   template <class F>
-  auto submit(F&& fn, c10::ArrayRef<at::Tensor> reads = {},
-              c10::ArrayRef<at::Tensor> writes = {}, std::string label = {})
+  auto submit(F&& fn, c10::ArrayRef<at::Tensor> reads = {}, c10::ArrayRef<at::Tensor> writes = {},
+              std::string label = {})
       -> Future<std::remove_cvref_t<std::invoke_result_t<std::decay_t<F>&>>> {
     using T = std::remove_cvref_t<std::invoke_result_t<std::decay_t<F>&>>;
     auto state = std::make_shared<detail::Result<T>>();

@@ -30,8 +30,8 @@ namespace treetensor::runtime {
 ///  - std::bad_alloc (rebuilding it could itself fail to allocate; its message is fixed anyway);
 ///  - any other type, including user exception types, std::system_error and c10::Error
 ///    subclasses not listed (e.g. ones added after LibTorch 1.13), since their constructors are
-///    unknown and rebuilding them as a base would change the type callers catch. Callers that need the context for such types
-///    should derive them from std::runtime_error or c10::Error.
+///    unknown and rebuilding them as a base would change the type callers catch. Callers that need
+///    the context for such types should derive them from std::runtime_error or c10::Error.
 ///
 /// @param e        the exception to rethrow; must not be null.
 /// @param context  text prepended to the message, e.g. "matmul at leaf 'a.b'".

@@ -55,8 +55,7 @@ TreeTensor arange(const tree::Tree<at::Scalar>& ends, at::TensorOptions options 
 TreeTensor zeros_like(const TensorTree& t, at::TensorOptions options = {});
 TreeTensor ones_like(const TensorTree& t, at::TensorOptions options = {});
 TreeTensor empty_like(const TensorTree& t, at::TensorOptions options = {});
-TreeTensor full_like(const TensorTree& t, const at::Scalar& value,
-                     at::TensorOptions options = {});
+TreeTensor full_like(const TensorTree& t, const at::Scalar& value, at::TensorOptions options = {});
 TreeTensor randn_like(const TensorTree& t, at::TensorOptions options = {});
 TreeTensor rand_like(const TensorTree& t, at::TensorOptions options = {});
 TreeTensor randint_like(const TensorTree& t, int64_t low, int64_t high,

@@ -29,7 +29,7 @@ namespace treetensor {
   TreeTensor name(const TensorTree& t);        \
   TreeTensor& name##_(TreeTensor& t);
 #define TREETENSOR_DECLARE_UNARY(name) TreeTensor name(const TensorTree& t);
-#define TREETENSOR_DECLARE_BINARY_SCALAR(name)       \
+#define TREETENSOR_DECLARE_BINARY_SCALAR(name)         \
   TreeTensor name(const Operand& a, const Operand& b); \
   TreeTensor& name##_(TreeTensor& a, const Operand& b);
 #define TREETENSOR_DECLARE_BINARY_TENSOR(name) TreeTensor name(const Operand& a, const Operand& b);
@@ -148,14 +148,13 @@ concept TreeTensorArg = std::derived_from<std::decay_t<A>, TreeTensor>;
 template <class A>
 concept OperandArg = std::is_convertible_v<const A&, Operand>;
 template <class A, class B>
-concept OperatorArgs = (TreeTensorArg<A> || TreeTensorArg<B>) && OperandArg<A> && OperandArg<B>;
+concept OperatorArgs = (TreeTensorArg<A> || TreeTensorArg<B>)&&OperandArg<A>&& OperandArg<B>;
 }  // namespace detail
 
-#define TREETENSOR_OPERATOR(op, fn)                 \
-  template <class A, class B>                       \
-    requires detail::OperatorArgs<A, B>             \
-  TreeTensor operator op(const A& a, const B& b) {  \
-    return fn(Operand(a), Operand(b));              \
+#define TREETENSOR_OPERATOR(op, fn)                                                    \
+  template <class A, class B>                                                          \
+  requires detail::OperatorArgs<A, B> TreeTensor operator op(const A& a, const B& b) { \
+    return fn(Operand(a), Operand(b));                                                 \
   }
 TREETENSOR_OPERATOR(+, add)
 TREETENSOR_OPERATOR(-, sub)
@@ -173,11 +172,10 @@ TREETENSOR_OPERATOR(>, gt)
 TREETENSOR_OPERATOR(>=, ge)
 #undef TREETENSOR_OPERATOR
 
-#define TREETENSOR_COMPOUND(op, fn)                          \
-  template <class B>                                         \
-    requires detail::OperandArg<B>                           \
-  TreeTensor& operator op(TreeTensor& a, const B& b) {       \
-    return fn(a, Operand(b));                                \
+#define TREETENSOR_COMPOUND(op, fn)                                                   \
+  template <class B>                                                                  \
+  requires detail::OperandArg<B> TreeTensor& operator op(TreeTensor& a, const B& b) { \
+    return fn(a, Operand(b));                                                         \
   }
 TREETENSOR_COMPOUND(+=, add_)
 TREETENSOR_COMPOUND(-=, sub_)
@@ -190,8 +188,12 @@ TREETENSOR_COMPOUND(^=, bitwise_xor_)
 #undef TREETENSOR_COMPOUND
 
 /// Leaf-wise negation and bitwise not.
-inline TreeTensor operator-(const TreeTensor& t) { return neg(t); }
-inline TreeTensor operator~(const TreeTensor& t) { return bitwise_not(t); }
+inline TreeTensor operator-(const TreeTensor& t) {
+  return neg(t);
+}
+inline TreeTensor operator~(const TreeTensor& t) {
+  return bitwise_not(t);
+}
 
 // ---- apply: any torch function or lambda, leaf-wise, through the runtime ----------------------
 namespace detail {
@@ -230,7 +232,8 @@ auto apply_impl(const CallOptions& o, F& f, const A&... args) {
     });
     return [&]<std::size_t... K>(std::index_sequence<K...>) {
       return std::make_tuple(std::move(trees[K])...);
-    }(std::make_index_sequence<std::tuple_size_v<R>>{});
+    }
+    (std::make_index_sequence<std::tuple_size_v<R>>{});
   }
 }
 }  // namespace detail
@@ -245,16 +248,16 @@ auto apply_impl(const CallOptions& o, F& f, const A&... args) {
 /// @throws as the op functions; f's exceptions with the leaf path added.
 /// Example: apply([](const at::Tensor& x) { return at::softmax(x, -1); }, t);
 template <class F, class... A>
-  requires(sizeof...(A) > 0 && (detail::OperandArg<A> && ...))
-auto apply(F&& f, const A&... args) {
+requires(sizeof...(A) > 0 && (detail::OperandArg<A> && ...)) auto apply(F&& f, const A&... args) {
   return detail::apply_impl(detail::CallOptions{"apply"}, f, args...);
 }
 
 /// apply() with zip options (mode, inherit) and, for outer/left zips, a tensor that fills
 /// absent leaves (nullptr: absent leaves are an error).
 template <class F, class... A>
-  requires(sizeof...(A) > 0 && (detail::OperandArg<A> && ...))
-auto apply(const ZipOptions& zip, const at::Tensor* missing, F&& f, const A&... args) {
+requires(sizeof...(A) > 0 && (detail::OperandArg<A> && ...)) auto apply(const ZipOptions& zip,
+                                                                        const at::Tensor* missing,
+                                                                        F&& f, const A&... args) {
   detail::CallOptions o{"apply", zip, missing};
   return detail::apply_impl(o, f, args...);
 }
@@ -262,8 +265,8 @@ auto apply(const ZipOptions& zip, const at::Tensor* missing, F&& f, const A&... 
 /// Runs the in-place function f(target_leaf, other_leaves...) on every leaf of `target`
 /// (strict zip), through the runtime. Says which leaves were updated when some fail.
 template <class F, class... A>
-  requires(detail::OperandArg<A> && ...)
-TreeTensor& apply_(F&& f, TreeTensor& target, const A&... args) {
+requires(detail::OperandArg<A>&&...) TreeTensor& apply_(F&& f, TreeTensor& target,
+                                                        const A&... args) {
   const std::array<Operand, sizeof...(A) + 1> ops{Operand(target), Operand(args)...};
   detail::CallOptions o{"apply_"};
   o.wrap_scalars = true;

@@ -12,6 +12,8 @@
 //  - BINARY_TENSOR   f(a, b) -> tree; at::f takes tensors only (a scalar operand is passed as
 //                    a wrapped-number tensor, which type promotion treats like a scalar)
 
+// clang-format 14 does not converge on these name tables.
+// clang-format off
 // f(t) and f_(t): at::f(leaf), leaf.f_().
 #define TREETENSOR_UNARY_INPLACE_OPS(X)                                                        \
   X(abs) X(ceil) X(floor) X(round) X(trunc) X(frac) X(sigmoid) X(sqrt) X(rsqrt) X(square)      \
@@ -31,3 +33,4 @@
 // f(a, b): at::f(a, b) on tensors.
 #define TREETENSOR_BINARY_TENSOR_OPS(X)                                                        \
   X(atan2) X(maximum) X(minimum) X(logical_and) X(logical_or) X(logical_xor)
+// clang-format on

@@ -62,10 +62,8 @@ TreeTensor leaf_any(const TensorTree& t, int64_t dim, bool keepdim = false);
 TreeTensor leaf_min(const TensorTree& t);
 TreeTensor leaf_max(const TensorTree& t);
 /// (values, indices) along dim, as at::min(t, dim) / at::max(t, dim).
-std::tuple<TreeTensor, TreeTensor> leaf_min(const TensorTree& t, int64_t dim,
-                                            bool keepdim = false);
-std::tuple<TreeTensor, TreeTensor> leaf_max(const TensorTree& t, int64_t dim,
-                                            bool keepdim = false);
+std::tuple<TreeTensor, TreeTensor> leaf_min(const TensorTree& t, int64_t dim, bool keepdim = false);
+std::tuple<TreeTensor, TreeTensor> leaf_max(const TensorTree& t, int64_t dim, bool keepdim = false);
 TreeTensor leaf_std(const TensorTree& t, bool unbiased = true);
 TreeTensor leaf_std(const TensorTree& t, at::IntArrayRef dim, bool unbiased = true,
                     bool keepdim = false);

@@ -3,8 +3,8 @@
 // single dispatch point (DESIGN.md, tensor layer). This header declares the class, its
 // methods (generated from ops_table.hpp) and the argument type of every leaf-wise op.
 
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorIndexing.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/util/ArrayRef.h>
@@ -46,8 +46,8 @@ class Operand {
   /// Any C++ number: integers become int64 scalars, floating values double, bool stays bool
   /// (torch's scalar type promotion then applies: an int tree plus 1.5 is a float tree).
   template <class N>
-    requires std::is_arithmetic_v<N>
-  Operand(N v) : kind_(Kind::scalar), scalar_(to_scalar(v)) {}  // NOLINT
+  requires std::is_arithmetic_v<N> Operand(N v)
+      : kind_(Kind::scalar), scalar_(to_scalar(v)) {}  // NOLINT
 
   Kind kind() const noexcept { return kind_; }
   bool is_tree() const noexcept { return kind_ == Kind::tree; }
