@@ -34,6 +34,9 @@ struct Pool {
   std::atomic<std::size_t> offer_count{0};     // offers.size(), read without the lock by spinners
   std::size_t sleepers = 0;
   std::atomic<std::size_t> workers{0};
+  // Workers past their start-up (which calls into LibTorch): ensure_workers() waits for it, so
+  // no worker is still inside LibTorch's initialisation when the process exits.
+  std::atomic<std::size_t> started{0};
 
   // Under `mutex`: first offer that still has pieces and room for one more worker; drops
   // exhausted offers on the way.
@@ -71,6 +74,8 @@ struct Pool {
   void worker_main(std::size_t lane) {
     this_lane = lane;
     pin_intra_op_to_one_thread();
+    started.fetch_add(1, std::memory_order_release);
+    started.notify_all();
     for (;;) next_batch()->participate(lane);
   }
 };
@@ -110,12 +115,14 @@ long spin_microseconds() {
 void ensure_workers(std::size_t wanted) {
   Pool& p = pool();
   wanted = std::min(wanted, max_lanes - 1);
-  if (p.workers.load(std::memory_order_acquire) >= wanted) return;
+  if (p.started.load(std::memory_order_acquire) >= wanted) return;
   std::lock_guard lock(p.mutex);
   for (std::size_t n = p.workers.load(); n < wanted; ++n) {
     std::thread([&p, lane = n + 1] { p.worker_main(lane); }).detach();
     p.workers.store(n + 1, std::memory_order_release);
   }
+  for (std::size_t n; (n = p.started.load(std::memory_order_acquire)) < wanted;)
+    p.started.wait(n, std::memory_order_acquire);
 }
 
 std::size_t worker_count() {
