@@ -21,6 +21,14 @@ fi
 
 mkdir -p out
 bench=build-release/tools/treetensor-bench
-"$bench" seed --json out/seed.json --plot out/seed.png "$@"
+# Every workload runs and writes its outputs whatever the other's status; the exit status
+# (2: a row was not verified, 1: a workload failed) comes at the end, with one summary line.
+failed=()
+"$bench" seed --json out/seed.json --plot out/seed.png "$@" || failed+=("seed (exit $?)")
 echo
-"$bench" optimizer --model resnet50 --json out/optimizer.json --plot out/optimizer.png "$@"
+"$bench" optimizer --model resnet50 --json out/optimizer.json --plot out/optimizer.png "$@" ||
+  failed+=("optimizer (exit $?)")
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "bench.sh: not every row was verified or measured: ${failed[*]}; see the lines above" >&2
+  exit 2
+fi

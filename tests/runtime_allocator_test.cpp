@@ -3,6 +3,7 @@
 #include "runtime_test_util.hpp"
 #include "treetensor/runtime/cpu_allocator.hpp"
 #include "treetensor/runtime/stream.hpp"
+#include "treetensor/tensor/rounding.hpp"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -52,7 +53,12 @@ TEST(CachingCpuAllocator, ReusesFreedBlocksKeepsValuesAndHonoursTheCap) {
     for (int rep = 0; rep < 3; ++rep)
       rt_test::run_leaves("matmul", 100, [&](std::size_t i) { got[i] = at::matmul(a[i], b[i]); });
   });
-  for (int i = 0; i < 100; ++i) EXPECT_TRUE(at::equal(got[i], expected[i])) << "leaf " << i;
+  // 64x128 @ 128x256 is above OpenBLAS's threading threshold: the caller's product may sum in
+  // another order than a lane's single-threaded one, so the matmul rounding bound decides.
+  for (int i = 0; i < 100; ++i) {
+    const auto agreement = treetensor::rounding::compare_matmul(got[i], expected[i], a[i], b[i]);
+    EXPECT_TRUE(agreement.holds()) << "leaf " << i << ": " << agreement.describe();
+  }
   EXPECT_TRUE(at::equal(before, at::arange(100000, at::kFloat)));
 
   // Cap 0: nothing more is kept.

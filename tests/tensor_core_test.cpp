@@ -360,9 +360,58 @@ TEST(TensorAttributes, TreesOfValuesAndSingle) {
     tt::single(t.dtype());
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "single: leaf 'b.x' differs from leaf 'a'");
+    EXPECT_EQ(std::string(e.what()), "single: leaves disagree: 1 of 2 leaves hold Float; 'b.x' holds Double");
   }
   EXPECT_THROW(tt::single(TreeTensor().dtype()), std::invalid_argument);
+}
+
+// When leaf 0 is the odd one, the message names it, not a correct leaf; values are shown.
+TEST(TensorAttributes, SingleNamesTheLeavesThatDifferFromTheMajority) {
+  const tt::tree::Tree<int64_t> sizes = {{"a", 3}, {"b", 4}, {"c", {{"x", 4}, {"y", 4}}}};
+  try {
+    tt::single(sizes);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "single: leaves disagree: 3 of 4 leaves hold 4; 'a' holds 3");
+  }
+  TreeTensor t{{"a", at::ones({2, 3})}, {"b", at::ones({2, 3})}, {"c", at::ones({5})}};
+  try {
+    tt::single(t.shape());
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "single: leaves disagree: 2 of 3 leaves hold [2, 3]; 'c' holds [5]");
+  }
+  tt::tree::Tree<int64_t> many;
+  for (int i = 0; i < 12; ++i) many.insert("k" + std::to_string(10 + i), int64_t(i < 2 ? 7 : i));
+  try {
+    tt::single(many);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "single: leaves disagree: 3 of 12 leaves hold 7; 'k12' holds 2, 'k13' holds 3, "
+              "'k14' holds 4, 'k15' holds 5, 'k16' holds 6, 'k18' holds 8, 'k19' holds 9, "
+              "'k20' holds 10, and 1 more");
+  }
+}
+
+TEST(TensorAttributes, BatchSizeIsTheSharedLeadingDimension) {
+  TreeTensor t{{"obs", at::zeros({8, 3})}, {"act", TensorTree{{"id", at::zeros({8})}}}};
+  EXPECT_EQ(tt::batch_size(t), 8);
+  EXPECT_EQ(t.batch_size(), 8);
+  auto message = [](const TreeTensor& x) {
+    try {
+      tt::batch_size(x);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(TreeTensor{{"a", at::zeros({8, 3})}, {"r", at::scalar_tensor(1.0)}}),
+            "batch_size: leaf 'r' is 0-d (a scalar); it has no leading dimension");
+  EXPECT_EQ(message(TreeTensor{{"a", at::zeros({4})}, {"b", at::zeros({8})}, {"c", at::zeros({8, 2})}}),
+            "batch_size: leaves disagree on dim 0: 2 of 3 leaves hold 8; 'a' holds 4");
+  EXPECT_EQ(message(TreeTensor()), "batch_size: the tree has no leaves");
 }
 
 TEST(TensorIndexing, SameIndexAndTreeOfIndices) {
@@ -406,13 +455,13 @@ TEST(TensorDevices, MixedCpuAndCudaLeaves) {
   TreeTensor t{{"c", at::randn({3, 3})}, {"g", at::randn({3, 3}, at::Device(at::kCUDA))}};
   TreeTensor u = tt::tree::map([](const at::Tensor& x) { return at::randn_like(x); }, t);
   expect_same(t * u + 1, native([](auto& x, auto& y) { return x * y + 1; }, t, u));
-  expect_same(tt::matmul(t, u), native([](auto& x, auto& y) { return at::matmul(x, y); }, t, u),
-              false);
+  expect_matmul_agrees(tt::matmul(t, u),
+                       native([](auto& x, auto& y) { return at::matmul(x, y); }, t, u), t, u);
   EXPECT_THROW(tt::single(t.device()), std::invalid_argument);
   TreeTensor on_gpu = t.to(at::Device(at::kCUDA));
   EXPECT_EQ(tt::single(on_gpu.device()).type(), at::kCUDA);
   EXPECT_TRUE(on_gpu.at("g").leaf().is_same(t.at("g").leaf())) << "already there: no copy";
   TreeTensor r = tt::randn({{"a", {4}}}, at::TensorOptions().device(at::kCUDA));
   EXPECT_EQ(r.at("a").leaf().device().type(), at::kCUDA);
-  EXPECT_NEAR(tt::sum(tt::cpu(on_gpu)).item<double>(), tt::sum(t.cpu()).item<double>(), 1e-4);
+  EXPECT_TRUE(tt::sum(tt::cpu(on_gpu)).equal(tt::sum(t.cpu()))) << "copies sum alike";
 }

@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
 #include "tensor_test_util.hpp"
 #include "treetensor/tensor/tensor.hpp"
+
+#include <algorithm>
+#include <string>
 
 namespace tt = treetensor;
 using namespace tt_test;
@@ -39,11 +43,43 @@ TreeTensor issue_mean_tree(bool requires_grad) {
                                                .requires_grad_(requires_grad)}}}};
 }
 
-// All elements of all leaves as one flat tensor: the reference for tree-level reductions.
+// All elements of all leaves as one flat tensor, in the leaves' promoted dtype (the default
+// dtype for an empty tree): the reference for tree-level reductions (DESIGN.md §4).
 at::Tensor all_elements(const TensorTree& t) {
   std::vector<at::Tensor> flat;
-  for (const auto& x : leaves(t)) flat.push_back(x.reshape({-1}).to(at::kDouble));
-  return at::cat(flat);
+  for (const auto& x : leaves(t)) flat.push_back(x.reshape({-1}));
+  return flat.empty() ? at::empty({0}) : at::cat(flat);
+}
+
+namespace rd = treetensor::rounding;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Rounding bounds for two computations of one reduction over the same n elements in another
+// order (rounding.hpp; Higham §3.1 and §4.2). `dtype` is the lowest precision of the leaves.
+// A sum errs by at most gamma_n * sum|x| on either side.
+double sum_bound(const at::Tensor& all, at::ScalarType dtype) {
+  return 2 * rd::gamma(all.numel(), dtype) * all.abs().sum().item<double>();
+}
+// A mean is a sum, then one division.
+double mean_bound(const at::Tensor& all, at::ScalarType dtype) {
+  return 2 * rd::gamma(all.numel() + 1, dtype) * all.abs().mean().item<double>();
+}
+// A p-norm of positive terms: each |x|^p and each leaf norm raised again carries a few
+// correctly-rounded-to-1-ulp roundings (2u each), the sums over n elements and L leaves
+// gamma_n and gamma_L, and the final root scales relative error by 1/p: per side at most
+// max(1, 1/p) * gamma_{2(n + L) + 16} relative.
+double norm_bound(const at::Tensor& all, std::size_t leaves, double p, double value,
+                  at::ScalarType dtype) {
+  const auto terms = 2 * (all.numel() + static_cast<int64_t>(leaves)) + 16;
+  return 2 * std::max(1.0, 1.0 / p) * rd::gamma(terms, dtype) * std::abs(value);
+}
+// Two-pass std: the mean errs by delta <= gamma_{n+1} sum|x|/n, which adds n·delta² to the
+// sum of squares; the squares' sum, the division and the root add gamma_{n+4} relative. So
+// per side |s_hat - s| <= gamma_{n+4} (s + sqrt(sum x² / (n - 1))) (Cauchy-Schwarz on delta).
+double std_bound(const at::Tensor& all, double value, at::ScalarType dtype) {
+  const auto n = all.numel();
+  const double rms = std::sqrt(all.square().sum().item<double>() / double(n - 1));
+  return 2 * rd::gamma(n + 4, dtype) * (std::abs(value) + rms);
 }
 
 }  // namespace
@@ -63,19 +99,56 @@ TEST_P(TensorReduce, IssueValues) {
   EXPECT_TRUE(at::allclose(dim0.at("b.x").leaf(), at::tensor({3.1f, 3.4f})));
 }
 
+// Every tree-level reduction against torch's reduction of the concatenated elements: exact
+// for min/max/all/any and the counting and extreme norms (p = 0, inf, -inf), within the
+// derived rounding bound for sums, means, finite p-norms and std (another summation order).
+void expect_reductions_match_concatenation(const TreeTensor& t, const std::string& what) {
+  SCOPED_TRACE(what);
+  const at::Tensor all = all_elements(t);
+  const at::ScalarType low = at::kFloat;  // the lowest leaf precision in these trees
+  auto value = [](const at::Tensor& x) { return x.item<double>(); };
+  EXPECT_EQ(tt::sum(t).scalar_type(), all.sum().scalar_type());
+  EXPECT_LE(std::abs(value(tt::sum(t)) - value(all.sum())), sum_bound(all, low));
+  for (double p : {0.0, 0.5, 1.0, 2.0, 3.0, kInf, -kInf}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    const at::Tensor got = tt::norm(t, p), want = all.norm(p);
+    EXPECT_EQ(got.scalar_type(), want.scalar_type());
+    if (p == 0 || std::isinf(p) || all.numel() == 0)
+      EXPECT_TRUE(got.equal(want)) << got << " vs " << want;
+    else
+      EXPECT_LE(std::abs(value(got) - value(want)), norm_bound(all, t.leaf_count(), p, value(want), low));
+  }
+  EXPECT_TRUE(tt::all(t).equal(all.all()));
+  EXPECT_TRUE(tt::any(t).equal(all.any()));
+  if (all.numel() == 0) return;  // mean/std are NaN and min/max throw (EmptyTrees... below)
+  EXPECT_LE(std::abs(value(tt::mean(t)) - value(all.mean())), mean_bound(all, low));
+  EXPECT_TRUE(tt::min(t).equal(all.min()));
+  EXPECT_TRUE(tt::max(t).equal(all.max()));
+  if (all.numel() < 2) return;
+  EXPECT_LE(std::abs(value(tt::std(t)) - value(all.std())), std_bound(all, value(all.std()), low));
+  EXPECT_LE(std::abs(value(tt::std(t, false)) - value(all.std(false))),
+            std_bound(all, value(all.std(false)), low));
+}
+
 TEST_P(TensorReduce, TreeLevelEqualsReductionOfAllElements) {
   TreeTensor t =
       randn_tree({{"a", {4, 5}}, {"b", {{"x", {7}}, {"y", tt::Shape{}}}}, {"e", {0, 3}}});
   t.insert("d", TensorTree(at::randn({3, 3}, at::kDouble)));
-  const at::Tensor all = all_elements(t);
-  EXPECT_NEAR(tt::sum(t).item<double>(), all.sum().item<double>(), 1e-4);
-  EXPECT_NEAR(tt::mean(t).item<double>(), all.mean().item<double>(), 1e-5);
-  EXPECT_NEAR(tt::std(t).item<double>(), all.std().item<double>(), 1e-5);
-  EXPECT_NEAR(tt::std(t, false).item<double>(), all.std(false).item<double>(), 1e-5);
-  EXPECT_NEAR(tt::norm(t).item<double>(), all.norm().item<double>(), 1e-4);
-  EXPECT_NEAR(tt::norm(t, 1).item<double>(), all.norm(1).item<double>(), 1e-3);
-  EXPECT_DOUBLE_EQ(tt::min(t).item<double>(), all.min().item<double>());
-  EXPECT_DOUBLE_EQ(tt::max(t).item<double>(), all.max().item<double>());
+  expect_reductions_match_concatenation(t, "float and float64 leaves, a 0-d and a 0-element leaf");
+  // Zeros count for p = 0 by element, not by leaf: 21 nonzero elements in 2 leaves.
+  TreeTensor sparse{{"a", at::tensor({0.0f, 1.0f, 2.0f})},
+                    {"b", at::cat({at::zeros({5}), at::arange(1, 20, at::kFloat)})}};
+  EXPECT_EQ(tt::norm(sparse, 0).item<float>(), 21.0f);
+  EXPECT_EQ(tt::norm(TreeTensor{{"a", at::tensor({0.0f, 1.0f, 2.0f})}}, 0).item<float>(), 2.0f);
+  expect_reductions_match_concatenation(sparse, "zeros");
+  // -inf: the smallest |x| over elements that exist; a 0-element leaf adds none.
+  TreeTensor hollow{{"a", at::tensor({-3.0f, 2.0f})}, {"e", at::zeros({0})}};
+  EXPECT_EQ(tt::norm(hollow, -kInf).item<float>(), 2.0f);
+  expect_reductions_match_concatenation(hollow, "a 0-element leaf");
+  expect_reductions_match_concatenation(TreeTensor{{"s", at::scalar_tensor(-2.5)}}, "one 0-d leaf");
+  expect_reductions_match_concatenation(TreeTensor{{"a", at::zeros({0})}, {"b", at::zeros({2, 0})}},
+                                        "no elements");
+  expect_reductions_match_concatenation(TreeTensor(), "the empty tree");
   EXPECT_EQ(tt::sum(t).scalar_type(), at::kDouble) << "float + double leaves promote";
   EXPECT_TRUE(t.sum().equal(tt::sum(t)));
   EXPECT_EQ(tt::all(t > -100).item<bool>(), true);
@@ -91,14 +164,14 @@ TEST_P(TensorReduce, NonContiguousLeaves) {
   TreeTensor t = tt::transpose(base, 0, 1);
   t = tt::index(t, {at::indexing::Slice(), at::indexing::Slice(0, at::indexing::None, 2)});
   for (const auto& x : leaves(t)) ASSERT_FALSE(x.is_contiguous());
-  EXPECT_NEAR(tt::sum(t).item<double>(), all_elements(t).sum().item<double>(), 1e-4);
-  EXPECT_NEAR(tt::mean(t).item<double>(), all_elements(t).mean().item<double>(), 1e-5);
+  expect_reductions_match_concatenation(t, "non-contiguous leaves");
   expect_same(tt::leaf_mean(t, {1}), native([](auto& x) { return x.mean({1}); }, t));
 }
 
 TEST_P(TensorReduce, EmptyTreesAndTreesWithoutElements) {
   const TreeTensor none;
-  EXPECT_EQ(tt::sum(none).item<int64_t>(), 0);
+  EXPECT_EQ(tt::sum(none).scalar_type(), at::get_default_dtype_as_scalartype());
+  EXPECT_EQ(tt::sum(none).item<float>(), 0.0f);
   EXPECT_TRUE(std::isnan(tt::mean(none).item<double>()));
   EXPECT_TRUE(tt::all(none).item<bool>());
   EXPECT_FALSE(tt::any(none).item<bool>());
@@ -162,7 +235,8 @@ TEST_P(TensorReduce, GradientOfSquaredTreeMeanIsTenSevenths) {
   at::Tensor loss = tt::mean(t).pow(2);
   loss.backward();
   TreeTensor g = t.grad();
-  for (const auto& x : leaves(g)) EXPECT_TRUE(at::allclose(x, at::full_like(x, 10.0 / 7.0)));
+  // d(mean²)/dx = 2·5 / 7: the division rounds once, every other backward step copies.
+  for (const auto& x : leaves(g)) EXPECT_TRUE(x.equal(at::full_like(x, 10.0f / 7.0f))) << x;
   EXPECT_EQ(g.shape(), t.shape());
 }
 
@@ -176,7 +250,20 @@ TEST_P(TensorReduce, GradientsFlowThroughTreeOps) {
     const at::Tensor wl = w.at(p).leaf().detach().requires_grad_(true);
     const at::Tensor xl = x.at(p).leaf();
     (at::sigmoid(at::matmul(xl, wl)) * 2 + 1).sum().backward();
-    EXPECT_TRUE(at::allclose(w.grad().at(p).leaf(), wl.grad(), 1e-5, 1e-6)) << p.str();
+    // grad w = x^T @ g, g = 2 sigmoid'(x @ w). The forward matmul may round differently in a
+    // lane (one BLAS thread): |dz| <= 2 gamma_K (|x| @ |w|); |sigmoid''| <= sqrt(3)/18, so
+    // |dg| <= 2 (sqrt(3)/18) |dz| + 8u |g| (sigmoid and its derivative, a few roundings each);
+    // then |d grad| <= |x|^T @ |dg| plus the backward matmul's own bound.
+    const at::Tensor xd = xl.to(at::kDouble), g = wl.grad().to(at::kDouble);
+    const at::Tensor dz = 2 * rd::gamma(xl.size(1), at::kFloat) *
+                          at::matmul(xd.abs(), wl.detach().to(at::kDouble).abs());
+    const at::Tensor z = at::matmul(xd, wl.detach().to(at::kDouble));
+    const at::Tensor local = 2 * at::sigmoid(z) * (1 - at::sigmoid(z));
+    const at::Tensor dg = 2 * (std::sqrt(3.0) / 18) * dz + 8 * rd::unit_roundoff(at::kFloat) * local;
+    const at::Tensor bound = at::matmul(xd.abs().t(), dg) +
+                             rd::matmul_bound(xl.t(), local.to(at::kFloat), at::kFloat);
+    const auto agreement = rd::compare_within(w.grad().at(p).leaf(), wl.grad(), bound);
+    EXPECT_TRUE(agreement.holds()) << p.str() << ": " << agreement.describe();
   }
   at::NoGradGuard no_grad;
   EXPECT_FALSE(tt::single((w * 2).requires_grad()));

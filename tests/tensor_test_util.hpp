@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <concepts>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -64,6 +65,28 @@ inline void expect_same(const TensorTree& got, const TensorTree& want, bool exac
       EXPECT_TRUE(at::allclose(g[i], w[i], rtol, atol, true)) << g[i] << "\nvs\n" << w[i];
     }
   }
+}
+
+/// Expects `got` (a tree matmul / mm / dot of `a` and `b`) to agree with `want` (the
+/// hand-written loop) leaf by leaf within the matmul rounding bound (DESIGN.md §5): a lane runs
+/// BLAS with one thread and the fused form is one bmm, so the summation order may differ.
+/// `b_leaf(i)` gives the right factor of leaf i.
+template <class BLeaf>
+  requires std::invocable<BLeaf, std::size_t>
+void expect_matmul_agrees(const TensorTree& got, const TensorTree& want, const TensorTree& a,
+                          BLeaf&& b_leaf) {
+  ASSERT_EQ(paths(got), paths(want));
+  const auto g = leaves(got), w = leaves(want), l = leaves(a);
+  const auto p = paths(want);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const auto agreement = treetensor::rounding::compare_matmul(g[i], w[i], l[i], b_leaf(i));
+    EXPECT_TRUE(agreement.holds()) << "leaf " << p[i] << ": " << agreement.describe();
+  }
+}
+inline void expect_matmul_agrees(const TensorTree& got, const TensorTree& want, const TensorTree& a,
+                                 const TensorTree& b) {
+  const auto r = leaves(b);
+  expect_matmul_agrees(got, want, a, [&](std::size_t i) { return r[i]; });
 }
 
 /// The hand-written loop: f(leaf...) over trees of equal structure, as a LibTorch user writes.

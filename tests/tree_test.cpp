@@ -166,6 +166,26 @@ TEST(TreeAccess, MissingKeyNamesPathAndAvailableKeys) {
               t.at(Path{"a", "b"});
             }),
             "no key 'b' at path 'a.b': 'a' is a leaf");
+  // Chained access keeps the path walked from where the chain started.
+  const IntTree deep = {{"model", {{"enc", {{"layer1", 1}}}}}};
+  EXPECT_EQ(message_of<tr::KeyError>([&] { deep["model"]["enc"]["layer2"]; }),
+            "no key 'layer2' at path 'model.enc.layer2'; available keys at 'model.enc': {layer1}");
+  EXPECT_EQ(message_of<tr::KeyError>([&] { deep["model"].at("enc.layer2"); }),
+            "no key 'layer2' at path 'model.enc.layer2'; available keys at 'model.enc': {layer1}");
+  IntTree mutable_deep = deep;
+  EXPECT_EQ(message_of<tr::KeyError>([&] { mutable_deep["model"]["enc"]["layer1"]["x"]; }),
+            "no key 'x' at path 'model.enc.layer1.x': 'model.enc.layer1' is a leaf");
+  try {
+    deep["model"]["nope"];
+    FAIL() << "no KeyError";
+  } catch (const tr::KeyError& e) {
+    EXPECT_EQ(e.path(), (Path{"model", "nope"}));
+  }
+  // A lookup on a node that the previous lookup did not return starts afresh.
+  const IntTree& enc = deep["model"]["enc"];
+  (void)t["x"];
+  EXPECT_EQ(message_of<tr::KeyError>([&] { enc["q"]; }),
+            "no key 'q' at path 'q'; available keys at '<root>': {layer1}");
   // KeyError is a std::out_of_range, so generic handlers catch it.
   EXPECT_THROW(t.at("nope"), std::out_of_range);
   EXPECT_EQ(message_of<tr::StructureError>([&] { t.leaf(); }),
@@ -254,11 +274,11 @@ TEST(TreeStructure, KeysWithDotsAndEmptyKeys) {
             (std::vector<Path>{Path{""}, Path{"a.b"}, Path{"n", ""}, Path{"n", "c.d"}}));
   EXPECT_EQ(tr::to_string(t),
             "<Tree>\n"
-            "├──  --> 2\n"
-            "├── a.b --> 1\n"
+            "├── '' --> 2\n"
+            "├── 'a.b' --> 1\n"
             "└── n --> <Tree>\n"
-            "    ├──  --> 3\n"
-            "    └── c.d --> 4");
+            "    ├── '' --> 3\n"
+            "    └── 'c.d' --> 4");
   EXPECT_EQ(Path({"n", "c.d"}).str(), "n.'c.d'");
   EXPECT_EQ(Path({"n", ""}).describe(), "n.''");
   EXPECT_EQ(Path{}.describe(), "<root>");
@@ -755,6 +775,22 @@ TEST(TreePrint, MultiLineLeavesIndentUnderTheArrow) {
             "    └── key --> p\n"
             "                q\n"
             "                r");
+}
+
+// Keys that are empty or hold '.' would read as another tree: quoted, as paths quote them.
+TEST(TreePrint, AmbiguousKeysAreQuoted) {
+  IntTree t;
+  t.insert(Path{""}, 1);
+  t.insert(Path{"a.b"}, 2);
+  t.insert(Path{"n", "x.y"}, 3);
+  EXPECT_EQ(tr::to_string(t),
+            "<Tree>\n"
+            "├── '' --> 1\n"
+            "├── 'a.b' --> 2\n"
+            "└── n --> <Tree>\n"
+            "    └── 'x.y' --> 3");
+  const Tree<std::string> multi = {{"p.q", "l1\nl2"}};
+  EXPECT_EQ(tr::to_string(multi), "<Tree>\n└── 'p.q' --> l1\n              l2");
 }
 
 TEST(TreePrint, CustomHeaderFormatterAndDefaultLeafFormats) {

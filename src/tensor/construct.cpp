@@ -117,10 +117,31 @@ TreeTensor from_ivalue_at(const c10::IValue& v, Path& path) {
   return TensorTree::from_children(std::move(children));
 }
 
+// The TorchScript type of a converted node: Tensor, or the Dict type it was built with.
+c10::TypePtr ivalue_type(const c10::IValue& v) {
+  if (v.isTensor()) return c10::TensorType::get();
+  if (!v.isGenericDict()) return v.type();  // an undefined tensor leaf converts to None
+  const auto dict = v.toGenericDict();
+  return c10::DictType::create(dict.keyType(), dict.valueType());
+}
+
+// The most specific value type for a node's converted children: their common type, else Any.
+c10::TypePtr common_value_type(const std::vector<c10::IValue>& values) {
+  if (values.empty()) return c10::TensorType::get();
+  c10::TypePtr type = ivalue_type(values[0]);
+  for (std::size_t i = 1; i < values.size(); ++i)
+    if (*ivalue_type(values[i]) != *type) return c10::AnyType::get();
+  return type;
+}
+
 c10::IValue to_ivalue_at(const TensorTree& t) {
   if (t.is_leaf()) return t.leaf();
-  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& [key, child] : t.children()) dict.insert(key, to_ivalue_at(child));
+  std::vector<c10::IValue> values;
+  values.reserve(t.size());
+  for (const auto& entry : t.children()) values.push_back(to_ivalue_at(entry.second));
+  c10::impl::GenericDict dict(c10::StringType::get(), common_value_type(values));
+  std::size_t i = 0;
+  for (const auto& entry : t.children()) dict.insert(entry.first, std::move(values[i++]));
   return dict;
 }
 

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <string_view>
 #include <unordered_map>
 
@@ -744,6 +745,28 @@ tree::Tree<bool> TreeTensor::requires_grad() const {
 }
 TreeTensor TreeTensor::grad() const {
   return tree::map([](const at::Tensor& x) { return x.grad(); }, *this);
+}
+
+int64_t batch_size(const TensorTree& t) {
+  const auto flat = tree::flatten_refs(t);
+  if (flat.leaves.empty()) throw std::invalid_argument("batch_size: the tree has no leaves");
+  std::vector<int64_t> sizes;
+  sizes.reserve(flat.leaves.size());
+  for (std::size_t i = 0; i < flat.leaves.size(); ++i) {
+    if (flat.leaves[i]->dim() == 0)
+      throw std::invalid_argument("batch_size: leaf '" + flat.spec.paths()[i].describe() +
+                                  "' is 0-d (a scalar); it has no leading dimension");
+    sizes.push_back(flat.leaves[i]->size(0));
+  }
+  if (std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == sizes[0]; }))
+    return sizes[0];
+  std::vector<const int64_t*> values;
+  for (const int64_t& s : sizes) values.push_back(&s);
+  throw std::invalid_argument("batch_size: leaves disagree on dim 0: " +
+                              detail::disagreement(values, flat.spec.paths()));
+}
+int64_t TreeTensor::batch_size() const {
+  return treetensor::batch_size(*this);
 }
 
 }  // namespace treetensor

@@ -49,6 +49,15 @@ void require_floating(std::string_view op, const TensorTree& t) {
                                   c10::toString(flat.leaves[i]->scalar_type()));
 }
 
+// Every element of every leaf as one 1-D tensor (promoted dtype; the default dtype for an
+// empty tree): the reference that tree-level reductions agree with.
+at::Tensor all_elements(const TensorTree& t) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor* x : tree::flatten_refs(t).leaves) flat.push_back(x->reshape({-1}));
+  if (flat.empty()) return at::empty({0}, at::TensorOptions(at::get_default_dtype()));
+  return at::cat(flat);
+}
+
 at::Tensor default_scalar(double v) {
   return at::full({}, v, at::TensorOptions(at::get_default_dtype()));
 }
@@ -67,7 +76,7 @@ at::Tensor extreme(std::string_view op, const TensorTree& t, bool is_min) {
 
 at::Tensor sum(const TensorTree& t) {
   auto s = stacked(partials("sum", t, [](const at::Tensor& x) { return x.sum(); }));
-  return s.defined() ? s.sum() : at::zeros({}, at::kLong);
+  return s.defined() ? s.sum() : default_scalar(0.0);
 }
 
 at::Tensor mean(const TensorTree& t) {
@@ -105,8 +114,18 @@ at::Tensor std(const TensorTree& t, bool unbiased) {
 }
 
 at::Tensor norm(const TensorTree& t, double p) {
-  auto s = stacked(partials("norm", t, [&](const at::Tensor& x) { return x.norm(p); }));
-  return s.defined() ? s.norm(p) : default_scalar(0.0);
+  // Finite p != 0: the p-norm of the leaf p-norms is the p-norm of all elements. The other
+  // three are not of that form: p = 0 counts nonzero elements (a sum of leaf counts), and
+  // p = +-inf is the largest / smallest |x| over the elements that exist (a 0-element leaf
+  // has none, so it must not contribute its empty-norm value).
+  const bool count = p == 0, extreme = std::isinf(p);
+  auto s = stacked(partials("norm", t, [&](const at::Tensor& x) {
+    return extreme && x.numel() == 0 ? at::Tensor() : x.norm(p);
+  }));
+  if (!s.defined()) return all_elements(t).norm(p);  // no element: whatever torch says
+  if (count) return s.sum();
+  if (extreme) return p > 0 ? s.max() : s.min();
+  return s.norm(p);
 }
 
 at::Tensor masked_select(const TensorTree& t, const Operand& mask) {

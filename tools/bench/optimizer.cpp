@@ -208,7 +208,13 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
   rows[0].second(native, kVerifyStep);
   const TensorMap reference = params_by_key(native);
   native = {};
-  Verification verification(model.name, cfg.dtype);
+  // Every strategy runs the same elementwise arithmetic per element: bitwise (DESIGN.md §5).
+  Verification verification(
+      model.name,
+      [](const std::string&, const at::Tensor& got, const at::Tensor& want) {
+        return rounding::compare_bitwise(got, want);
+      },
+      cfg.perturb_row);
   for (const auto& [name, step] : rows) {
     AdamState trial = state.clone();
     step(trial, kVerifyStep);

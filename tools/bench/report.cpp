@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -59,7 +60,7 @@ nlohmann::json Record::to_json() const {
           {"mean_ms", mean_ms},
           {"std_ms", std_ms},
           {"gflops", gflops ? nlohmann::json(*gflops) : nlohmann::json()},
-          {"speedup_vs_native", speedup_vs_native},
+          {"speedup_vs_native", verified ? nlohmann::json(speedup_vs_native) : nlohmann::json()},
           {"verified", verified}};
 }
 
@@ -74,10 +75,12 @@ void print_table(std::ostream& out, const std::vector<Record>& records,
     std::string size = size_text(r.size);
     if (!previous.empty() && size != previous) out << "\n";
     previous = size;
-    out << fmt::format("{:>{}}  {:<15}{:>10.3f}{:>9.3f}{:>10}{:>10.2f}x{:>5}  {}\n", size, width,
+    // An unverified row's time is not comparable: no speed-up is claimed for it.
+    out << fmt::format("{:>{}}  {:<15}{:>10.3f}{:>9.3f}{:>10}{:>11}{:>5}  {}\n", size, width,
                        r.strategy, r.mean_ms, r.std_ms,
-                       r.gflops ? fmt::format("{:.1f}", *r.gflops) : "-", r.speedup_vs_native,
-                       r.reps, r.verified ? "yes" : "NO");
+                       r.gflops ? fmt::format("{:.1f}", *r.gflops) : "-",
+                       r.verified ? fmt::format("{:.2f}x", r.speedup_vs_native) : "-", r.reps,
+                       r.verified ? "yes" : "NO");
   }
 }
 
@@ -143,16 +146,10 @@ std::string bar_plot(const std::vector<Record>& records) {
          "1 with lines dashtype 2 lc rgb \"black\"\n";
 }
 
-}  // namespace
-
-std::optional<std::string> write_plot(const std::string& path, const std::vector<Record>& records,
-                                      const std::string& title, const std::string& size_name,
-                                      const std::string& xlabel) {
-  const std::string term = png_terminal();
-  if (term.empty())
-    return "no plot: gnuplot with a PNG terminal is not installed; install it with "
-           "`sudo apt-get install gnuplot-nox` (Debian/Ubuntu) and run again to get " +
-           path;
+// Draws `records` (all verified) with gnuplot's `term`.
+void draw_plot(const std::string& path, const std::vector<Record>& records,
+               const std::string& title, const std::string& size_name, const std::string& xlabel,
+               const std::string& term) {
   const auto sizes = unique_in_order(records, [](const Record& r) { return size_text(r.size); });
   const auto strategies = unique_in_order(records, [](const Record& r) { return r.strategy; });
   const bool bars = sizes.size() == 1;
@@ -176,6 +173,23 @@ std::optional<std::string> write_plot(const std::string& path, const std::vector
     throw std::runtime_error("gnuplot failed to draw '" + path + "' (see its message above)");
   if (std::filesystem::file_size(path, ec) == 0 || ec)
     throw std::runtime_error("gnuplot did not write '" + path + "' (see its message above)");
+}
+
+}  // namespace
+
+std::optional<std::string> write_plot(const std::string& path, const std::vector<Record>& records,
+                                      const std::string& title, const std::string& size_name,
+                                      const std::string& xlabel) {
+  const std::string term = png_terminal();
+  if (term.empty())
+    return "no plot: gnuplot with a PNG terminal is not installed; install it with "
+           "`sudo apt-get install gnuplot-nox` (Debian/Ubuntu) and run again to get " +
+           path;
+  std::vector<Record> verified;
+  std::copy_if(records.begin(), records.end(), std::back_inserter(verified),
+               [](const Record& r) { return r.verified; });
+  if (verified.empty()) return "no plot: no row was verified, so there is nothing to draw in " + path;
+  draw_plot(path, verified, title, size_name, xlabel, term);
   return std::nullopt;
 }
 

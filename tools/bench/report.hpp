@@ -19,8 +19,8 @@ struct Record {
   double mean_ms = 0;
   double std_ms = 0;
   std::optional<double> gflops;  ///< null where not meaningful
-  double speedup_vs_native = 0;  ///< native mean / this mean
-  bool verified = false;         ///< allclose to native before timing
+  double speedup_vs_native = 0;  ///< native mean / this mean (null in the JSON when unverified)
+  bool verified = false;         ///< agrees with native before timing (see Verification)
   std::size_t reps = 0;          ///< timed repetitions (table only; in the JSON config)
 
   nlohmann::json to_json() const;
@@ -43,7 +43,7 @@ void write_json(const std::string& path, const nlohmann::json& config,
 /// @throws std::runtime_error naming the flag and the path when it cannot be written.
 void check_output_path(const std::string& flag, const std::string& path);
 
-/// Draws speed-up against native versus size, one line per strategy, into `path` (PNG) with
+/// Draws speed-up against native versus size (verified rows only), one line per strategy, into `path` (PNG) with
 /// gnuplot; with a single size (an optimizer run), one labelled bar per strategy instead.
 /// @param size_name  what a size is ("S", "model"), for the bar chart's axis label.
 /// @param xlabel     the line chart's x-axis label. When gnuplot (or a PNG terminal) is missing,

@@ -4,12 +4,13 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <map>
-
 #include <string>
 #include <vector>
 
 #include "config.hpp"
+#include "treetensor/tensor/rounding.hpp"
 #include "report.hpp"
 #include "timing.hpp"
 
@@ -25,12 +26,13 @@ struct WorkloadResult {
 };
 
 /// The seed experiment over cfg.sizes: rows min, native, native-discard, linear, stream, auto,
-/// fused. Every row is checked against native before timing.
+/// fused. Every row is checked against native before timing, to the matmul rounding bound
+/// (a lane runs OpenBLAS with one thread, native with all).
 /// @throws c10::Error from a kernel (e.g. a dtype the device has no matmul for).
 WorkloadResult run_seed(const Config& cfg, Progress& progress);
 
 /// One Adam step over cfg.model's trainable parameters: rows native, foreach, linear, stream,
-/// auto, fused, each checked against native (allclose on the updated parameters) first.
+/// auto, fused, each checked against native first (bitwise on the updated parameters).
 /// @throws std::runtime_error when the model file cannot be read or parsed.
 WorkloadResult run_optimizer(const Config& cfg, Progress& progress);
 
@@ -40,33 +42,44 @@ void check_device(const Config& cfg);
 /// Results by key (dotted tree path), as a strategy produced them.
 using TensorMap = std::map<std::string, at::Tensor>;
 
-/// Every strategy's results checked against native's before timing: allclose decides (kernels
-/// such as bmm may round differently); bitwise equality is reported beside it.
+/// How one result compares with native's: bitwise (elementwise work, optimizer steps) or
+/// within the op's rounding bound (BLAS calls whose thread count differs), see
+/// treetensor/tensor/rounding.hpp.
+using Comparator = std::function<rounding::Agreement(const std::string& key, const at::Tensor& got,
+                                                     const at::Tensor& want)>;
+
+/// Every strategy's results checked against native's before timing, key by key, with one
+/// Comparator. The note reports "bitwise equal" where it holds and else the worst ratio to the
+/// rounding bound ("0.031 of the rounding bound").
 class Verification {
  public:
   /// @param subject  what is verified, e.g. "S=64" or "resnet50" (starts the note).
-  Verification(std::string subject, c10::ScalarType dtype);
+  /// @param perturb  a strategy whose results are changed before checking (--perturb-row):
+  ///                 one element of its first result moves by 1e-3 relative, so the report
+  ///                 path of an unverified row can be exercised end to end.
+  Verification(std::string subject, Comparator compare, std::string perturb = "");
   /// Records whether `got` (which must hold exactly `expected_keys` keys, each also in
-  /// `want`) is allclose to `want` key by key, and whether it is bitwise equal.
-  void check(const std::string& strategy, const TensorMap& want, const TensorMap& got,
+  /// `want`) agrees with `want` key by key.
+  void check(const std::string& strategy, const TensorMap& want, TensorMap got,
              std::size_t expected_keys);
   /// Verdict of the i-th check(), in call order.
   bool passed(std::size_t i) const { return failures_[i].empty(); }
   bool all_passed() const;
-  /// One line for the output: all equal (and which bitwise), or what failed for whom.
+  /// The strategies that failed, in check() order.
+  std::vector<std::string> failed() const;
+  /// One line for the output: all agree (which bitwise, the others' worst ratio to the bound),
+  /// or what failed for whom.
   std::string note() const;
 
  private:
-  std::string subject_;
-  c10::ScalarType dtype_;
+  std::string subject_, perturb_;
+  Comparator compare_;
   std::vector<std::string> names_, failures_;
+  std::vector<double> worst_;  ///< worst ratio to the bound over a strategy's results
   std::vector<bool> bitwise_;
 };
 
 /// The repetition plan for cfg: its -T, or the automatic plan.
 RepPlan rep_plan(const Config& cfg);
-
-/// allclose tolerances for cfg.dtype: {rtol, atol}.
-std::pair<double, double> tolerances(c10::ScalarType dtype);
 
 }  // namespace treetensor::bench

@@ -90,8 +90,12 @@ std::map<std::string, at::Tensor> to_state_dict(const TensorTree& t);
 /// @throws std::invalid_argument naming the path of a value that is neither (or a non-string
 ///         key).
 TreeTensor from_ivalue(const c10::IValue& value);
-/// The IValue nest of `t`: nested c10::Dict<std::string, IValue> (GenericDict) with tensor
-/// leaves, in sorted key order. Shares the tensors.
+/// The IValue nest of `t`, in sorted key order, sharing the tensors, typed as specifically as
+/// the tree allows so that TorchScript signatures accept it: a node whose values are all
+/// tensors is a `Dict[str, Tensor]`, a node whose children are all dicts of one type T is a
+/// `Dict[str, T]` (so a uniform two-level tree is `Dict[str, Dict[str, Tensor]]`), and only a
+/// node that mixes kinds (tensors beside dicts, or dicts of different types) is
+/// `Dict[str, Any]`. An empty node is a `Dict[str, Tensor]`; a leaf root is the tensor.
 c10::IValue to_ivalue(const TensorTree& t);
 
 }  // namespace treetensor

@@ -13,7 +13,7 @@
 // through both. Leaves may be non-contiguous. Mixed dtypes are promoted as torch promotes them.
 //
 // Empty trees (no leaves) and trees without elements:
-//   sum → 0 (int64 for an empty tree), mean → nan, all → true, any → false, norm → 0,
+//   sum → 0 (the default dtype for an empty tree, as torch.sum(torch.tensor([]))), mean → nan, all → true, any → false, norm → 0,
 //   std → nan, masked_select → an empty 1-D tensor; min/max throw std::invalid_argument
 //   ("no elements"), as at::min of an empty tensor does. Leaves with no elements contribute
 //   nothing to min/max.
@@ -44,7 +44,10 @@ at::Tensor max(const TensorTree& t);
 /// Standard deviation of every element of every leaf taken as one sample (two passes: the
 /// tree-level mean, then the squared deviations), unbiased (n - 1) by default.
 at::Tensor std(const TensorTree& t, bool unbiased = true);
-/// p-norm of every element of every leaf as one vector: the p-norm of the leaf p-norms.
+/// p-norm of every element of every leaf as one vector, as at::norm of their concatenation for
+/// every p torch accepts: finite p != 0 as the p-norm of the leaf p-norms; p = 0 the number of
+/// nonzero elements; p = inf / -inf the largest / smallest |x| over the elements that exist
+/// (0-element leaves contribute nothing). With no element at all, at::norm of an empty tensor.
 at::Tensor norm(const TensorTree& t, double p = 2);
 /// Every leaf's elements where the mask is true, concatenated in flatten order into one 1-D
 /// tensor (DI-treetensor's masked_select). `mask` is a tree of bool tensors or one tensor.

@@ -7,4 +7,5 @@
 #include "treetensor/tensor/ops.hpp"          // IWYU pragma: export
 #include "treetensor/tensor/optim.hpp"        // IWYU pragma: export
 #include "treetensor/tensor/reduce.hpp"       // IWYU pragma: export
+#include "treetensor/tensor/rounding.hpp"     // IWYU pragma: export
 #include "treetensor/tensor/tree_tensor.hpp"  // IWYU pragma: export

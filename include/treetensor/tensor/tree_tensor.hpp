@@ -10,10 +10,14 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Optional.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iosfwd>
+#include <ranges>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -170,6 +174,8 @@ class TreeTensor : public TensorTree {
   tree::Tree<bool> requires_grad() const;
   /// The tree of leaf gradients (`.grad()`); a leaf without a gradient holds an undefined tensor.
   TreeTensor grad() const;
+  /// The leading dimension every leaf shares; see treetensor::batch_size().
+  int64_t batch_size() const;
 };
 
 /// Writes `t` in treetensor's layout: the header `<TreeTensor>`, one `key --> tensor(...)`
@@ -182,21 +188,76 @@ std::ostream& operator<<(std::ostream& os, const TreeTensor& t);
 /// One tensor in PyTorch's repr form (`tensor([1., 2.])`), as used by operator<<.
 std::string format_tensor(const at::Tensor& t);
 
-/// The single value of a tree of attributes when every leaf agrees (e.g.
-/// `single(t.dtype()) == at::kFloat`).
-/// @throws std::invalid_argument naming the first leaf path whose value differs from the
-///         first leaf's, or saying the tree has no leaves.
+namespace detail {
+/// A leaf value for messages: streamed when T can be, ranges as `[2, 3]`.
+template <class T>
+std::string describe_value(const T& v) {
+  std::ostringstream os;
+  if constexpr (std::ranges::range<T> && !std::is_convertible_v<T, std::string_view>) {
+    os << '[';
+    const char* sep = "";
+    for (const auto& x : v) os << std::exchange(sep, ", ") << describe_value(x);
+    os << ']';
+  } else {
+    os << v;
+  }
+  return os.str();
+}
+
+inline constexpr std::size_t kListedOutliers = 8;
+
+/// The majority-and-outliers message of single() and batch_size(): "7 of 9 leaves hold 4;
+/// 'b' holds 3, 'c.x' holds 5" (at most 8 outliers listed). The majority is the most common
+/// value; a tie goes to the one met first in flatten order.
+template <class T>
+std::string disagreement(const std::vector<const T*>& values, const std::vector<tree::Path>& paths) {
+  std::vector<std::pair<const T*, std::size_t>> counts;  // distinct values, first-seen order
+  for (const T* v : values) {
+    auto same = [&](const auto& c) { return *c.first == *v; };
+    auto it = std::find_if(counts.begin(), counts.end(), same);
+    if (it == counts.end())
+      counts.emplace_back(v, 1);
+    else
+      ++it->second;
+  }
+  auto fewer = [](const auto& a, const auto& b) { return a.second < b.second; };
+  const auto [majority, held] = *std::max_element(counts.begin(), counts.end(), fewer);
+  std::string out = std::to_string(held) + " of " + std::to_string(values.size()) +
+                    " leaves hold " + describe_value(*majority);
+  std::size_t outliers = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (*values[i] == *majority) continue;
+    if (++outliers <= kListedOutliers)
+      out += (outliers == 1 ? "; '" : ", '") + paths[i].describe() + "' holds " +
+             describe_value(*values[i]);
+  }
+  if (outliers > kListedOutliers)
+    out += ", and " + std::to_string(outliers - kListedOutliers) + " more";
+  return out;
+}
+}  // namespace detail
+
+/// The single value of a tree of values when every leaf agrees (e.g.
+/// `single(t.dtype()) == at::kFloat`, `single(t.shape())`).
+/// @throws std::invalid_argument when the tree has no leaves, or when leaves disagree: the
+///         message gives the majority value and every leaf that differs with its value,
+///         e.g. "single: leaves disagree: 2 of 3 leaves hold Float; 'a' holds Double".
 template <class T>
 T single(const tree::Tree<T>& values) {
   const auto flat = tree::flatten_refs(values);
   if (flat.leaves.empty()) throw std::invalid_argument("single: the tree has no leaves");
   for (std::size_t i = 1; i < flat.leaves.size(); ++i)
-    if (!(*flat.leaves[i] == *flat.leaves[0])) {
-      const auto paths = flat.spec.paths();
-      throw std::invalid_argument("single: leaf '" + paths[i].describe() + "' differs from leaf '" +
-                                  paths[0].describe() + "'");
-    }
+    if (!(*flat.leaves[i] == *flat.leaves[0]))
+      throw std::invalid_argument("single: leaves disagree: " +
+                                  detail::disagreement(flat.leaves, flat.spec.paths()));
   return *flat.leaves[0];
 }
+
+/// The batch size: the size of the leading dimension (dim 0) that every leaf shares, as
+/// tensordict's `batch_size` (its first entry) and DI-treetensor's habit of a shared batch dim.
+/// @throws std::invalid_argument when the tree has no leaves, when a leaf is 0-d (named, with
+///         "it has no leading dimension"), or when leaves disagree (the majority size and
+///         every leaf that differs, with its size).
+int64_t batch_size(const TensorTree& t);
 
 }  // namespace treetensor

@@ -54,6 +54,15 @@ class WalkStack {
   std::vector<E> heap_;
   std::size_t size_ = 0;
 };
+
+/// Where the last operator[] on this thread led, so a chained `t["a"]["b"]["c"]` can name the
+/// whole path in its KeyError. Only a lookup on the very node the previous one returned
+/// continues the trail, so an unrelated node never borrows another node's path.
+struct AccessTrail {
+  const void* node = nullptr;
+  Path path;
+};
+inline thread_local AccessTrail access_trail;
 }  // namespace detail
 
 /// True for Tree<T> and classes derived from it (e.g. TreeTensor).
@@ -164,19 +173,34 @@ class Tree {
 
   // ---- access -------------------------------------------------------------------------
   /// The child under one key (no path splitting). Throws KeyError naming the key and the
-  /// available keys when it is missing, or when this node is a leaf.
-  const Tree& operator[](std::string_view key) const { return *child_or_throw(key, {}); }
+  /// available keys when it is missing, or when this node is a leaf. In a chain
+  /// `t["model"]["enc"]["layer2"]` the message names the whole path walked from `t`
+  /// ("model.enc.layer2"), as at("model.enc.layer2") does.
+  const Tree& operator[](std::string_view key) const {
+    auto& trail = detail::access_trail;
+    Path walked = trail.node == this ? std::move(trail.path) : Path{};
+    trail.node = nullptr;
+    const Tree* child = child_or_throw(key, walked);
+    walked.push_back(std::string(key));
+    trail.node = child;
+    trail.path = std::move(walked);
+    return *child;
+  }
   Tree& operator[](std::string_view key) { return const_cast<Tree&>(std::as_const(*this)[key]); }
 
   /// The node at a dotted path ("x.c") or key sequence (Path{"x", "c"}); the empty path is
   /// this node. Throws KeyError naming the path and the keys available where it stopped.
   const Tree& at(const Path& path) const {
+    auto& trail = detail::access_trail;  // continues a chain such as t["model"].at("enc.x")
+    Path walked = trail.node == this ? std::move(trail.path) : Path{};
+    trail.node = nullptr;
     const Tree* node = this;
-    Path walked;
     for (const auto& key : path) {
       node = node->child_or_throw(key, walked);
       walked.push_back(key);
     }
+    trail.node = node;
+    trail.path = std::move(walked);
     return *node;
   }
   const Tree& at(std::string_view dotted) const { return at(Path::parse(dotted)); }

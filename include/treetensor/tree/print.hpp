@@ -70,13 +70,15 @@ void print_node(std::ostream& os, const Tree<T>& root, std::string_view header, 
     }
     const auto& [key, child] = *f.it++;
     const bool last = f.it == f.end;
-    os << '\n' << prefix << (last ? "└── " : "├── ") << key << " --> ";
+    std::string shown;  // an empty key or one with '.' is quoted, as in paths (DESIGN.md §1)
+    Path::append_key(shown, key);
+    os << '\n' << prefix << (last ? "└── " : "├── ") << shown << " --> ";
     const std::size_t mark = prefix.size();
     prefix += last ? "    " : "│   ";
     if (child.is_leaf()) {
       std::ostringstream leaf;  // fresh per leaf: format flags set by fmt do not leak
       fmt(leaf, child.leaf());
-      print_lines(os, leaf.str(), prefix + std::string(key.size() + 5, ' '));
+      print_lines(os, leaf.str(), prefix + std::string(shown.size() + 5, ' '));
       prefix.resize(mark);
     } else {
       os << header;
