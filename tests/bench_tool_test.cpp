@@ -174,6 +174,49 @@ TEST_F(BenchTool, OptimizerMobileNetV3SmallTakesOnlyTrainableParameters) {
   check_optimizer(read_json(path("opt.json")), "mobilenet_v3_small", 142, 2'542'856);
 }
 
+// An unverified row never stops a run: every workload writes its table, JSON and plot, the
+// row is marked and claims no speed-up, and the exit status (2) comes at the end with a line
+// naming the rows.
+TEST_F(BenchTool, UnverifiedRowIsMarkedAndEveryOutputIsStillWritten) {
+  struct Run {
+    std::string args, prefix, row_size;
+  };
+  const Run runs[] = {
+      {"seed -N 4 -M 2 -T 1 --warmup 0 --sizes 4,8 --perturb-row stream", "seed", "8"},
+      {"optimizer --model mobilenet_v3_small -T 1 --warmup 0 --perturb-row auto", "opt",
+       "mobilenet_v3_small"}};
+  for (const auto& run : runs) {
+    SCOPED_TRACE(run.args);
+    const auto out = run_bench(run.args + " --no-progress --json " + path(run.prefix + ".json") +
+                               " --plot " + path(run.prefix + ".png"));
+    EXPECT_EQ(out.status, 2) << out.output;
+    const std::string strategy = run.prefix == "seed" ? "stream" : "auto";
+    EXPECT_NE(out.output.find(": NOT VERIFIED; " + strategy + ": '"), std::string::npos)
+        << out.output;
+    EXPECT_NE(out.output.find("times the rounding bound at element"), std::string::npos);
+    const std::string workload = run.prefix == "seed" ? "seed" : "optimizer";
+    const std::string summary = run.prefix == "seed"
+                                    ? "treetensor-bench: 2 rows not verified against native "
+                                      "(seed 4 stream, seed 8 stream)"
+                                    : "treetensor-bench: 1 row not verified against native "
+                                      "(optimizer mobilenet_v3_small auto)";
+    EXPECT_NE(out.output.find(summary), std::string::npos) << out.output;
+    const json j = read_json(path(run.prefix + ".json"));
+    EXPECT_FALSE(j.at("config").at("all_verified").get<bool>());
+    std::size_t unverified = 0;
+    for (const auto& r : j.at("results")) {
+      const bool bad = r.at("strategy") == strategy;
+      EXPECT_EQ(r.at("verified").get<bool>(), !bad) << r.dump();
+      EXPECT_EQ(r.at("speedup_vs_native").is_null(), bad) << r.dump();
+      unverified += bad;
+    }
+    EXPECT_EQ(unverified, run.prefix == "seed" ? 2u : 1u);
+    EXPECT_NE(out.output.find("-    1  NO"), std::string::npos) << "table row: no speed-up, NO";
+    if (std::system("command -v gnuplot >/dev/null 2>&1") == 0)
+      EXPECT_GT(fs::file_size(path(run.prefix + ".png")), 0u);
+  }
+}
+
 TEST_F(BenchTool, HelpExplainsEveryRowAndFlag) {
   const auto seed = run_bench("seed --help");
   ASSERT_EQ(seed.status, 0);

@@ -65,7 +65,7 @@ std::string Agreement::describe() const {
   if (!mismatch.empty()) return mismatch;
   if (bitwise) return "bitwise equal";
   std::ostringstream os;
-  os << std::setprecision(2) << worst_ratio;
+  os << std::setprecision(3) << worst_ratio;
   if (holds()) return os.str() + " of the rounding bound";
   return os.str() + " times the rounding bound at element " + std::to_string(worst_index);
 }
