@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine lacks to build, test and benchmark treetensor.
-# Idempotent: packages already present are skipped. apt-get only.
+# Idempotent: packages already present are skipped. apt-get only. python3-torch (Debian's PyTorch
+# 1.13, run as /usr/bin/python3) writes the io tests' fixture files and checks what C++ wrote.
 set -euo pipefail
 
 packages=(
@@ -9,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   gnuplot-nox
+  python3-torch
 )
 
 missing=()

@@ -1,0 +1,92 @@
+#pragma once
+// PyTorch checkpoint files: what Python's torch.save writes and torch.load reads (DESIGN.md §11,
+// §13), read by treetensor's own allowlisted unpickler (as torch.load(weights_only=True)).
+//
+// Formats read: the zip format (torch.save's default since 1.6; PyTorch 2.x's additions:
+// `_rebuild_tensor_v3`, UntypedStorage, the `byteorder` record) and the legacy stream format
+// (`_use_new_zipfile_serialization=False`: magic number, protocol, sys info, object, storage
+// keys, raw storages). Format written: the zip format, which torch.load of PyTorch 1.13 and 2.x
+// opens (records stored uncompressed, 64-byte aligned, as PyTorch's writer does).
+//
+// Safety (what torch.load(weights_only=True) allows, torch/_weights_only_unpickler.py): only the
+// pickle opcodes torch.save emits, and only these globals: torch._utils._rebuild_tensor_v2/v3,
+// _rebuild_parameter(_with_state), collections.OrderedDict, the torch.*Storage classes and
+// UntypedStorage, torch.Size, torch.device, the torch dtypes, _codecs.encode,
+// __builtin__/builtins set, complex, bytes. Anything else is refused naming the global. Every
+// length, index, offset, size, stride and element count is checked (with overflow checks)
+// against the bytes present before anything is allocated; nesting deeper than 1000 is refused.
+// A malformed or hostile file raises IoError naming the file, the byte offset and what was
+// expected; it never crashes, hangs or allocates more than the file implies.
+//
+// Memory: the zip format is memory-mapped (private, copy-on-write: writing a loaded tensor never
+// changes the file) and tensors are views into the mapping, so loading reads only the pickle;
+// a storage whose record is not aligned to its element size is copied. Legacy files are read
+// into memory.
+//
+// Thread safety: calls on different files may run concurrently.
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "treetensor/io/object.hpp"
+
+namespace treetensor::io {
+
+/// A file that cannot be read or written: names the file, the byte offset (when one applies)
+/// and what was expected. Message: "<file>: at byte <offset>: <what>" or "<file>: <what>".
+class IoError : public std::runtime_error {
+ public:
+  IoError(std::string file, std::optional<std::uint64_t> offset, const std::string& what);
+  const std::string& file() const noexcept { return file_; }
+  std::optional<std::uint64_t> offset() const noexcept { return offset_; }
+
+ private:
+  std::string file_;
+  std::optional<std::uint64_t> offset_;
+};
+
+/// Options of load() (torch.load's map_location, for one device).
+struct LoadOptions {
+  /// Where tensors go; unset: the CPU (the file's own locations are not honoured: this
+  /// LibTorch may have no such device).
+  std::optional<c10::Device> map_location;
+  LoadOptions& device(c10::Device d) {
+    map_location = d;
+    return *this;
+  }
+};
+
+/// Everything a torch.save file holds (zip or legacy format, detected from the first bytes).
+/// @throws IoError when the file cannot be opened or is malformed, truncated or refused.
+Object load(const std::string& path, const LoadOptions& options = {});
+
+/// The tensors of a torch.save file at their paths in the file (as Object::tensors()).
+TreeTensor load_tensors(const std::string& path, const LoadOptions& options = {});
+
+/// A state dict file (`torch.save(model.state_dict())`) as a tree: the dotted keys become paths
+/// ("layer1.0.weight" → layer1 / 0 / weight), as from_state_dict() builds them; non-tensor
+/// values are left out. @throws IoError as load(); std::invalid_argument when the keys cannot
+/// form a tree (one key a prefix of another's path, as from_state_dict()).
+TreeTensor load_state_dict(const std::string& path, const LoadOptions& options = {});
+
+/// Writes `object` in the zip format, as torch.save does: containers as recorded in `kinds`,
+/// integer keys as ints, Parameters as nn.Parameter, tensors that share a storage written once
+/// (views keep their offset, size and stride). Tensors on another device are copied to the CPU
+/// for writing and recorded with their device's location, as torch.save does.
+/// @throws IoError when the file cannot be written; std::invalid_argument when a key recorded
+///         as an int is not a decimal int64, or a list's keys are not 0..n-1.
+void save(const std::string& path, const Object& object);
+
+/// Writes a tree of tensors as nested dicts (Python reads `{'a': tensor, 'b': {'c': ...}}`).
+void save(const std::string& path, const TensorTree& tree);
+
+/// Writes a tree as a flat state dict, an OrderedDict keyed by dotted paths
+/// ("layer1.0.weight"), which `model.load_state_dict(torch.load(path))` accepts.
+/// @throws std::invalid_argument when a key is empty or contains '.' (to_state_dict's rule).
+void save_state_dict(const std::string& path, const TensorTree& tree);
+
+}  // namespace treetensor::io

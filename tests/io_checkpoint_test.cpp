@@ -1,0 +1,113 @@
+// Checkpoint files both ways (DESIGN.md §11): C++ loads what Python's torch.save wrote (zip and
+// legacy formats, every dtype, views, Parameters, optimizer state with int keys, Python
+// scalars) and checks values; Python's torch.load reads what C++ wrote and checks values.
+// Fixtures are written at test time by tests/io/fixtures.py (ctest fixture io_fixtures).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "io_test_util.hpp"
+#include "treetensor/io/safetensors.hpp"
+#include "treetensor/tensor/tensor.hpp"
+
+using namespace io_test;
+namespace tt = treetensor;
+
+namespace {
+const char* const kFixtures[] = {"module_state", "adam_state", "checkpoint", "views",
+                                 "dtypes",       "params",     "plain_tensor", "legacy"};
+}  // namespace
+
+TEST(IoCheckpoint, LoadsWhatPythonWrote) {
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    expect_matches(io::load(fixture(std::string(name) + ".pt")), expectation(name));
+  }
+}
+
+TEST(IoCheckpoint, ViewsShareOneStorageAndTheFileIsNeverWritten) {
+  const io::Object views = io::load(fixture("views.pt"));
+  auto tensor = [&](const char* key) { return std::get<at::Tensor>(views.tree.at(tr::Path{key}).leaf()); };
+  const at::Tensor base = tensor("base"), rows = tensor("rows"), t = tensor("t"), col = tensor("col");
+  for (const auto& v : {rows, t, col}) EXPECT_TRUE(v.storage().is_alias_of(base.storage()));
+  EXPECT_EQ(rows.storage_offset(), 6);
+  EXPECT_EQ(t.strides(), (std::vector<int64_t>{1, 6}));
+  rows.fill_(-1);  // written through a view: the base sees it, the file does not
+  EXPECT_EQ(base[1][0].item<float>(), -1.0f);
+  expect_matches(io::load(fixture("views.pt")), expectation("views"));
+}
+
+TEST(IoCheckpoint, TensorsAndStateDictForms) {
+  const tt::TreeTensor flat = io::load_tensors(fixture("module_state.pt"));
+  EXPECT_TRUE(flat.contains(tr::Path{"conv.weight"})) << "keys as written";
+  const tt::TreeTensor nested = io::load_state_dict(fixture("module_state.pt"));
+  EXPECT_EQ(nested.at("bn.num_batches_tracked").leaf().item<int64_t>(), 1);
+  EXPECT_EQ(nested.at("conv.weight").leaf().sizes(), (std::vector<int64_t>{3, 2, 3, 3}));
+  EXPECT_EQ(nested.leaf_count(), 9u);
+  // A checkpoint's tensors: non-tensor leaves are left out.
+  const tt::TreeTensor ckpt = io::load_tensors(fixture("checkpoint.pt"));
+  EXPECT_TRUE(ckpt.contains(tr::Path{"optimizer", "state", "0", "exp_avg"}));
+  EXPECT_FALSE(ckpt.contains(tr::Path{"epoch"}));
+  const tt::TreeTensor moved = io::load_tensors(fixture("plain_tensor.pt"), io::LoadOptions().device(at::kCPU));
+  EXPECT_TRUE(moved.leaf().equal(at::arange(5)));
+}
+
+TEST(IoCheckpoint, PythonLoadsWhatCppWrote) {
+  const auto dir = scratch("roundtrip");
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const std::string out = (dir / (std::string(name) + ".pt")).string();
+    io::save(out, io::load(fixture(std::string(name) + ".pt")));
+    const auto [status, text] = python("check " + out + " " + fixture(std::string(name) + ".expect.json"));
+    EXPECT_EQ(status, 0) << text;
+    // And back: what C++ wrote, C++ reads as Python wrote it.
+    expect_matches(io::load(out), expectation(name));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IoCheckpoint, SavedViewsKeepOneStorage) {
+  const auto dir = scratch("views");
+  const at::Tensor base = at::arange(100'000, at::kFloat).reshape({1000, 100});
+  const tt::TreeTensor t{{"base", base}, {"t", base.t()}, {"row", base[2]}};
+  const std::string out = (dir / "views.pt").string();
+  io::save(out, t);
+  const tt::TreeTensor back = io::load_tensors(out);
+  EXPECT_TRUE(back.at("t").leaf().storage().is_alias_of(back.at("base").leaf().storage()));
+  EXPECT_TRUE(back.at("row").leaf().equal(base[2]));
+  EXPECT_LT(std::filesystem::file_size(out), 400'000u + 4096) << "the storage is written once";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IoCheckpoint, StateDictSavedFromATreeLoadsIntoTheModule) {
+  const auto dir = scratch("module");
+  const std::string out = (dir / "state.pt").string();
+  io::save_state_dict(out, io::load_state_dict(fixture("module_state.pt")));
+  const auto [status, text] = python("check-module " + out);
+  EXPECT_EQ(status, 0) << text;
+  EXPECT_THROW(io::save_state_dict(out, tt::TreeTensor{{"a.b", at::ones({1})}}), std::invalid_argument);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IoSafetensors, LoadsTheFormatAndWritesItBack) {
+  const io::SafetensorsFile f = io::load_safetensors(fixture("tensors.safetensors"));
+  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"author", "fixtures.py"}, {"format", "pt"}}));
+  // The expectation lists flat names; the tree holds them as paths.
+  io::Object as_object;
+  tr::Tree<io::Value>::Children children;
+  for (const auto& [key, tensor] : tt::to_state_dict(f.tensors)) children.emplace_back(key, io::Value(tensor));
+  as_object.tree = tr::Tree<io::Value>::from_children(std::move(children));
+  json expect = expectation("tensors");
+  expect["containers"] = json::array();
+  expect_matches(as_object, expect);
+  EXPECT_EQ(f.tensors.at("encoder.w").leaf().sizes(), (std::vector<int64_t>{3, 4}));
+
+  const auto dir = scratch("safetensors");
+  const std::string out = (dir / "out.safetensors").string();
+  io::save_safetensors(out, f.tensors, f.metadata);
+  const auto [status, text] = python("check-safetensors " + out + " " + fixture("tensors.expect.json"));
+  EXPECT_EQ(status, 0) << text;
+  const io::SafetensorsFile again = io::load_safetensors(out);
+  EXPECT_TRUE(tt::equal(again.tensors, f.tensors));
+  EXPECT_EQ(again.metadata, f.metadata);
+  std::filesystem::remove_all(dir);
+}
