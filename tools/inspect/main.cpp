@@ -1,0 +1,160 @@
+// treetensor-inspect FILE: what a checkpoint file (.pt / .pth from torch.save, or .safetensors)
+// holds, in treetensor's tree layout — dtype, shape and bytes per tensor, the type (and short
+// value) of every other leaf, totals — never a tensor's values. --json for scripts.
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <iostream>
+
+#include "treetensor/io/checkpoint.hpp"
+#include "treetensor/io/safetensors.hpp"
+
+namespace io = treetensor::io;
+namespace tr = treetensor::tree;
+using nlohmann::json;
+
+namespace {
+
+struct Totals {
+  std::size_t tensors = 0, others = 0;
+  std::int64_t elements = 0, bytes = 0;
+};
+
+std::string shape_text(const at::Tensor& t) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < t.sizes().size(); ++d) s += (d ? ", " : "") + std::to_string(t.sizes()[d]);
+  return s + "]";
+}
+
+// A non-tensor leaf: its Python type and, for short scalars, its value.
+std::string other_text(const io::Value& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::monostate>) return "None";
+        else if constexpr (std::is_same_v<T, bool>) return x ? "True" : "False";
+        else if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, double>) return fmt::format("{}", x);
+        else if constexpr (std::is_same_v<T, std::complex<double>>) return fmt::format("({}{:+}j)", x.real(), x.imag());
+        else if constexpr (std::is_same_v<T, std::string>)
+          return x.size() <= 40 ? "'" + x + "'" : fmt::format("str of {} bytes", x.size());
+        else if constexpr (std::is_same_v<T, io::Bytes>) return fmt::format("{} bytes", x.data.size());
+        else if constexpr (std::is_same_v<T, at::ScalarType>) return c10::toString(x);
+        else if constexpr (std::is_same_v<T, at::Device>) return "'" + x.str() + "'";
+        else return "";
+      },
+      v);
+}
+
+std::string leaf_text(const io::Object& o, const tr::Path& path, const io::Value& v, Totals& totals) {
+  if (const auto* t = std::get_if<at::Tensor>(&v)) {
+    ++totals.tensors;
+    totals.elements += t->numel();
+    totals.bytes += static_cast<std::int64_t>(t->nbytes());
+    return fmt::format("{} {} {} {} B", o.parameters.count(path) ? "Parameter" : "Tensor",
+                       c10::toString(t->scalar_type()), shape_text(*t), t->nbytes());
+  }
+  ++totals.others;
+  return std::string(io::value_type_name(v)) + " " + other_text(v);
+}
+
+// treetensor's layout: a header per container, `key --> leaf` lines with the tree glyphs.
+void print_node(const io::Object& o, const tr::Tree<io::Value>& node, tr::Path& path,
+                const std::string& prefix, Totals& totals) {
+  std::cout << "<" << io::container_name(o.kind(path)) << ">";
+  std::size_t i = 0;
+  for (const auto& [key, child] : node.children()) {
+    const bool last = ++i == node.size();
+    std::string shown;
+    tr::Path::append_key(shown, key);
+    std::cout << "\n" << prefix << (last ? "└── " : "├── ") << shown << " --> ";
+    path.push_back(key);
+    if (child.is_leaf())
+      std::cout << leaf_text(o, path, child.leaf(), totals);
+    else
+      print_node(o, child, path, prefix + (last ? "    " : "│   "), totals);
+    path.pop_back();
+  }
+}
+
+void collect_json(const io::Object& o, const tr::Tree<io::Value>& node, tr::Path& path, json& out) {
+  if (node.is_leaf()) {
+    json keys(path.keys());
+    if (const auto* t = std::get_if<at::Tensor>(&node.leaf()))
+      out["tensors"].push_back({{"path", keys}, {"dtype", c10::toString(t->scalar_type())},
+                                {"shape", t->sizes().vec()}, {"bytes", t->nbytes()},
+                                {"parameter", o.parameters.count(path) > 0}});
+    else
+      out["others"].push_back({{"path", keys}, {"type", io::value_type_name(node.leaf())},
+                               {"value", other_text(node.leaf())}});
+    return;
+  }
+  out["containers"].push_back({{"path", json(path.keys())}, {"kind", io::container_name(o.kind(path))}});
+  for (const auto& [key, child] : node.children()) {
+    path.push_back(key);
+    collect_json(o, child, path, out);
+    path.pop_back();
+  }
+}
+
+io::Object read(const std::string& file, std::string& format) {
+  if (std::filesystem::path(file).extension() == ".safetensors") {
+    format = "safetensors";
+    const auto st = io::load_safetensors(file);
+    io::Object o = io::to_object(st.tensors);
+    for (const auto& [k, v] : st.metadata) o.tree.insert(tr::Path{"__metadata__", k}, io::Value(v));
+    return o;
+  }
+  format = "torch.save";
+  return io::load(file);
+}
+
+int run(const std::string& file, bool as_json) {
+  std::string format;
+  const io::Object o = read(file, format);
+  const auto file_bytes = std::filesystem::file_size(file);
+  Totals totals;
+  tr::Path path;
+  if (as_json) {
+    json out = {{"file", file}, {"format", format}, {"file_bytes", file_bytes},
+                {"tensors", json::array()}, {"others", json::array()}, {"containers", json::array()}};
+    collect_json(o, o.tree, path, out);
+    for (const auto& t : out["tensors"]) {
+      ++totals.tensors;
+      totals.bytes += t["bytes"].get<std::int64_t>();
+    }
+    out["totals"] = {{"tensors", totals.tensors}, {"tensor_bytes", totals.bytes}};
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << file << " (" << format << ", " << file_bytes << " bytes)\n";
+  if (o.tree.is_leaf())
+    std::cout << leaf_text(o, path, o.tree.leaf(), totals);
+  else
+    print_node(o, o.tree, path, "", totals);
+  std::cout << fmt::format("\ntotal: {} tensors, {} elements, {} bytes of tensor data; {} other leaves\n",
+                           totals.tensors, totals.elements, totals.bytes, totals.others);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"treetensor-inspect: the tree of a checkpoint file (torch.save .pt/.pth, or .safetensors): "
+               "dtype, shape and bytes per tensor, never the values"};
+  std::string file;
+  bool as_json = false;
+  app.add_option("FILE", file, "a torch.save file (zip or legacy format) or a .safetensors file")->required();
+  app.add_flag("--json", as_json, "one JSON object: tensors, other leaves, containers, totals");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(file, as_json);
+  } catch (const c10::Error& e) {
+    std::cerr << "treetensor-inspect: " << e.what_without_backtrace() << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "treetensor-inspect: " << e.what() << "\n";
+  }
+  return 1;
+}
