@@ -217,6 +217,24 @@ TEST_F(BenchTool, UnverifiedRowIsMarkedAndEveryOutputIsStillWritten) {
   }
 }
 
+// A real checkpoint written by Python: its floating tensors other than batch-norm buffers.
+TEST_F(BenchTool, OptimizerOverARealCheckpoint) {
+  const std::string file = std::string(TREETENSOR_IO_FIXTURES) + "/module_state.pt";
+  const auto out = run_bench("optimizer --checkpoint " + file +
+                             " -T 1 --warmup 0 --no-progress --json " + path("ckpt.json"));
+  ASSERT_EQ(out.status, 0) << out.output;
+  EXPECT_NE(out.output.find("Adam step over " + file), std::string::npos) << out.output;
+  const json j = read_json(path("ckpt.json"));
+  EXPECT_EQ(j.at("config").at("model"), "module_state.pt");
+  EXPECT_EQ(j.at("config").at("trainable_tensors"), 6);  // conv, bn, fc: weight and bias
+  EXPECT_EQ(j.at("config").at("skipped_buffers"), 3);    // running_mean/var, num_batches_tracked
+  EXPECT_EQ(j.at("config").at("trainable_elements"), 54 + 3 + 3 + 3 + 24 + 2);
+  for (const auto& r : j.at("results")) EXPECT_TRUE(r.at("verified").get<bool>()) << r.dump();
+  const auto bad = run_bench("optimizer --checkpoint " + path("missing.pt"));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("File does not exist"), std::string::npos) << bad.output;
+}
+
 TEST_F(BenchTool, HelpExplainsEveryRowAndFlag) {
   const auto seed = run_bench("seed --help");
   ASSERT_EQ(seed.status, 0);

@@ -4,6 +4,7 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -218,4 +219,18 @@ TEST_F(Malformed, Safetensors) {
                                     R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", f32x2)),
              "its byte size overflows");
   EXPECT_HAS(safetensors_error(file("fields.safetensors", R"({"a":{"dtype":"F32"}})", "")), "needs dtype, shape and data_offsets");
+}
+
+// PyTorch 2.x's additions, which Debian's PyTorch 1.13 cannot write: _rebuild_tensor_v3 with
+// an UntypedStorage and an explicit dtype, and the byteorder record.
+TEST_F(Malformed, PyTorch2AdditionsLoad) {
+  std::string pickle = std::string("\x80\x02}(") + str("t") + "ctorch._utils\n_rebuild_tensor_v3\n((" +
+                       str("storage") + "ctorch\nUntypedStorage\n" + str("0") + str("cpu") + integer(8) +
+                       "tQ" + integer(0) + ints({2}) + ints({1}) + "\x89" +
+                       "ccollections\nOrderedDict\n)R" + "ctorch\nfloat32\n" + "N" + "tRu.";
+  std::string data(8, '\0');
+  const float values[2] = {1.5f, -2.0f};
+  std::memcpy(data.data(), values, 8);
+  const io::Object o = io::load(archive("v3.pt", pickle, {{"data/0", data}, {"byteorder", "little"}}));
+  EXPECT_TRUE(std::get<at::Tensor>(o.tree.at(tr::Path{"t"}).leaf()).equal(at::tensor({1.5f, -2.0f})));
 }

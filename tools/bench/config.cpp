@@ -219,6 +219,12 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
                   ".json {model, source, tensors: [{key, shape, dtype}]}")
       ->type_name("NAME|FILE")
       ->capture_default_str();
+  opt->add_option("--checkpoint", cfg.checkpoint,
+                  "instead of --model: a real checkpoint file (torch.save .pt/.pth or "
+                  ".safetensors); its floating tensors other than batch-norm buffers are the "
+                  "parameters, starting from their stored values")
+      ->type_name("FILE")
+      ->check(CLI::ExistingFile);
   opt->add_option("--lr", cfg.adam.lr, "Adam learning rate")->capture_default_str();
   opt->add_option("--beta1", cfg.adam.beta1, "Adam beta1")->capture_default_str();
   opt->add_option("--beta2", cfg.adam.beta2, "Adam beta2")->capture_default_str();
@@ -256,7 +262,7 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
         throw CLI::ValidationError("--lanes", "M (" + std::to_string(cfg.lanes) +
                                                   ") must not exceed N (" +
                                                   std::to_string(cfg.leaves) + ")");
-    } else {
+    } else if (cfg.checkpoint.empty()) {
       cfg.model_path = resolve_model(cfg.model);
     }
   } catch (const CLI::ParseError& e) {

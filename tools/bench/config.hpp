@@ -55,6 +55,7 @@ struct Config {
   std::uint64_t seed = 0;          ///< random seed of the inputs
   std::string model = "resnet50";  ///< optimizer: a name in data/models or a .json path
   std::string model_path;          ///< resolved path of the model file
+  std::string checkpoint;          ///< optimizer: a checkpoint file instead of a model
   AdamSettings adam;
   std::optional<std::string> json_path;  ///< --json FILE
   std::optional<std::string> plot_path;  ///< --plot FILE.png

@@ -27,7 +27,8 @@ std::string headline(const tb::Config& cfg) {
   if (cfg.workload == tb::Workload::seed)
     return fmt::format("treetensor-bench seed: {} leaves of S1xS2 @ S2xS3, {} on {}; {}",
                        cfg.leaves, tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
-  return fmt::format("treetensor-bench optimizer: Adam step over {}, {} on {}; {}", cfg.model,
+  return fmt::format("treetensor-bench optimizer: Adam step over {}, {} on {}; {}",
+                     cfg.checkpoint.empty() ? cfg.model : cfg.checkpoint,
                      tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
 }
 

@@ -4,9 +4,12 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "treetensor/io/checkpoint.hpp"
+#include "treetensor/io/safetensors.hpp"
 #include "treetensor/runtime/stream.hpp"
 #include "treetensor/tensor/optim.hpp"
 #include "workloads.hpp"
@@ -32,6 +35,7 @@ struct ParamShape {
 struct ModelShapes {
   std::string name;
   std::vector<ParamShape> trainable;
+  std::vector<at::Tensor> values;  ///< a checkpoint's stored parameters (empty for shape files)
   std::size_t skipped = 0;
   std::int64_t elements = 0;
 };
@@ -77,6 +81,31 @@ ModelShapes load_model(const std::string& path) {
   return m;
 }
 
+// The trainable tensors of a checkpoint file: floating leaves that are not buffers, at their
+// dotted paths, starting from their stored values.
+ModelShapes load_checkpoint(const std::string& path) {
+  const bool safetensors = std::filesystem::path(path).extension() == ".safetensors";
+  const TreeTensor tensors = safetensors ? io::load_safetensors(path).tensors : io::load_tensors(path);
+  ModelShapes m;
+  m.name = std::filesystem::path(path).filename().string();
+  const auto flat = tree::flatten(tensors);
+  const auto paths = flat.spec.paths();
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    std::string key;
+    for (const auto& k : paths[i]) key += (key.empty() ? "" : ".") + k;
+    if (is_buffer(key) || !at::isFloatingType(flat.leaves[i].scalar_type())) {
+      ++m.skipped;
+      continue;
+    }
+    m.elements += flat.leaves[i].numel();
+    m.trainable.push_back({std::move(key), flat.leaves[i].sizes().vec()});
+    m.values.push_back(flat.leaves[i]);
+  }
+  if (m.trainable.empty())
+    throw std::runtime_error("checkpoint '" + path + "' holds no floating tensor to optimise");
+  return m;
+}
+
 // Parameters, gradients and both moments, as flat lists (native, foreach) and as trees built
 // from the same tensors (no copies).
 struct AdamState {
@@ -112,9 +141,11 @@ AdamState make_state(const ModelShapes& model, const Config& cfg) {
     at::Tensor x = positive ? at::rand(shape) : at::randn(shape);
     return (x * scale).to(cfg.device, cfg.dtype);
   };
-  for (const auto& t : model.trainable) {
+  for (std::size_t i = 0; i < model.trainable.size(); ++i) {
+    const auto& t = model.trainable[i];
     s.keys.push_back(t.key);
-    s.p.push_back(make(t.shape, 0.05, false));
+    s.p.push_back(model.values.empty() ? make(t.shape, 0.05, false)
+                                       : model.values[i].detach().to(cfg.device, cfg.dtype).clone());
     s.g.push_back(make(t.shape, 1e-2, false));
     s.m.push_back(make(t.shape, 1e-3, false));
     s.v.push_back(make(t.shape, 1e-5, true));  // a second moment is never negative
@@ -194,7 +225,7 @@ constexpr std::int64_t kVerifyStep = 5;  // a step past the first, so bias corre
 }  // namespace
 
 WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
-  const ModelShapes model = load_model(cfg.model_path);
+  const ModelShapes model = cfg.checkpoint.empty() ? load_model(cfg.model_path) : load_checkpoint(cfg.checkpoint);
   const std::string stage = fmt::format("optimizer {} ({} tensors, {} elements)", model.name,
                                         model.trainable.size(), model.elements);
   progress.update(stage, "making the four trees");
@@ -239,7 +270,7 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
                            verification.passed(i), measured.reps});
 
   out.config = {{"model", model.name},
-                {"model_file", cfg.model_path},
+                {"model_file", cfg.checkpoint.empty() ? cfg.model_path : cfg.checkpoint},
                 {"trainable_tensors", model.trainable.size()},
                 {"trainable_elements", model.elements},
                 {"skipped_buffers", model.skipped},
