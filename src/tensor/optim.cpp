@@ -8,6 +8,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/optim_kernels.hpp"
+#include "treetensor/runtime/dispatch.hpp"
+#include "treetensor/runtime/operands.hpp"
+#include "treetensor/tensor/consolidate.hpp"
 #include "treetensor/tensor/dispatch.hpp"
 #include "treetensor/tensor/ops.hpp"
 
@@ -100,6 +104,203 @@ void adam_step_foreach(TreeTensor& params, const TensorTree& grads, TreeTensor& 
   std::vector<at::Tensor> denom = at::_foreach_div(at::_foreach_sqrt(v), c.bias2_sqrt);
   at::_foreach_add_(denom, o.eps());
   at::_foreach_addcdiv_(p, m, denom, -c.step_size);
+}
+
+// ---- single-pass kernels ---------------------------------------------------------------------
+void SgdOptions::validate() const {
+  auto check = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("SgdOptions: " + what);
+  };
+  check(lr_ >= 0, "lr must be >= 0, got " + std::to_string(lr_));
+  check(momentum_ >= 0, "momentum must be >= 0, got " + std::to_string(momentum_));
+  check(weight_decay_ >= 0, "weight_decay must be >= 0, got " + std::to_string(weight_decay_));
+  check(!nesterov_ || (momentum_ > 0 && dampening_ == 0),
+        "nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
+}
+
+namespace {
+
+constexpr int64_t kPiece = 1 << 18;  // elements per lane job over a consolidated buffer
+
+void bump_versions(const TensorTree& t) {
+  for (const at::Tensor* x : tree::flatten_refs(t).leaves) x->unsafeGetTensorImpl()->bump_version();
+}
+
+// The groups of every tree when all are consolidated with one layout, else empty.
+std::vector<std::vector<ConsolidatedGroup>> common_layout(std::initializer_list<const TensorTree*> trees) {
+  std::vector<std::vector<ConsolidatedGroup>> out;
+  for (const TensorTree* t : trees) {
+    out.push_back(consolidated_groups(*t));
+    const auto& first = out.front();
+    const auto& g = out.back();
+    if (g.empty() || g.size() != first.size()) return {};
+    for (std::size_t k = 0; k < g.size(); ++k)
+      if (g[k].ranges != first[k].ranges || g[k].buffer.scalar_type() != first[k].buffer.scalar_type() ||
+          g[k].buffer.device() != first[k].buffer.device())
+        return {};
+  }
+  return out;
+}
+
+// Runs kernel(group, begin, end) over every leaf range of the consolidated groups, in pieces
+// of at most kPiece elements, through runtime::run (so the stream mode spreads them).
+void run_over_buffers(std::string_view op, const std::vector<ConsolidatedGroup>& groups,
+                      double bytes_per_element,
+                      const std::function<void(std::size_t, int64_t, int64_t)>& kernel) {
+  struct Piece {
+    std::size_t group;
+    int64_t begin, end;
+  };
+  std::vector<Piece> pieces;
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    for (const auto& [offset, n] : groups[g].ranges)
+      for (int64_t b = offset; b < offset + n; b += kPiece)
+        pieces.push_back({g, b, std::min(b + kPiece, offset + n)});
+  runtime::LeafCall call;
+  call.op = op;
+  call.leaves = pieces.size();
+  auto run = [&](std::size_t i) { kernel(pieces[i].group, pieces[i].begin, pieces[i].end); };
+  auto label = [&](std::size_t i) {
+    return "elements [" + std::to_string(pieces[i].begin) + ", " + std::to_string(pieces[i].end) +
+           ") of buffer " + std::to_string(pieces[i].group);
+  };
+  auto cost = [&](std::size_t i) {
+    const double n = double(pieces[i].end - pieces[i].begin);
+    return runtime::LeafCost{10 * n, bytes_per_element * n};
+  };
+  call.run = run;
+  call.label = label;
+  call.cost = cost;
+  if (!groups.empty()) {
+    call.device = groups[0].buffer.device();
+    call.dtype = groups[0].buffer.scalar_type();
+  }
+  runtime::run(call);
+}
+
+// Pending asyncs work on the buffers (DESIGN.md §10): the per-leaf path gets this from
+// update_leaves.
+void await_buffers(const std::vector<std::vector<ConsolidatedGroup>>& layout, std::size_t written) {
+  if (!runtime::tracking_active()) return;
+  std::vector<at::Tensor> reads, writes;
+  for (std::size_t t = 0; t < layout.size(); ++t)
+    for (const auto& g : layout[t]) (t < written ? writes : reads).push_back(g.buffer);
+  runtime::await_operands(reads, writes);
+}
+
+void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
+                      TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& o,
+                      TreeTensor* max_exp_avg_sq, bool decoupled) {
+  const Corrections c = corrections(o, step);
+  if (o.amsgrad() && !max_exp_avg_sq)
+    throw std::invalid_argument(std::string(op) + ": amsgrad needs a max_exp_avg_sq tree");
+  detail::AdamScalars s{o.beta1(), o.beta2(), o.eps(), o.weight_decay(), c.step_size, c.bias2_sqrt,
+                        1 - o.lr() * o.weight_decay(), decoupled, o.amsgrad(), o.maximize()};
+  at::NoGradGuard no_grad;
+  TreeTensor& vmax = o.amsgrad() ? *max_exp_avg_sq : exp_avg_sq;  // unused without amsgrad
+  const auto layout = common_layout({&params, &exp_avg, &exp_avg_sq, &vmax, &grads});
+  if (!layout.empty()) {
+    bool ready = true;
+    for (std::size_t g = 0; g < layout[0].size(); ++g)
+      ready = ready && detail::kernel_ready({&layout[0][g].buffer, &layout[4][g].buffer});
+    if (ready) {
+      await_buffers(layout, 4);
+      run_over_buffers(op, layout[0], o.amsgrad() ? 36 : 28, [&](std::size_t g, int64_t b, int64_t e) {
+        detail::adam_kernel(layout[0][g].buffer, layout[4][g].buffer, layout[1][g].buffer,
+                            layout[2][g].buffer, layout[3][g].buffer, s, b, e);
+      });
+      for (const TensorTree* t : {&params, &exp_avg, &exp_avg_sq, &vmax}) bump_versions(*t);
+      return;
+    }
+  }
+  auto leaf = [&](const detail::LeafArgs& a) {
+    const at::Tensor &p = a.t(0), &m = a.t(1), &v = a.t(2), &vm = a.t(3), &g = a.t(4);
+    if (detail::kernel_ready({&p, &m, &v, &vm, &g})) {
+      detail::adam_kernel(p, g, m, v, vm, s, 0, p.numel());
+      for (const at::Tensor* x : {&p, &m, &v, &vm}) x->unsafeGetTensorImpl()->bump_version();
+      return;
+    }
+    // Leaves the kernel does not take (non-contiguous, other dtypes): the same math in at:: ops.
+    at::Tensor grad = o.maximize() ? g.neg() : g;
+    if (!decoupled && s.weight_decay != 0) grad = grad.add(p, s.weight_decay);
+    if (decoupled && s.weight_decay != 0) p.mul_(s.decay_factor);
+    m.mul_(s.beta1).add_(grad, 1 - s.beta1);
+    v.mul_(s.beta2).addcmul_(grad, grad, 1 - s.beta2);
+    if (o.amsgrad()) at::maximum_out(const_cast<at::Tensor&>(vm), vm, v);
+    const at::Tensor denom = ((o.amsgrad() ? vm : v).sqrt() / s.bias2_sqrt).add_(s.eps);
+    p.addcdiv_(m, denom, -s.step_size);
+  };
+  detail::CallOptions call{op};
+  call.written = 4;
+  const Operand args[] = {params, exp_avg, exp_avg_sq, vmax, grads};
+  detail::update_leaves(call, args, leaf);
+}
+
+}  // namespace
+
+void adam_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
+                           TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& o,
+                           TreeTensor* max_exp_avg_sq) {
+  adam_single_pass("adam_step_single_pass", params, grads, exp_avg, exp_avg_sq, step, o, max_exp_avg_sq,
+                   false);
+}
+
+void adamw_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
+                            TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& o,
+                            TreeTensor* max_exp_avg_sq) {
+  adam_single_pass("adamw_step_single_pass", params, grads, exp_avg, exp_avg_sq, step, o, max_exp_avg_sq,
+                   true);
+}
+
+void sgd_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTensor& momentum_buffer,
+                          int64_t step, const SgdOptions& o) {
+  o.validate();
+  if (step < 1) throw std::invalid_argument("sgd_step_single_pass: step must be >= 1, got " + std::to_string(step));
+  const detail::SgdScalars s{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov(),
+                             o.maximize(), step == 1};
+  at::NoGradGuard no_grad;
+  const bool momentum = o.momentum() != 0;
+  TreeTensor& buf = momentum ? momentum_buffer : params;  // unused without momentum
+  const auto layout = common_layout({&params, &buf, &grads});
+  if (!layout.empty()) {
+    bool ready = true;
+    for (std::size_t g = 0; g < layout[0].size(); ++g)
+      ready = ready && detail::kernel_ready({&layout[0][g].buffer, &layout[2][g].buffer});
+    if (ready) {
+      await_buffers(layout, 2);
+      run_over_buffers("sgd_step_single_pass", layout[0], momentum ? 20 : 12,
+                       [&](std::size_t g, int64_t b, int64_t e) {
+                         detail::sgd_kernel(layout[0][g].buffer, layout[2][g].buffer,
+                                            momentum ? layout[1][g].buffer : at::Tensor(), s, b, e);
+                       });
+      bump_versions(params);
+      if (momentum) bump_versions(buf);
+      return;
+    }
+  }
+  auto leaf = [&](const detail::LeafArgs& a) {
+    const at::Tensor &p = a.t(0), &b = a.t(1), &g = a.t(2);
+    if (detail::kernel_ready({&p, &b, &g})) {
+      detail::sgd_kernel(p, g, momentum ? b : at::Tensor(), s, 0, p.numel());
+      p.unsafeGetTensorImpl()->bump_version();
+      if (momentum) b.unsafeGetTensorImpl()->bump_version();
+      return;
+    }
+    at::Tensor d = o.maximize() ? g.neg() : g;
+    if (s.weight_decay != 0) d = d.add(p, s.weight_decay);
+    if (momentum) {
+      if (s.first_step)
+        b.copy_(d);
+      else
+        b.mul_(s.momentum).add_(d, 1 - s.dampening);
+      d = s.nesterov ? d.add(b, s.momentum) : b;
+    }
+    p.add_(d, -s.lr);
+  };
+  detail::CallOptions call{"sgd_step_single_pass"};
+  call.written = momentum ? 2 : 1;
+  const Operand args[] = {params, buf, grads};
+  detail::update_leaves(call, args, leaf);
 }
 
 }  // namespace treetensor

@@ -27,12 +27,18 @@ struct AdamOptions {
   AdamOptions& betas(double b1, double b2) { return beta1_ = b1, beta2_ = b2, *this; }
   AdamOptions& eps(double v) { return eps_ = v, *this; }
   AdamOptions& weight_decay(double v) { return weight_decay_ = v, *this; }
+  /// Use the maximum of past second moments (needs a max_exp_avg_sq tree; single-pass forms).
+  AdamOptions& amsgrad(bool v) { return amsgrad_ = v, *this; }
+  /// Maximise the objective: step along +grad (torch.optim's `maximize`).
+  AdamOptions& maximize(bool v) { return maximize_ = v, *this; }
 
   double lr() const noexcept { return lr_; }
   double beta1() const noexcept { return beta1_; }
   double beta2() const noexcept { return beta2_; }
   double eps() const noexcept { return eps_; }
   double weight_decay() const noexcept { return weight_decay_; }
+  bool amsgrad() const noexcept { return amsgrad_; }
+  bool maximize() const noexcept { return maximize_; }
 
   /// @throws std::invalid_argument naming the setting when lr < 0, a beta is outside [0, 1),
   ///         eps < 0 or weight_decay < 0.
@@ -44,6 +50,38 @@ struct AdamOptions {
   double beta2_ = 0.999;
   double eps_ = 1e-8;
   double weight_decay_ = 0;
+  bool amsgrad_ = false;
+  bool maximize_ = false;
+};
+
+/// SGD hyper-parameters (torch.optim.SGD / torch::optim::SGDOptions names and defaults).
+struct SgdOptions {
+  explicit SgdOptions(double lr) : lr_(lr) {}
+  SgdOptions& lr(double v) { return lr_ = v, *this; }
+  SgdOptions& momentum(double v) { return momentum_ = v, *this; }
+  SgdOptions& dampening(double v) { return dampening_ = v, *this; }
+  SgdOptions& weight_decay(double v) { return weight_decay_ = v, *this; }
+  SgdOptions& nesterov(bool v) { return nesterov_ = v, *this; }
+  SgdOptions& maximize(bool v) { return maximize_ = v, *this; }
+
+  double lr() const noexcept { return lr_; }
+  double momentum() const noexcept { return momentum_; }
+  double dampening() const noexcept { return dampening_; }
+  double weight_decay() const noexcept { return weight_decay_; }
+  bool nesterov() const noexcept { return nesterov_; }
+  bool maximize() const noexcept { return maximize_; }
+
+  /// @throws std::invalid_argument naming the setting when lr, momentum or weight_decay < 0,
+  ///         or nesterov without momentum > 0 and dampening 0 (torch.optim.SGD's rule).
+  void validate() const;
+
+ private:
+  double lr_;
+  double momentum_ = 0;
+  double dampening_ = 0;
+  double weight_decay_ = 0;
+  bool nesterov_ = false;
+  bool maximize_ = false;
 };
 
 /// One Adam step, in place on params, exp_avg and exp_avg_sq (floating tensors; the four trees
@@ -59,6 +97,42 @@ struct AdamOptions {
 /// Thread safety: do not use the same trees from other threads during the call.
 void adam_step(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
                TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& options = {});
+
+// ---- single-pass kernels (DESIGN.md §12) -------------------------------------------------
+//
+// One pass per element over the parameter, its gradient and its state (Adam: 16 bytes read and
+// 12 written per float32 element; the at:: loop streams them several times), vectorised with
+// at::vec. The arithmetic is PyTorch's, in its order; results agree with torch::optim to
+// rounding (ATen's kernels may fuse a multiply-add where these round twice; tests bound the
+// difference by a running error analysis). float32/float64; float16/bfloat16 in float32.
+//
+// When every tree is consolidated (consolidate.hpp) the kernel runs over each buffer, split
+// into pieces of about 256 Ki elements that the current stream mode spreads over lanes;
+// otherwise one leaf job per parameter, each one kernel call (leaves that are not contiguous,
+// or of another dtype, take the at:: ops instead). Runs under at::NoGradGuard and bumps the
+// version counter of every tensor it writes, as in-place ATen ops do.
+// The trees must have the same structure and per-leaf shapes (tree::StructureError naming the
+// path otherwise).
+
+/// torch.optim.Adam (weight decay added to the gradient), with amsgrad and maximize.
+/// @param max_exp_avg_sq  with amsgrad: the running maximum of exp_avg_sq (start from zeros).
+/// @throws std::invalid_argument for bad options, step < 1, or amsgrad without max_exp_avg_sq.
+void adam_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
+                           TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& options = {},
+                           TreeTensor* max_exp_avg_sq = nullptr);
+
+/// torch.optim.AdamW: decoupled weight decay (param *= 1 - lr·weight_decay first; note that
+/// torch's AdamW defaults weight_decay to 1e-2, AdamOptions to 0).
+void adamw_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
+                            TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& options = {},
+                            TreeTensor* max_exp_avg_sq = nullptr);
+
+/// torch.optim.SGD with momentum, dampening, nesterov, weight decay and maximize. On step 1
+/// the momentum buffer is set to the (decayed) gradient, as torch's first clone; later steps
+/// update it. `momentum_buffer` is unused when momentum is 0.
+/// @throws std::invalid_argument for bad options or step < 1.
+void sgd_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTensor& momentum_buffer,
+                          int64_t step, const SgdOptions& options);
 
 /// The same step as at::_foreach_* calls over the flattened leaves (PyTorch's foreach Adam).
 /// Leaves are matched in flatten order; the structures must be equal (tree::StructureError).
