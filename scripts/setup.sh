@@ -11,6 +11,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   gnuplot-nox
   python3-torch
+  libsleef-dev
 )
 
 missing=()

@@ -152,14 +152,14 @@ void check_optimizer(const json& j, const std::string& model, std::size_t tensor
     seen.insert(r.at("strategy").get<std::string>());
   }
   EXPECT_EQ(seen,
-            (std::set<std::string>{"native", "foreach", "linear", "stream", "auto", "fused"}));
+            (std::set<std::string>{"native", "flat", "limit", "foreach", "linear", "stream", "auto", "fused"}));
 }
 
 TEST_F(BenchTool, OptimizerResNet50TakesOnlyTrainableParameters) {
   const auto out = run_bench("optimizer --model resnet50 -T 1 --warmup 0 --no-progress --json " +
                              path("opt.json"));
   ASSERT_EQ(out.status, 0) << out.output;
-  EXPECT_NE(out.output.find("resnet50: all 6 strategies match native before timing"),
+  EXPECT_NE(out.output.find("resnet50: all 7 strategies match native before timing"),
             std::string::npos)
       << out.output;
   check_optimizer(read_json(path("opt.json")), "resnet50", 161, 25'557'032);
@@ -249,7 +249,7 @@ TEST_F(BenchTool, HelpExplainsEveryRowAndFlag) {
     EXPECT_NE(seed.output.find(word), std::string::npos) << word;
   const auto opt = run_bench("optimizer --help");
   ASSERT_EQ(opt.status, 0);
-  for (const char* word : {"native ", "foreach ", "linear ", "stream ", "auto ", "fused ",
+  for (const char* word : {"native ", "flat ", "limit ", "foreach ", "linear ", "stream ", "auto ", "fused ",
                            "--model", "--lr", "--weight-decay", "running_mean"})
     EXPECT_NE(opt.output.find(word), std::string::npos) << word;
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/optim_kernels.hpp"
 #include "tensor_test_util.hpp"
 #include "treetensor/tensor/tensor.hpp"
 
@@ -277,3 +278,35 @@ TEST_P(OptimKernels, ErrorsAreClear) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, OptimKernels, ::testing::ValuesIn(strategies()), strategy_name);
+
+// The portable and the AVX2 builds of the kernels (chosen at run time by the CPU) compute the
+// same bits: every operation rounds separately in both (no FMA contraction).
+namespace treetensor::detail {
+namespace isa_default {
+void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                 const AdamScalars&, int64_t, int64_t);
+}
+namespace isa_avx2 {
+void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                 const AdamScalars&, int64_t, int64_t);
+}
+}  // namespace treetensor::detail
+
+TEST(OptimKernelsIsa, PortableAndAvx2BuildsComputeTheSameBits) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) GTEST_SKIP() << "no AVX2 on this CPU";
+  namespace d = treetensor::detail;
+  at::manual_seed(5);
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+    const int64_t n = 1029;  // a vector body and a tail
+    const at::Tensor p = at::randn({n}).to(dtype), g = (at::randn({n}) * 0.1).to(dtype),
+                     m = (at::randn({n}) * 1e-2).to(dtype), v = (at::rand({n}) * 1e-3).to(dtype),
+                     x = (at::rand({n}) * 1e-3).to(dtype);
+    const d::AdamScalars s{0.9, 0.999, 1e-8, 0.01, 1e-3 / (1 - 0.9 * 0.9), std::sqrt(1 - 0.999 * 0.999),
+                           1 - 1e-3 * 0.01, false, true, true};
+    std::vector<at::Tensor> a{p.clone(), m.clone(), v.clone(), x.clone()}, b{p.clone(), m.clone(), v.clone(), x.clone()};
+    d::isa_default::adam_kernel(a[0], g, a[1], a[2], a[3], s, 0, n);
+    d::isa_avx2::adam_kernel(b[0], g, b[1], b[2], b[3], s, 0, n);
+    for (int k = 0; k < 4; ++k)
+      EXPECT_TRUE(treetensor::rounding::compare_bitwise(b[k], a[k]).bitwise) << c10::toString(dtype) << " tensor " << k;
+  }
+}

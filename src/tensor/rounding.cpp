@@ -113,6 +113,44 @@ at::Tensor matmul_bound(const at::Tensor& a, const at::Tensor& b, c10::ScalarTyp
   return at::matmul(a.to(at::kDouble).abs(), b.to(at::kDouble).abs()) * relative + underflow;
 }
 
+at::Tensor adam_step_bound(const AdamStepInputs& in) {
+  const c10::ScalarType dtype = in.param.scalar_type();
+  require_floating("adam_step_bound", dtype);
+  const double u = unit_roundoff(accumulate_type(dtype));
+  // Scalars as the kernels see them (cast to the compute type), values in float64.
+  auto c = [&](double x) { return at::scalar_tensor(x, at::kDouble).to(accumulate_type(dtype)).item<double>(); };
+  auto d = [](const at::Tensor& t) { return t.detach().to(at::kDouble); };
+  struct T {
+    at::Tensor v, e;
+  };
+  auto round = [&](at::Tensor v, at::Tensor e) { return T{v, e + u * v.abs()}; };
+  auto scale = [&](const T& a, double k) { return round(a.v * k, std::abs(k) * a.e); };
+  auto add = [&](const T& a, const T& b) { return round(a.v + b.v, a.e + b.e); };
+  auto mul = [&](const T& a, const T& b) {
+    return round(a.v * b.v, a.v.abs() * b.e + b.v.abs() * a.e + a.e * b.e);
+  };
+  auto div = [&](const T& a, const T& b) {
+    const at::Tensor z = a.v / b.v;
+    return round(z, (a.e + z.abs() * b.e) / (b.v.abs() - b.e));
+  };
+  auto root = [&](const T& a) {
+    const at::Tensor z = a.v.sqrt();
+    return round(z, a.e / (z + (a.v - a.e).clamp_min(0).sqrt()));
+  };
+  auto exact = [](const at::Tensor& v) { return T{v, at::zeros_like(v)}; };
+  const double t = double(in.step);
+  const double bc1 = 1 - std::pow(in.beta1, t), bc2_sqrt = std::sqrt(1 - std::pow(in.beta2, t));
+  const T p = exact(d(in.param)), m0 = exact(d(in.exp_avg)), v0 = exact(d(in.exp_avg_sq));
+  T g = exact(d(in.grad));
+  if (in.weight_decay != 0) g = add(g, scale(p, c(in.weight_decay)));
+  const T m = add(scale(m0, c(in.beta1)), scale(g, c(1 - in.beta1)));
+  const T v = add(scale(v0, c(in.beta2)), mul(scale(g, c(1 - in.beta2)), g));
+  const at::Tensor bc2 = at::full_like(v.v, c(bc2_sqrt)), eps = at::full_like(v.v, c(in.eps));
+  const T denom = add(div(root(v), exact(bc2)), exact(eps));
+  const T out = add(p, div(scale(m, c(-in.lr / bc1)), denom));
+  return 2.02 * out.e;
+}
+
 Agreement compare_matmul(const at::Tensor& got, const at::Tensor& ref, const at::Tensor& a,
                          const at::Tensor& b) {
   const at::Tensor bound = matmul_bound(a, b, got.scalar_type());

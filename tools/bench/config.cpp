@@ -57,10 +57,17 @@ arithmetic) over the trainable parameters of a real model: four trees (parameter
 gradients, first and second moments) built from the shapes in data/models/<model>.json.
 Only weights and biases take part, not running_mean / running_var / num_batches_tracked
 (resnet50: 161 tensors, 25,557,032 elements; mobilenet_v3_small: 142, 2,542,856).
-Rows (each checked against `native` before timing: the updated parameters bitwise equal,
-since every strategy does the same elementwise arithmetic per element):
+Rows (each checked against `native` before timing: the updated parameters bitwise equal for
+the at:: strategies, which do the same elementwise arithmetic per element; `flat` within the
+Adam step's rounding bound, treetensor/tensor/rounding.hpp):
   native   a loop of per-tensor at:: ops, as a hand-written LibTorch optimizer does
            (torch::optim::Adam's arithmetic). The baseline of every speed-up.
+  flat     consolidated trees (one buffer each for params, grads, moments) and the
+           single-pass kernel (adam_step_single_pass), pieces spread as stream(automatic)
+           decides.
+  limit    the memory-bandwidth floor measured in the same run: one streaming pass reading
+           16 and writing 12 bytes per element over the same buffers and pieces (no Adam
+           arithmetic; not verified).
   foreach  at::_foreach_* over the flat tensor lists, as PyTorch's own optimizer does
            (foreach=True).
   linear   the tree Adam step under stream(1).

@@ -10,7 +10,9 @@
 
 #include "treetensor/io/checkpoint.hpp"
 #include "treetensor/io/safetensors.hpp"
+#include "treetensor/runtime/dispatch.hpp"
 #include "treetensor/runtime/stream.hpp"
+#include "treetensor/tensor/consolidate.hpp"
 #include "treetensor/tensor/optim.hpp"
 #include "workloads.hpp"
 
@@ -122,6 +124,18 @@ struct AdamState {
     trees = {tree_of(p), tree_of(g), tree_of(m), tree_of(v)};
   }
 
+  // A copy whose four trees are consolidated (consolidate.hpp): one buffer each.
+  AdamState consolidated() const {
+    AdamState c{keys, {}, {}, {}, {}, {}};
+    c.trees = {treetensor::consolidate(trees.params), treetensor::consolidate(trees.grads),
+               treetensor::consolidate(trees.exp_avg), treetensor::consolidate(trees.exp_avg_sq)};
+    c.p = tree::flatten(c.trees.params).leaves;
+    c.g = tree::flatten(c.trees.grads).leaves;
+    c.m = tree::flatten(c.trees.exp_avg).leaves;
+    c.v = tree::flatten(c.trees.exp_avg_sq).leaves;
+    return c;
+  }
+
   AdamState clone() const {
     AdamState c{keys, {}, {}, {}, {}, {}};
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -196,6 +210,49 @@ void adam_tree(AdamState& s, std::int64_t step, const AdamSettings& o, runtime::
                         options);
 }
 
+// The single-pass kernel over the consolidated buffers (state must be consolidated()), its
+// pieces spread over lanes as stream(automatic) decides.
+void adam_flat(AdamState& s, std::int64_t step, const AdamSettings& o) {
+  const auto options = treetensor::AdamOptions().lr(o.lr).betas(o.beta1, o.beta2).eps(o.eps).weight_decay(o.weight_decay);
+  runtime::StreamGuard guard(runtime::StreamMode::of(runtime::automatic));
+  treetensor::adam_step_single_pass(s.trees.params, s.trees.grads, s.trees.exp_avg, s.trees.exp_avg_sq, step,
+                                    options);
+}
+
+// The memory-bandwidth floor of one Adam step: one streaming pass reading p, g, m, v (16 bytes
+// per float32 element) and writing p, m, v (12 bytes), over the same consolidated buffers and
+// pieces, spread over lanes as adam_flat is.
+void bandwidth_floor(AdamState& s, std::int64_t, const AdamSettings&) {
+  const auto p = treetensor::consolidated_groups(s.trees.params), g = treetensor::consolidated_groups(s.trees.grads),
+             m = treetensor::consolidated_groups(s.trees.exp_avg), v = treetensor::consolidated_groups(s.trees.exp_avg_sq);
+  runtime::StreamGuard guard(runtime::StreamMode::of(runtime::automatic));
+  for (std::size_t k = 0; k < p.size(); ++k) {
+    const int64_t n = p[k].buffer.numel(), piece = 1 << 18;
+    const std::size_t pieces = std::size_t((n + piece - 1) / piece);
+    auto run = [&](std::size_t i) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p[k].buffer.scalar_type(), "bandwidth_floor", [&] {
+        scalar_t *pp = p[k].buffer.data_ptr<scalar_t>(), *mp = m[k].buffer.data_ptr<scalar_t>(),
+                 *vp = v[k].buffer.data_ptr<scalar_t>();
+        const scalar_t* gp = g[k].buffer.data_ptr<scalar_t>();
+        for (int64_t j = int64_t(i) * piece, end = std::min(n, j + piece); j < end; ++j) {
+          pp[j] += gp[j];
+          mp[j] += gp[j];
+          vp[j] += gp[j];
+        }
+      });
+    };
+    auto label = [](std::size_t i) { return "piece " + std::to_string(i); };
+    auto cost = [&](std::size_t) { return runtime::LeafCost{double(3 * piece), 28.0 * double(piece)}; };
+    runtime::LeafCall call;
+    call.op = "bandwidth_floor";
+    call.leaves = pieces;
+    call.run = run;
+    call.label = label;
+    call.cost = cost;
+    runtime::run(call);
+  }
+}
+
 using Step = std::function<void(AdamState&, std::int64_t)>;
 
 std::vector<std::pair<std::string, Step>> strategies(const Config& cfg) {
@@ -204,6 +261,8 @@ std::vector<std::pair<std::string, Step>> strategies(const Config& cfg) {
     return [o, mode](AdamState& s, std::int64_t step) { adam_tree(s, step, o, mode); };
   };
   return {{"native", [o](AdamState& s, std::int64_t step) { adam_native(s, step, o); }},
+          {"flat", [o](AdamState& s, std::int64_t step) { adam_flat(s, step, o); }},
+          {"limit", [o](AdamState& s, std::int64_t step) { bandwidth_floor(s, step, o); }},
           {"foreach", [o](AdamState& s, std::int64_t step) { adam_foreach(s, step, o); }},
           {"linear", tree(runtime::StreamMode::of(1))},
           {"stream", tree(runtime::StreamMode::of(cfg.lanes))},
@@ -239,35 +298,59 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
   rows[0].second(native, kVerifyStep);
   const TensorMap reference = params_by_key(native);
   native = {};
-  // Every strategy runs the same elementwise arithmetic per element: bitwise (DESIGN.md §5).
+  // The at:: strategies run the same arithmetic per element: bitwise (DESIGN.md §5). The
+  // single-pass kernel rounds where ATen may fuse a multiply-add: the Adam step's rounding
+  // bound (rounding.hpp). `limit` computes no Adam step: it is a floor, not verified.
+  std::string current;
+  std::map<std::string, at::Tensor> bounds;
+  const auto inputs = params_by_key(state);
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < state.keys.size(); ++i) index[state.keys[i]] = i;
   Verification verification(
       model.name,
-      [](const std::string&, const at::Tensor& got, const at::Tensor& want) {
-        return rounding::compare_bitwise(got, want);
+      [&](const std::string& key, const at::Tensor& got, const at::Tensor& want) {
+        if (current != "flat") return rounding::compare_bitwise(got, want);
+        const std::size_t i = index.at(key);
+        const rounding::AdamStepInputs in{state.p[i], state.g[i], state.m[i], state.v[i], cfg.adam.lr,
+                                          cfg.adam.beta1, cfg.adam.beta2, cfg.adam.eps,
+                                          cfg.adam.weight_decay, kVerifyStep};
+        return rounding::compare_within(got, want, rounding::adam_step_bound(in));
       },
       cfg.perturb_row);
   for (const auto& [name, step] : rows) {
-    AdamState trial = state.clone();
+    if (name == "limit") continue;
+    current = name;
+    AdamState trial = name == "flat" ? state.consolidated() : state.clone();
     step(trial, kVerifyStep);
     verification.check(name, reference, params_by_key(trial), reference.size());
   }
+  out.notes.push_back("limit: one streaming pass, 16 bytes read and 12 written per element, no Adam "
+                      "arithmetic (the memory-bandwidth floor; nothing to verify)");
   out.all_verified = verification.all_passed();
   out.notes.push_back(verification.note());
 
-  // Timed steps share one state; each run advances the step count.
+  // Timed steps share one state (flat and limit one consolidated copy each); each run advances
+  // the step count.
+  auto flat = std::make_shared<AdamState>(state.consolidated());
+  auto floor = std::make_shared<AdamState>(state.consolidated());
   auto shared = std::make_shared<AdamState>(std::move(state));
   auto step_count = std::make_shared<std::int64_t>(0);
   std::vector<Candidate> candidates;
-  for (const auto& [name, step] : rows)
-    candidates.push_back({name, [shared, step_count, step] { step(*shared, ++*step_count); }, {}});
+  for (const auto& [name, step] : rows) {
+    auto s = name == "flat" ? flat : name == "limit" ? floor : shared;
+    candidates.push_back({name, [s, step_count, step] { step(*s, ++*step_count); }, {}});
+  }
   const RoundRobin measured =
       time_round_robin(candidates, rep_plan(cfg), device_synchronizer(cfg.device), progress, stage);
   const auto& timings = measured.timings;
   progress.clear();
-  for (std::size_t i = 0; i < rows.size(); ++i)
+  for (std::size_t i = 0, checked = 0; i < rows.size(); ++i) {
+    const bool floor_row = rows[i].first == "limit";
     out.records.push_back({"optimizer", rows[i].first, model.name, timings[i].mean_ms,
                            timings[i].std_ms, std::nullopt, timings[0].mean_ms / timings[i].mean_ms,
-                           verification.passed(i), measured.reps});
+                           floor_row || verification.passed(checked), measured.reps});
+    if (!floor_row) ++checked;
+  }
 
   out.config = {{"model", model.name},
                 {"model_file", cfg.checkpoint.empty() ? cfg.model_path : cfg.checkpoint},

@@ -64,6 +64,21 @@ Agreement compare_matmul(const at::Tensor& got, const at::Tensor& ref, const at:
 /// @throws std::invalid_argument when a, b or out is not floating.
 at::Tensor matmul_bound(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out);
 
+/// Inputs and hyper-parameters of one Adam step, for adam_step_bound().
+struct AdamStepInputs {
+  at::Tensor param, grad, exp_avg, exp_avg_sq;  ///< the state before the step (one dtype)
+  double lr, beta1, beta2, eps, weight_decay;
+  std::int64_t step;  ///< 1-based
+};
+
+/// The elementwise bound on |p_a - p_b| for two computations of one Adam step (torch.optim.Adam
+/// without amsgrad: weight decay added to the gradient) from the same inputs, e.g. the at:: loop
+/// (whose kernels may fuse a multiply-add) and the single-pass kernel: twice the first-order
+/// running error bound of one computation (Higham §3.3: each operation adds u·|result| to the
+/// propagated input errors), times 1.01 for the dropped second-order terms. float64 tensor of
+/// param's shape. @throws std::invalid_argument for a non-floating dtype.
+at::Tensor adam_step_bound(const AdamStepInputs& in);
+
 /// |got - ref| <= bound elementwise (bound broadcasts to got; computed in float64).
 Agreement compare_within(const at::Tensor& got, const at::Tensor& ref, const at::Tensor& bound);
 
