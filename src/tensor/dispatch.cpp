@@ -19,8 +19,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "treetensor/asyncs/operands.hpp"
 #include "treetensor/runtime/errors.hpp"
-#include "treetensor/runtime/operands.hpp"
 #include "treetensor/runtime/stream.hpp"
 
 namespace treetensor::detail {
@@ -276,7 +276,7 @@ std::string label_of(const TensorTree& t, std::size_t i) {
 // Operand tracking (asyncs, DESIGN.md §10): wait for pending work before touching the leaves.
 // The first `written` arguments are written (in-place calls), the rest read.
 void await_tracked(const Zip& z, c10::ArrayRef<Operand> args, std::size_t written) {
-  if (!runtime::tracking_active()) return;
+  if (!asyncs::tracking_active()) return;
   std::vector<at::Tensor> reads, writes;
   for (std::size_t k = 0; k < args.size(); ++k) {
     if (args[k].kind() == Operand::Kind::tensor) reads.push_back(args[k].tensor());
@@ -285,7 +285,7 @@ void await_tracked(const Zip& z, c10::ArrayRef<Operand> args, std::size_t writte
     auto& dst = k < written ? writes : reads;
     dst.insert(dst.end(), std::make_move_iterator(col.begin()), std::make_move_iterator(col.end()));
   }
-  runtime::await_operands(reads, writes);
+  asyncs::await_operands(reads, writes);
 }
 
 std::vector<std::vector<at::Tensor>> columns_of(const Zip& z, std::size_t n) {
