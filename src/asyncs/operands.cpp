@@ -2,6 +2,7 @@
 #include "treetensor/asyncs/operands.hpp"
 
 #include "asyncs/internal.hpp"
+#include "treetensor/tree/internal_error.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -89,6 +90,7 @@ void unregister_operands(AsyncsState& rt, const Job& job) {
   if (job.keys.empty()) return;
   for (const auto& k : job.keys) {
     auto it = rt.uses.find(k.key);
+    TREETENSOR_INTERNAL_ASSERT(it != rt.uses.end(), "a finished job's operand is registered");
     auto& list = it->second;
     list.erase(
         std::find_if(list.begin(), list.end(), [&](const Use& u) { return u.job == job.state; }));

@@ -6,6 +6,7 @@
 #include "runtime/kernel_threads.hpp"
 #include "treetensor/runtime/dispatch.hpp"
 #include "treetensor/runtime/errors.hpp"
+#include "treetensor/tree/internal_error.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -117,6 +118,7 @@ void finish_job(AsyncsState& rt, Worker& w, Job& job) {
 std::shared_ptr<Worker> release_detached(AsyncsState& rt, Worker& w) {
   auto it =
       std::find_if(rt.live.begin(), rt.live.end(), [&](const auto& p) { return p.get() == &w; });
+  TREETENSOR_INTERNAL_ASSERT(it != rt.live.end(), "a detached worker is still live");
   std::shared_ptr<Worker> self = std::move(*it);
   rt.live.erase(it);
   rt.id_taken[w.id - 1] = false;

@@ -22,6 +22,7 @@
 #include "treetensor/asyncs/operands.hpp"
 #include "treetensor/runtime/errors.hpp"
 #include "treetensor/runtime/stream.hpp"
+#include "treetensor/tree/internal_error.hpp"
 #include "treetensor/tree/zip_rules.hpp"
 
 namespace treetensor::detail {
@@ -230,7 +231,9 @@ std::string join_paths(const std::vector<std::string>& paths) {
 // Leaf i's dotted path in a tree whose flatten order is the call's leaf order.
 std::string label_of(const TensorTree& t, std::size_t i) {
   const auto paths = t.paths();
-  return i < paths.size() ? paths[i].describe() : "#" + std::to_string(i);
+  TREETENSOR_INTERNAL_ASSERT(i < paths.size(),
+                             "leaf " + std::to_string(i) + " of " + std::to_string(paths.size()));
+  return paths[i].describe();
 }
 
 // Operand tracking (asyncs, DESIGN.md §10): wait for pending work before touching the leaves.

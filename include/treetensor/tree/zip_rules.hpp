@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "treetensor/tree/internal_error.hpp"
 #include "treetensor/tree/path.hpp"
 
 namespace treetensor::tree {
@@ -89,6 +90,7 @@ inline std::vector<std::string> merge_keys(const KeySets& sets, ZipMode mode, bo
                                            const Trail& trail) {
   const auto& k = sets.keys;
   const auto& pos = sets.positions;
+  TREETENSOR_INTERNAL_ASSERT(!k.empty() && k.size() == pos.size(), "one position per key list");
   std::vector<std::string> keys = k[0];
   for (std::size_t s = 1; s < k.size(); ++s) {
     if (k[s] == keys) continue;
