@@ -1,4 +1,4 @@
-// The tree layer (DESIGN.md §1–2, issue 2): every behaviour pinned with real values.
+// The tree layer (DESIGN.md §1–3): every behaviour pinned with real values.
 #include "treetensor/tree/tree.hpp"
 
 #include <gtest/gtest.h>
