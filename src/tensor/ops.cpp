@@ -271,26 +271,6 @@ bool all_pairs(std::string_view op, const TensorTree& a, const TensorTree& b, P&
 }  // namespace
 
 // ---- the op table ----------------------------------------------------------------------------
-#define TREETENSOR_DEFINE_UNARY_INPLACE(name, fused, doc)          \
-  TreeTensor name(const TensorTree& t) {                           \
-    return unary_map(                                              \
-        #name, t, [](const at::Tensor& x) { return at::name(x); }, \
-        TREETENSOR_FUSED_UNARY_##fused(name));                     \
-  }                                                                \
-  TreeTensor& name##_(TreeTensor& t) {                             \
-    return unary_update(                                           \
-        #name "_", t, [](const at::Tensor& x) { x.name##_(); },    \
-        TREETENSOR_FUSED_UNARY_##fused(name));                     \
-  }                                                                \
-  TreeTensor TreeTensor::name() const {                            \
-    return treetensor::name(*this);                                \
-  }                                                                \
-  TreeTensor& TreeTensor::name##_() {                              \
-    return treetensor::name##_(*this);                             \
-  }
-TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DEFINE_UNARY_INPLACE)
-#undef TREETENSOR_DEFINE_UNARY_INPLACE
-
 #define TREETENSOR_DEFINE_UNARY(name, fused, doc)                  \
   TreeTensor name(const TensorTree& t) {                           \
     return unary_map(                                              \
@@ -300,7 +280,20 @@ TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DEFINE_UNARY_INPLACE)
   TreeTensor TreeTensor::name() const {                            \
     return treetensor::name(*this);                                \
   }
+// The unary definitions plus the in-place form.
+#define TREETENSOR_DEFINE_UNARY_INPLACE(name, fused, doc)       \
+  TREETENSOR_DEFINE_UNARY(name, fused, doc)                     \
+  TreeTensor& name##_(TreeTensor& t) {                          \
+    return unary_update(                                        \
+        #name "_", t, [](const at::Tensor& x) { x.name##_(); }, \
+        TREETENSOR_FUSED_UNARY_##fused(name));                  \
+  }                                                             \
+  TreeTensor& TreeTensor::name##_() {                           \
+    return treetensor::name##_(*this);                          \
+  }
 TREETENSOR_UNARY_OPS(TREETENSOR_DEFINE_UNARY)
+TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DEFINE_UNARY_INPLACE)
+#undef TREETENSOR_DEFINE_UNARY_INPLACE
 #undef TREETENSOR_DEFINE_UNARY
 
 #define TREETENSOR_DEFINE_BINARY_SCALAR(name, fused, doc)                                     \
