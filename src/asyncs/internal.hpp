@@ -1,5 +1,6 @@
 #pragma once
-// Internals shared by asyncs.cpp, operands.cpp and asyncs_streams.cpp (not installed).
+// Internals shared by thread.cpp, operands.cpp and streams.cpp of the asyncs layer (not
+// installed).
 //
 // One process-wide lock (AsyncsState::mu) guards every queue, counter and the operand registry:
 // asyncs jobs are coarse (metric writing, data decoding), so one lock keeps the reasoning about
@@ -145,7 +146,7 @@ void wait_progress(std::unique_lock<std::mutex>& lock, Pred done, std::string_vi
   }
 }
 
-// --- operand tracking (operands.cpp); registry functions need AsyncsState::mu held -------------
+// --- operand tracking (operands.cpp); registry functions need AsyncsState::mu held ---------
 /// Keys of `reads` and `writes`, deduplicated, write winning; fills `keep` with the tensors.
 std::vector<OperandKey> operand_keys(c10::ArrayRef<at::Tensor> reads,
                                      c10::ArrayRef<at::Tensor> writes,
@@ -157,7 +158,7 @@ void unregister_operands(AsyncsState& rt, const Job& job);
 /// job about to start (named in a watchdog report). Takes AsyncsState::mu itself.
 void await_keys(const std::vector<OperandKey>& keys, const Acting& self, const JobState* job);
 
-// --- device streams (asyncs_streams.cpp); all no-ops without CUDA devices ----------------
+// --- device streams (streams.cpp); all no-ops without CUDA devices -----------------------
 std::vector<c10::Stream> pool_streams();
 /// Makes `streams` the calling OS thread's current streams.
 void install_streams(const std::vector<c10::Stream>& streams);
