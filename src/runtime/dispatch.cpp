@@ -317,16 +317,4 @@ Decision explain(const LeafCall& call) {
   return detail::plan(call, current_stream_mode(), /*commit=*/false).decision;
 }
 
-const char* to_string(Strategy s) {
-  switch (s) {
-    case Strategy::linear:
-      return "linear";
-    case Strategy::lanes:
-      return "lanes";
-    case Strategy::fused:
-      return "fused";
-  }
-  return "?";
-}
-
 }  // namespace treetensor::runtime

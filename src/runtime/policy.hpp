@@ -2,7 +2,7 @@
 // The execution policy behind run() (policy.cpp): mode → strategy, and stream(automatic)'s
 // learner (DESIGN.md §8). Not installed.
 
-#include "treetensor/runtime/dispatch.hpp"
+#include "treetensor/runtime/leaf_call.hpp"
 #include "treetensor/runtime/stream.hpp"
 
 #include <cstdint>

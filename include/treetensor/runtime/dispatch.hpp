@@ -8,44 +8,11 @@
 // above it: asyncs (and later distributed) take part in tree calls and in synchronize()
 // through the hooks they register here (DESIGN.md, layers).
 
-#include <c10/core/Device.h>
-#include <c10/core/ScalarType.h>
+#include "treetensor/runtime/leaf_call.hpp"  // IWYU pragma: export
+
 #include <c10/util/FunctionRef.h>
 
-#include <cstddef>
-#include <string>
-#include <string_view>
-
 namespace treetensor::runtime {
-
-/// Estimated cost of one leaf job, used by the execution policy.
-struct LeafCost {
-  double flops = 0;  ///< floating-point operations (matmul of m×k @ k×n: 2·m·k·n)
-  double bytes = 0;  ///< bytes read plus bytes written
-};
-
-/// What the tensor layer tells the runtime about one tree call.
-///
-/// All callables are borrowed for the duration of run() only.
-struct LeafCall {
-  /// Op name, e.g. "matmul" or "add_"; appears in error messages and policy decisions.
-  std::string_view op;
-  /// Number of leaf jobs.
-  std::size_t leaves = 0;
-  /// Runs leaf i. Called exactly once per i; distinct i may run concurrently on other threads.
-  c10::function_ref<void(std::size_t)> run;
-  /// Names leaf i (its dotted tree path) for error messages. Only called on error.
-  c10::function_ref<std::string(std::size_t)> label;
-  /// Estimated cost of leaf i; when null, every leaf is taken to cost the same.
-  c10::function_ref<LeafCost(std::size_t)> cost = nullptr;
-  /// Optional batched form: runs every leaf's work in one call (e.g. bmm over stacked leaves)
-  /// and returns true, or returns false without side effects when it cannot (shapes differ).
-  /// When it returns true, run() is not called for any leaf.
-  c10::function_ref<bool()> fused = nullptr;
-  /// Device and dtype of the first leaf (policy input); CPU/float when there are no leaves.
-  c10::Device device = c10::Device(c10::kCPU);
-  c10::ScalarType dtype = c10::kFloat;
-};
 
 /// Executes a tree call's leaf work under the current execution strategy.
 ///
@@ -58,16 +25,6 @@ struct LeafCall {
 /// never deadlocks).
 void run(const LeafCall& call);
 
-/// How one call is (or would be) executed.
-enum class Strategy { linear, lanes, fused };
-
-/// A policy decision: the strategy, the number of lanes used (1 for linear and fused) and why.
-struct Decision {
-  Strategy strategy = Strategy::linear;
-  std::size_t lanes = 1;
-  std::string reason;
-};
-
 /// What run() would do with `call` under the current mode, without running it or calling its
 /// leaf functions (only `cost`, under automatic). Under automatic the answer reflects the
 /// measurements made so far, so a later call may differ; the reason names them, e.g.
@@ -75,9 +32,6 @@ struct Decision {
 /// The first automatic use runs the one-time calibration.
 /// Thread safety: thread-safe.
 Decision explain(const LeafCall& call);
-
-/// "linear", "lanes" or "fused".
-const char* to_string(Strategy s);
 
 // ---- the registration point for the layers above (DESIGN.md, layers) ----------------------
 
