@@ -1,4 +1,4 @@
-// Runtime micro-benchmarks (issue 4 figures): fork-join overhead of an empty tree call, and
+// Runtime micro-benchmarks (DESIGN.md §6, §8): fork-join overhead of an empty tree call, and
 // 200 leaves of S×2S @ 2S×4S float32 matmul under every strategy against the native loop.
 // Results are kept alive as a tree keeps them (each iteration overwrites the previous ones).
 // Ratios: run with --benchmark_format=json and divide native's time by each strategy's.
@@ -98,7 +98,7 @@ void matmul(benchmark::State& state, const std::string& strategy) {
     for (auto _ : state) rt::run(call);
     if (strategy == "auto") state.SetLabel(rt::explain(call).reason);
   }
-  // Page faults taken per call (fresh output pages; issue 4's effect (2)).
+  // Page faults taken per call (fresh output pages, DESIGN.md §6).
   state.counters["faults"] = benchmark::Counter(static_cast<double>(minor_faults() - faults_before),
                                                 benchmark::Counter::kAvgIterations);
   state.counters["GFLOP/s"] = benchmark::Counter(16.0 * s3 * static_cast<double>(c.a.size()),

@@ -1,5 +1,5 @@
-// Per-call overhead of tree-tensor ops against the hand-written std::map loop (issue 3's
-// figure: tree add on 200 leaves of 4 elements, goal within 10% of native).
+// Per-call overhead of tree-tensor ops against the hand-written std::map loop (the "native"
+// baseline of DESIGN.md: tree add on 200 leaves of 4 elements, goal within 10% of native).
 //
 // BM_AddVsNative times both sides alternately inside one benchmark (so machine noise hits
 // both alike) and reports their ratio as the counter `tree_over_native`; the other cases give

@@ -3,9 +3,9 @@
 //
 // A small MLP trains on random data. After each step, the metrics — training loss and accuracy
 // plus a full pass over a validation set with the current weights — are computed and appended
-// to a CSV file by a job on a runtime::Thread, while the main thread already runs the next
+// to a CSV file by a job on a asyncs::Thread, while the main thread already runs the next
 // step's forward and backward. The job declares the parameters it reads, so the next
-// optimizer step (an in-place update) first calls runtime::await_operands(): the validation
+// optimizer step (an in-place update) first calls asyncs::await_operands(): the validation
 // pass always sees the weights of its own step.
 //
 // The program runs the same training twice — metrics inline, then on the metric thread — and
@@ -18,8 +18,9 @@
 //
 //   asyncs_metrics [--steps N] [--batch B] [--hidden H] [--val V] [--out DIR]
 //                  [--kernels one|process]   (the metric thread's KernelThreads)
-#include <treetensor/runtime/asyncs.hpp>
-#include <treetensor/runtime/operands.hpp>
+#include <treetensor/asyncs/operands.hpp>
+#include <treetensor/asyncs/thread.hpp>
+#include <treetensor/runtime/dispatch.hpp>
 
 #include <torch/torch.h>
 
@@ -34,6 +35,7 @@
 #include <vector>
 
 namespace rt = treetensor::runtime;
+namespace asyncs = treetensor::asyncs;
 
 namespace {
 
@@ -45,7 +47,7 @@ struct Options {
   int features = 64;
   int classes = 10;
   std::string out = ".";
-  rt::KernelThreads kernels = rt::KernelThreads::one;
+  asyncs::KernelThreads kernels = asyncs::KernelThreads::one;
 };
 
 Options parse(int argc, char** argv) {
@@ -65,7 +67,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--out")
       o.out = value;
     else if (arg == "--kernels" && (value == "one" || value == "process"))
-      o.kernels = value == "one" ? rt::KernelThreads::one : rt::KernelThreads::process;
+      o.kernels = value == "one" ? asyncs::KernelThreads::one : asyncs::KernelThreads::process;
     else
       throw std::invalid_argument("asyncs_metrics: unknown option " + arg);
   }
@@ -120,7 +122,7 @@ struct RunResult {
 
 // Trains; metrics inline (metric_thread == nullptr) or as jobs on `metric_thread`.
 RunResult train(const Options& o, const Data& d, const std::string& csv,
-                rt::Thread* metric_thread) {
+                asyncs::Thread* metric_thread) {
   auto model = make_model(o);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   const std::vector<torch::Tensor> params = model->parameters();
@@ -134,7 +136,7 @@ RunResult train(const Options& o, const Data& d, const std::string& csv,
     const auto loss = torch::nn::functional::cross_entropy(logits, d.y[step]);
     loss.backward();
     // The previous step's metric job reads the parameters: the in-place update waits for it.
-    if (rt::tracking_active()) rt::await_operands({}, params);
+    if (asyncs::tracking_active()) asyncs::await_operands({}, params);
     opt.step();
     auto job = [step, loss = loss.detach(), logits = logits.detach(), y = d.y[step], model, &d,
                 file]() mutable {
@@ -167,7 +169,7 @@ int main(int argc, char** argv) {
     // The metric thread runs its kernels on one intra-op thread (KernelThreads::one); CPU
     // reductions sum in an order that depends on the thread count, so for bit-identical
     // metrics the inline run uses one intra-op thread too.
-    if (o.kernels == rt::KernelThreads::one) torch::set_num_threads(1);
+    if (o.kernels == asyncs::KernelThreads::one) torch::set_num_threads(1);
     const Data d = make_data(o);
     const std::string sync_csv = o.out + "/asyncs_metrics_sync.csv";
     const std::string async_csv = o.out + "/asyncs_metrics_async.csv";
@@ -175,7 +177,7 @@ int main(int argc, char** argv) {
     const RunResult sync = train(o, d, sync_csv, nullptr);
     RunResult async;
     {
-      rt::Thread metrics("metrics", o.kernels);
+      asyncs::Thread metrics("metrics", o.kernels);
       async = train(o, d, async_csv, &metrics);
     }
     const bool same = read_file(sync_csv) == read_file(async_csv);

@@ -1,13 +1,13 @@
 // Operand tracking (OneFlow's const/mutable operand rule) checked with values.
 #include "asyncs_test_util.hpp"
 
-#include "treetensor/runtime/operands.hpp"
+#include "treetensor/asyncs/operands.hpp"
 
 #include <ATen/ATen.h>
 
 #include <thread>
 
-namespace rt = treetensor::runtime;
+namespace asyncs = treetensor::asyncs;
 using treetensor::testing::AsyncsTest;
 using treetensor::testing::Gate;
 using namespace std::chrono_literals;
@@ -23,7 +23,7 @@ bool all_equal(const at::Tensor& t, double v) {
 // A slow reader on an asyncs thread, an in-place add_ on the main thread: the reader sees the
 // old value, the main thread the new one.
 TEST_F(AsyncsOperands, InPlaceUpdateWaitsForAPendingReader) {
-  rt::Thread t;
+  asyncs::Thread t;
   at::Tensor x = at::full({64}, 1.0);
   auto reader = t.submit(
       [x] {
@@ -31,17 +31,17 @@ TEST_F(AsyncsOperands, InPlaceUpdateWaitsForAPendingReader) {
         return x.clone();
       },
       {x}, {});
-  EXPECT_TRUE(rt::tracking_active());
-  rt::await_operands({x}, {x});  // what the tensor layer does before x.add_(1)
+  EXPECT_TRUE(asyncs::tracking_active());
+  asyncs::await_operands({x}, {x});  // what the tensor layer does before x.add_(1)
   EXPECT_TRUE(reader.ready()) << "write-after-read must wait for the reader";
   x.add_(1);
   EXPECT_TRUE(all_equal(reader.get(), 1.0));
   EXPECT_TRUE(all_equal(x, 2.0));
-  EXPECT_FALSE(rt::tracking_active()) << "nothing pending any more";
+  EXPECT_FALSE(asyncs::tracking_active()) << "nothing pending any more";
 }
 
 TEST_F(AsyncsOperands, ReadWaitsForAPendingWriterThroughAView) {
-  rt::Thread t;
+  asyncs::Thread t;
   at::Tensor x = at::zeros({4, 4});
   auto writer = t.submit(
       [x] {
@@ -50,13 +50,13 @@ TEST_F(AsyncsOperands, ReadWaitsForAPendingWriterThroughAView) {
       },
       {}, {x});
   const at::Tensor row = x[2];  // a view: same storage, different TensorImpl and offset
-  rt::await_operands({row}, {});
+  asyncs::await_operands({row}, {});
   EXPECT_TRUE(writer.ready()) << "read-after-write must wait for the writer";
   EXPECT_TRUE(all_equal(row.clone(), 3.0));
 }
 
 TEST_F(AsyncsOperands, ReadsDoNotWaitForReadersNorUnrelatedTensors) {
-  rt::Thread t;
+  asyncs::Thread t;
   Gate gate;
   const at::Tensor x = at::ones({3});
   const at::Tensor y = at::ones({3});
@@ -66,15 +66,15 @@ TEST_F(AsyncsOperands, ReadsDoNotWaitForReadersNorUnrelatedTensors) {
         return x.sum().item<double>();
       },
       {x}, {});
-  rt::await_operands({x}, {y});  // read-read and an unrelated write: no wait
+  asyncs::await_operands({x}, {y});  // read-read and an unrelated write: no wait
   EXPECT_FALSE(reader.ready());
   gate.open();
   EXPECT_EQ(reader.get(), 3.0);
 }
 
 TEST_F(AsyncsOperands, JobsStartAfterConflictingJobsSubmittedEarlierElsewhere) {
-  rt::Thread a;
-  rt::Thread b;
+  asyncs::Thread a;
+  asyncs::Thread b;
   at::Tensor x = at::zeros({8});
   a.submit(
       [x] {
@@ -86,13 +86,13 @@ TEST_F(AsyncsOperands, JobsStartAfterConflictingJobsSubmittedEarlierElsewhere) {
   auto writer = b.submit([x] { x.add_(1.0); }, {}, {x});
   EXPECT_TRUE(all_equal(reader.get(), 5.0));
   writer.get();
-  rt::await_operands({x}, {});
+  asyncs::await_operands({x}, {});
   EXPECT_TRUE(all_equal(x, 6.0));
 }
 
 TEST_F(AsyncsOperands, AJobNeverWaitsForWorkQueuedBehindItOrSubmittedAfterIt) {
-  rt::Thread a;
-  rt::Thread b;
+  asyncs::Thread a;
+  asyncs::Thread b;
   Gate gate;
   Gate later_gate;
   at::Tensor x = at::zeros({2});
@@ -101,7 +101,7 @@ TEST_F(AsyncsOperands, AJobNeverWaitsForWorkQueuedBehindItOrSubmittedAfterIt) {
         wait();
         // Same thread, queued behind: waiting would self-deadlock. Other thread, submitted after
         // this job: it waits for this job, so waiting for it would deadlock too.
-        rt::await_operands({x}, {x});
+        asyncs::await_operands({x}, {x});
         x.add_(1.0);
         return x.clone();
       },
@@ -120,8 +120,8 @@ TEST_F(AsyncsOperands, AJobNeverWaitsForWorkQueuedBehindItOrSubmittedAfterIt) {
 }
 
 TEST_F(AsyncsOperands, AJobWaitsForWorkItSubmittedElsewhere) {
-  rt::Thread a;
-  rt::Thread b;
+  asyncs::Thread a;
+  asyncs::Thread b;
   at::Tensor x = at::zeros({2});
   auto parent = a.submit([&b, x] {
     b.submit(
@@ -130,22 +130,22 @@ TEST_F(AsyncsOperands, AJobWaitsForWorkItSubmittedElsewhere) {
           x.fill_(7.0);
         },
         {}, {x});
-    rt::await_operands({x}, {});
+    asyncs::await_operands({x}, {});
     return x.clone();
   });
   EXPECT_TRUE(all_equal(parent.get(), 7.0));
 }
 
 TEST_F(AsyncsOperands, AwaitOperandsHasAWatchdog) {
-  rt::set_watchdog_timeout(50ms);
-  rt::Thread t;
+  asyncs::set_watchdog_timeout(50ms);
+  asyncs::Thread t;
   Gate gate;
   const at::Tensor x = at::zeros({1});
   t.submit(gate.waiter(), {}, {x}, "stuck writer");
   try {
-    rt::await_operands({x}, {});
+    asyncs::await_operands({x}, {});
     FAIL() << "the watchdog must fire";
-  } catch (const rt::WatchdogTimeout& e) {
+  } catch (const asyncs::WatchdogTimeout& e) {
     EXPECT_TRUE(treetensor::testing::contains(e.what(), "await_operands"));
     EXPECT_TRUE(treetensor::testing::contains(e.what(), "'stuck writer' running"));
   }

@@ -4,7 +4,7 @@
 // job exactly once.
 #include "asyncs_test_util.hpp"
 
-#include "treetensor/runtime/operands.hpp"
+#include "treetensor/asyncs/operands.hpp"
 #include "treetensor/runtime/stream.hpp"
 
 #include <ATen/ATen.h>
@@ -17,6 +17,7 @@
 #include <vector>
 
 namespace rt = treetensor::runtime;
+namespace asyncs = treetensor::asyncs;
 using treetensor::testing::AsyncsTest;
 using treetensor::testing::contains;
 using treetensor::testing::tree_call;
@@ -66,17 +67,17 @@ std::set<int> AsyncsStress::reported_by_synchronize() {
 }
 
 void AsyncsStress::run(int iterations, unsigned seed) {
-  std::vector<std::unique_ptr<rt::Thread>> workers;
-  for (int i = 0; i < kWorkers; ++i) workers.push_back(std::make_unique<rt::Thread>());
+  std::vector<std::unique_ptr<asyncs::Thread>> workers;
+  for (int i = 0; i < kWorkers; ++i) workers.push_back(std::make_unique<asyncs::Thread>());
   // Children submitted from inside jobs go to a thread that runs no operand-tracked work, so
   // a parent waiting for its child can never close a cycle with operand waits.
-  rt::Thread helper("children");
+  asyncs::Thread helper("children");
 
   std::vector<at::Tensor> acc;
   for (int k = 0; k < kAccumulators; ++k) acc.push_back(at::zeros({}, at::kLong));
   std::vector<std::int64_t> expect(kAccumulators, 0);
 
-  std::vector<std::pair<rt::Future<std::int64_t>, std::int64_t>> reads;
+  std::vector<std::pair<asyncs::Future<std::int64_t>, std::int64_t>> reads;
   std::set<int> dropped_errors;   // injected errors whose futures nobody gets
   std::set<int> reported_errors;  // the ones synchronize() named
   std::mt19937 rng(seed);
@@ -88,7 +89,7 @@ void AsyncsStress::run(int iterations, unsigned seed) {
     const int w = pick(kWorkers);
     const std::int64_t v = 1 + pick(5);
     const int id = next_id_++;
-    rt::Thread& worker = *workers[w];
+    asyncs::Thread& worker = *workers[w];
     const int worker_id = worker.id();
     if (op < 35) {  // a job adds v in place, in a tree call on 1 or 2 lanes; maybe throws
       const bool inject = pick(20) == 0;
@@ -101,7 +102,8 @@ void AsyncsStress::run(int iterations, unsigned seed) {
               if (leaf == 0) return void(a.add_(v));
               if (inject) throw std::runtime_error("injected " + std::to_string(id));
               tree_call("nested", 2, [&](std::size_t) {
-                if (rt::current_thread_id() != worker_id) throw std::logic_error("wrong thread");
+                if (asyncs::current_thread_id() != worker_id)
+                  throw std::logic_error("wrong thread");
               });
             });
           },
@@ -123,16 +125,16 @@ void AsyncsStress::run(int iterations, unsigned seed) {
       reads.emplace_back(std::move(f), expect[k]);
     } else if (op < 80) {  // the main thread updates in place, as the tensor layer would
       ++executed_[id];
-      rt::await_operands({acc[k]}, {acc[k]});
+      asyncs::await_operands({acc[k]}, {acc[k]});
       acc[k].add_(v);
       expect[k] += v;
     } else if (op < 90) {  // the main thread reads
       ++executed_[id];
-      rt::await_operands({acc[k]}, {});
+      asyncs::await_operands({acc[k]}, {});
       EXPECT_EQ(acc[k].item<std::int64_t>(), expect[k]) << "step " << step;
     } else if (op < 95) {  // a scoped tree call runs on the worker, the caller blocks
-      rt::await_operands({acc[k]}, {acc[k]});
-      rt::ThreadScope scope(worker);
+      asyncs::await_operands({acc[k]}, {acc[k]});
+      asyncs::ThreadScope scope(worker);
       tree_call("scoped_add", 1, [&](std::size_t) {
         ++executed_[id];
         acc[k].add_(v);
@@ -169,8 +171,8 @@ void AsyncsStress::run(int iterations, unsigned seed) {
 }
 
 TEST_F(AsyncsStress, MixedWorkNeverDeadlocksLosesErrorsOrValues) {
-  rt::set_watchdog_timeout(std::chrono::seconds(5));
-  rt::set_max_in_flight(64);  // back-pressure engages now and then
+  asyncs::set_watchdog_timeout(std::chrono::seconds(5));
+  asyncs::set_max_in_flight(64);  // back-pressure engages now and then
   run(kIterations, 20261130u);
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Helpers shared by the asyncs tests.
 
-#include "treetensor/runtime/asyncs.hpp"
+#include "treetensor/asyncs/thread.hpp"
 #include "treetensor/runtime/dispatch.hpp"
 
 #include <gtest/gtest.h>
@@ -48,11 +48,11 @@ class Gate {
 /// and must leave no unobserved job error behind.
 class AsyncsTest : public ::testing::Test {
  protected:
-  void SetUp() override { runtime::set_watchdog_timeout(std::chrono::seconds(10)); }
+  void SetUp() override { asyncs::set_watchdog_timeout(std::chrono::seconds(10)); }
   void TearDown() override {
     EXPECT_NO_THROW(runtime::synchronize());
-    runtime::set_watchdog_timeout(std::chrono::milliseconds(0));
-    runtime::set_max_in_flight(1024);
+    asyncs::set_watchdog_timeout(std::chrono::milliseconds(0));
+    asyncs::set_max_in_flight(1024);
   }
 };
 

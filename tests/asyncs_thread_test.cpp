@@ -1,6 +1,6 @@
 // asyncs threads: FIFO, futures, errors, pool, scopes, watchdog, back-pressure, destruction.
+#include "asyncs/internal.hpp"
 #include "asyncs_test_util.hpp"
-#include "runtime/asyncs_internal.hpp"
 
 #include "treetensor/runtime/stream.hpp"
 
@@ -17,6 +17,7 @@
 #include <vector>
 
 namespace rt = treetensor::runtime;
+namespace asyncs = treetensor::asyncs;
 using treetensor::testing::AsyncsTest;
 using treetensor::testing::contains;
 using treetensor::testing::Gate;
@@ -28,9 +29,9 @@ namespace {
 using AsyncsThread = AsyncsTest;
 
 TEST_F(AsyncsThread, JobsOfOneThreadRunInSubmissionOrder) {
-  rt::Thread t;
+  asyncs::Thread t;
   std::vector<int> order;  // touched by the worker only, read after wait_idle
-  std::vector<rt::Future<void>> futures;
+  std::vector<asyncs::Future<void>> futures;
   for (int i = 0; i < 200; ++i) futures.push_back(t.submit([&order, i] { order.push_back(i); }));
   t.wait_idle();
   ASSERT_EQ(order.size(), 200u);
@@ -43,7 +44,7 @@ TEST_F(AsyncsThread, JobsOfOneThreadRunInSubmissionOrder) {
 }
 
 TEST_F(AsyncsThread, FuturesCarryValuesOfAnyType) {
-  rt::Thread t;
+  asyncs::Thread t;
   const at::Tensor x = at::arange(6, at::kFloat).reshape({2, 3});
   auto sum = t.submit([x] { return x.sum(); }, {x}, {});
   auto text = t.submit([] { return std::string("metrics"); });
@@ -59,12 +60,12 @@ TEST_F(AsyncsThread, FuturesCarryValuesOfAnyType) {
 }
 
 TEST_F(AsyncsThread, JobsRunOnTheirWorkerWithTheSubmittersGradAndStreamMode) {
-  rt::Thread t;
-  EXPECT_EQ(rt::current_thread_id(), std::nullopt);
-  auto where = t.submit([] { return rt::current_thread_id(); });
+  asyncs::Thread t;
+  EXPECT_EQ(asyncs::current_thread_id(), std::nullopt);
+  auto where = t.submit([] { return asyncs::current_thread_id(); });
   auto grad_on = t.submit([] { return at::GradMode::is_enabled(); });
-  rt::Future<bool> grad_off;
-  rt::Future<rt::StreamMode> three_lanes;
+  asyncs::Future<bool> grad_off;
+  asyncs::Future<rt::StreamMode> three_lanes;
   {
     at::NoGradGuard no_grad;
     rt::StreamGuard lanes(3);
@@ -80,7 +81,7 @@ TEST_F(AsyncsThread, JobsRunOnTheirWorkerWithTheSubmittersGradAndStreamMode) {
 }
 
 TEST_F(AsyncsThread, JobErrorReachesGetWithItsTypeAndContext) {
-  rt::Thread t;
+  asyncs::Thread t;
   auto f = t.submit([]() -> int { throw std::out_of_range("index 9 of 3"); }, {}, {}, "lookup");
   for (int attempt = 0; attempt < 2; ++attempt) {
     try {
@@ -103,8 +104,8 @@ TEST_F(AsyncsThread, JobErrorReachesGetWithItsTypeAndContext) {
 }
 
 TEST_F(AsyncsThread, UnobservedErrorsAllSurfaceAtSynchronize) {
-  rt::Thread a;
-  rt::Thread b;
+  asyncs::Thread a;
+  asyncs::Thread b;
   a.submit([] { throw std::invalid_argument("first"); });
   b.submit([] { return 1; });
   b.submit([] { throw std::runtime_error("second"); });
@@ -124,37 +125,37 @@ TEST_F(AsyncsThread, UnobservedErrorsAllSurfaceAtSynchronize) {
 }
 
 TEST_F(AsyncsThread, PoolExhaustionIsATypedErrorAndIdsAreReused) {
-  std::vector<std::unique_ptr<rt::Thread>> threads;
-  for (std::size_t i = 0; i < rt::max_threads(); ++i)
-    threads.push_back(std::make_unique<rt::Thread>());
+  std::vector<std::unique_ptr<asyncs::Thread>> threads;
+  for (std::size_t i = 0; i < asyncs::max_threads(); ++i)
+    threads.push_back(std::make_unique<asyncs::Thread>());
   for (std::size_t i = 0; i < threads.size(); ++i)
     EXPECT_EQ(threads[i]->id(), static_cast<int>(i) + 1);
   try {
-    rt::Thread extra;
+    asyncs::Thread extra;
     FAIL() << "the pool must be exhausted";
-  } catch (const rt::ThreadPoolExhausted& e) {
+  } catch (const asyncs::ThreadPoolExhausted& e) {
     EXPECT_TRUE(contains(e.what(), "TREETENSOR_ASYNCS_THREADS"));
   }
   const int freed = threads.back()->id();
   threads.back().reset();
-  rt::Thread again;
+  asyncs::Thread again;
   EXPECT_EQ(again.id(), freed);
 }
 
 TEST_F(AsyncsThread, ScopesRunTreeCallsOnTheirThreadAndNest) {
-  rt::Thread outer;
-  rt::Thread inner;
+  asyncs::Thread outer;
+  asyncs::Thread inner;
   const auto where = [] {
     std::optional<int> id;
-    tree_call("where", 1, [&](std::size_t) { id = rt::current_thread_id(); });
+    tree_call("where", 1, [&](std::size_t) { id = asyncs::current_thread_id(); });
     return id;
   };
   EXPECT_EQ(where(), std::nullopt);
   {
-    rt::ThreadScope a(outer);
+    asyncs::ThreadScope a(outer);
     EXPECT_EQ(where(), outer.id());
     {
-      rt::ThreadScope b(inner);
+      asyncs::ThreadScope b(inner);
       EXPECT_EQ(where(), inner.id());
     }
     EXPECT_EQ(where(), outer.id()) << "the outer scope is restored";
@@ -163,7 +164,7 @@ TEST_F(AsyncsThread, ScopesRunTreeCallsOnTheirThreadAndNest) {
 }
 
 TEST_F(AsyncsThread, ScopedTreeCallRunsAfterEarlierSubmitsAndReportsErrors) {
-  rt::Thread t;
+  asyncs::Thread t;
   std::vector<std::string> log;  // written by the worker only
   Gate gate;
   t.submit([&log, wait = gate.waiter()] {
@@ -175,7 +176,7 @@ TEST_F(AsyncsThread, ScopedTreeCallRunsAfterEarlierSubmitsAndReportsErrors) {
     gate.open();
   });
   {
-    rt::ThreadScope scope(t);
+    asyncs::ThreadScope scope(t);
     tree_call("append", 2, [&](std::size_t i) { log.push_back("leaf" + std::to_string(i)); });
     EXPECT_EQ(log, (std::vector<std::string>{"submitted job", "leaf0", "leaf1"}));
     try {
@@ -190,11 +191,11 @@ TEST_F(AsyncsThread, ScopedTreeCallRunsAfterEarlierSubmitsAndReportsErrors) {
 }
 
 TEST_F(AsyncsThread, NestedTreeCallsInsideJobsKnowTheirThread) {
-  rt::Thread t;
+  asyncs::Thread t;
   auto f = t.submit([] {
     std::vector<std::optional<int>> ids(4);
     tree_call("outer", 2, [&](std::size_t i) {
-      tree_call("inner", 2, [&](std::size_t j) { ids[2 * i + j] = rt::current_thread_id(); });
+      tree_call("inner", 2, [&](std::size_t j) { ids[2 * i + j] = asyncs::current_thread_id(); });
     });
     return ids;
   });
@@ -202,17 +203,17 @@ TEST_F(AsyncsThread, NestedTreeCallsInsideJobsKnowTheirThread) {
 }
 
 TEST_F(AsyncsThread, WaitsThatCouldOnlyDeadlockAreUsageErrors) {
-  rt::Thread t;
+  asyncs::Thread t;
   Gate gate;
-  rt::Future<void> later;
+  asyncs::Future<void> later;
   auto first = t.submit([&later, wait = gate.waiter()] {
     wait();
     try {
       later.wait();
-    } catch (const rt::AsyncsUsageError&) {
+    } catch (const asyncs::AsyncsUsageError&) {
       try {
         rt::synchronize();
-      } catch (const rt::AsyncsUsageError&) {
+      } catch (const asyncs::AsyncsUsageError&) {
         return true;
       }
     }
@@ -221,12 +222,12 @@ TEST_F(AsyncsThread, WaitsThatCouldOnlyDeadlockAreUsageErrors) {
   later = t.submit([] {});
   gate.open();
   EXPECT_TRUE(first.get());
-  EXPECT_THROW(rt::Future<int>().get(), rt::AsyncsUsageError);
+  EXPECT_THROW(asyncs::Future<int>().get(), asyncs::AsyncsUsageError);
 }
 
 TEST_F(AsyncsThread, WatchdogNamesTheBlockedJobWithinASecond) {
-  rt::set_watchdog_timeout(50ms);
-  rt::Thread t("blocker");
+  asyncs::set_watchdog_timeout(50ms);
+  asyncs::Thread t("blocker");
   Gate gate;
   auto f = t.submit(
       [wait = gate.waiter()] {
@@ -238,7 +239,7 @@ TEST_F(AsyncsThread, WatchdogNamesTheBlockedJobWithinASecond) {
   try {
     f.get();
     FAIL() << "the watchdog must fire";
-  } catch (const rt::WatchdogTimeout& e) {
+  } catch (const asyncs::WatchdogTimeout& e) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
     EXPECT_TRUE(contains(e.what(), "'blocked on latch' running"));
     ASSERT_EQ(e.jobs().size(), 1u);
@@ -246,20 +247,20 @@ TEST_F(AsyncsThread, WatchdogNamesTheBlockedJobWithinASecond) {
     EXPECT_EQ(e.jobs()[0].job, 1u);
     EXPECT_TRUE(e.jobs()[0].running);
   }
-  EXPECT_THROW(rt::synchronize(), rt::WatchdogTimeout);
+  EXPECT_THROW(rt::synchronize(), asyncs::WatchdogTimeout);
   gate.open();
   EXPECT_EQ(f.get(), 11) << "the job completes once released";
 }
 
 TEST_F(AsyncsThread, WatchdogWithdrawsAQueuedScopedCall) {
-  rt::set_watchdog_timeout(50ms);
-  rt::Thread t;
+  asyncs::set_watchdog_timeout(50ms);
+  asyncs::Thread t;
   Gate gate;
   t.submit(gate.waiter(), {}, {}, "blocker");
   bool ran = false;
   {
-    rt::ThreadScope scope(t);
-    EXPECT_THROW(tree_call("never", 1, [&](std::size_t) { ran = true; }), rt::WatchdogTimeout);
+    asyncs::ThreadScope scope(t);
+    EXPECT_THROW(tree_call("never", 1, [&](std::size_t) { ran = true; }), asyncs::WatchdogTimeout);
   }
   gate.open();
   t.wait_idle();
@@ -267,8 +268,8 @@ TEST_F(AsyncsThread, WatchdogWithdrawsAQueuedScopedCall) {
 }
 
 TEST_F(AsyncsThread, BackPressureBlocksTheSubmitterUntilTheQueueDrains) {
-  rt::set_max_in_flight(2);
-  rt::Thread t;
+  asyncs::set_max_in_flight(2);
+  asyncs::Thread t;
   Gate gate;
   std::vector<int> order;
   t.submit([&order, wait = gate.waiter()] {
@@ -295,7 +296,7 @@ TEST_F(AsyncsThread, DestructorDrainsPendingJobsAndKeepsTheirErrors) {
   std::atomic<int> ran{0};
   int id = 0;
   {
-    rt::Thread t;
+    asyncs::Thread t;
     id = t.id();
     for (int i = 0; i < 10; ++i) {
       t.submit([&ran, i] {
@@ -316,13 +317,14 @@ TEST_F(AsyncsThread, DestructorDrainsPendingJobsAndKeepsTheirErrors) {
 }
 
 TEST_F(AsyncsThread, DestroyedFromItsOwnJobDetachesRunsItsQueueAndFreesItsId) {
-  rt::set_watchdog_timeout(2s);  // a destructor that drains here waits for itself: fail, not hang
+  asyncs::set_watchdog_timeout(
+      2s);  // a destructor that drains here waits for itself: fail, not hang
   Gate gate;
-  auto* t = new rt::Thread();
+  auto* t = new asyncs::Thread();
   const int id = t->id();
   t->submit(gate.waiter());
   auto deleting = t->submit([t] { delete t; });
-  auto behind = t->submit([] { return rt::current_thread_id(); });
+  auto behind = t->submit([] { return asyncs::current_thread_id(); });
   ::testing::internal::CaptureStderr();
   gate.open();
   EXPECT_NO_THROW(deleting.get());
@@ -334,11 +336,11 @@ TEST_F(AsyncsThread, DestroyedFromItsOwnJobDetachesRunsItsQueueAndFreesItsId) {
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   for (;;) {
     try {
-      std::vector<rt::Thread> all;
-      all.reserve(rt::max_threads());
-      for (std::size_t i = 0; i < rt::max_threads(); ++i) all.emplace_back();
+      std::vector<asyncs::Thread> all;
+      all.reserve(asyncs::max_threads());
+      for (std::size_t i = 0; i < asyncs::max_threads(); ++i) all.emplace_back();
       break;
-    } catch (const rt::ThreadPoolExhausted&) {
+    } catch (const asyncs::ThreadPoolExhausted&) {
       ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "id " << id << " never freed";
       std::this_thread::sleep_for(5ms);
     }
@@ -346,7 +348,7 @@ TEST_F(AsyncsThread, DestroyedFromItsOwnJobDetachesRunsItsQueueAndFreesItsId) {
 }
 
 TEST(AsyncsEnv, CountsParseStrictlyWithTheirRangeInTheError) {
-  using rt::detail::parse_env_count;
+  using asyncs::detail::parse_env_count;
   const char* wd = "TREETENSOR_WATCHDOG_MS";
   EXPECT_EQ(parse_env_count(wd, "0", 0, 0, 86'400'000), 0u) << "0 means off and is valid";
   EXPECT_EQ(parse_env_count(wd, "250", 0, 0, 86'400'000), 250u);
@@ -370,9 +372,9 @@ TEST(AsyncsEnv, CountsParseStrictlyWithTheirRangeInTheError) {
 [[noreturn]] void expect_thread_rejects(const char* name, const char* value) {
   setenv(name, value, 1);
   std::fprintf(stderr, "watchdog %lld ms, max_in_flight %zu\n",
-               static_cast<long long>(rt::watchdog_timeout().count()), rt::max_in_flight());
+               static_cast<long long>(asyncs::watchdog_timeout().count()), asyncs::max_in_flight());
   try {
-    rt::Thread t;
+    asyncs::Thread t;
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s\n", e.what());
     std::exit(0);
@@ -391,8 +393,9 @@ TEST(AsyncsEnv, InvalidVariablesMakeThreadThrowInsteadOfTerminating) {
 
 [[noreturn]] void run_with_watchdog_env_zero() {
   setenv("TREETENSOR_WATCHDOG_MS", "0", 1);
-  rt::Thread t;
-  std::exit(t.submit([] { return 42; }).get() == 42 && rt::watchdog_timeout().count() == 0 ? 0 : 1);
+  asyncs::Thread t;
+  std::exit(t.submit([] { return 42; }).get() == 42 && asyncs::watchdog_timeout().count() == 0 ? 0
+                                                                                               : 1);
 }
 
 TEST(AsyncsEnv, WatchdogZeroMeansOff) {
@@ -402,7 +405,7 @@ TEST(AsyncsEnv, WatchdogZeroMeansOff) {
 
 [[noreturn]] void exit_with_an_unobserved_error() {
   {
-    rt::Thread t;
+    asyncs::Thread t;
     t.submit([] { throw std::runtime_error("lost at exit"); });
   }
   std::exit(0);

@@ -8,10 +8,11 @@
 #include <thread>
 
 #include "tensor_test_util.hpp"
-#include "treetensor/runtime/asyncs.hpp"
+#include "treetensor/asyncs/thread.hpp"
 #include "treetensor/tensor/tensor.hpp"
 
 namespace tt = treetensor;
+namespace asyncs = treetensor::asyncs;
 using namespace tt_test;
 using namespace std::chrono_literals;
 using tt::TreeTensor;
@@ -19,7 +20,7 @@ using tt::TreeTensor;
 TEST(TensorAsyncs, InPlaceTreeOpWaitsForPendingReader) {
   TreeTensor t{{"a", at::zeros({4})}, {"b", TensorTree{{"x", at::zeros({2, 2})}}}};
   const auto l = leaves(t);
-  rt::Thread reader("reader");
+  asyncs::Thread reader("reader");
   auto seen = reader.submit(
       [l] {
         std::this_thread::sleep_for(100ms);  // the main thread's add_ must not overtake this
@@ -34,7 +35,7 @@ TEST(TensorAsyncs, InPlaceTreeOpWaitsForPendingReader) {
 TEST(TensorAsyncs, TreeReadWaitsForPendingWriter) {
   TreeTensor t{{"a", at::zeros({3})}, {"b", at::zeros({3})}};
   const auto l = leaves(t);
-  rt::Thread writer("writer");
+  asyncs::Thread writer("writer");
   auto done = writer.submit(
       [l] {
         std::this_thread::sleep_for(100ms);
@@ -50,10 +51,10 @@ TEST(TensorAsyncs, TreeReadWaitsForPendingWriter) {
 TEST(TensorAsyncs, TreeCallsInsideAScopeRunOnTheAsyncsThread) {
   at::manual_seed(0);
   TreeTensor a = randn_tree({{"a", {3}}, {"b", {2, 2}}});
-  rt::Thread worker("scope");
+  asyncs::Thread worker("scope");
   TreeTensor r;
   {
-    rt::ThreadScope scope(worker);
+    asyncs::ThreadScope scope(worker);
     r = a * 3 + 1;
   }
   expect_same(r, native([](auto& x) { return x * 3 + 1; }, a));

@@ -1,4 +1,4 @@
-// The tree layer (DESIGN.md §1–2, issue 2): every behaviour pinned with real values.
+// The tree layer (DESIGN.md §1–3): every behaviour pinned with real values.
 #include "treetensor/tree/tree.hpp"
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include <streambuf>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <typeinfo>
 #include <unordered_set>
 #include <utility>
@@ -929,6 +930,22 @@ TEST(TreeScale, TwoHundredDeep) {
 
 TEST(TreeScale, TenThousandDeepFlattenPrintDestroy) {
   check_deep_structure(10000);
+}
+
+// The second error channel (DESIGN.md §3): a failed invariant names file:line and asks for a
+// bug report, and is not a user error type.
+TEST(InternalError, CarriesFileLineAndAsksForAReport) {
+  try {
+    TREETENSOR_INTERNAL_ASSERT(1 + 1 == 3, "arithmetic");
+    FAIL() << "no throw";
+  } catch (const treetensor::InternalError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("tree_test.cpp:"), std::string::npos) << what;
+    EXPECT_NE(what.find("'1 + 1 == 3' failed: arithmetic"), std::string::npos) << what;
+    EXPECT_NE(what.find("bug in treetensor, please report"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(TREETENSOR_INTERNAL_ASSERT(true));
+  static_assert(!std::is_base_of_v<std::invalid_argument, treetensor::InternalError>);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "treetensor/runtime/cpu_allocator.hpp"
 
+#include "runtime/cpu_allocator_env.hpp"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 

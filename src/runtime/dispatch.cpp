@@ -1,20 +1,26 @@
-// runtime::run(): the single dispatch point, executing a LeafCall linearly, on lanes or fused.
+// runtime::run(): the single dispatch point, executing a LeafCall linearly, on lanes or fused,
+// after the hooks of the layers above (DESIGN.md, layers); synchronize() and explain().
 #include "treetensor/runtime/dispatch.hpp"
 
-#include "runtime/asyncs_hook.hpp"
+#include "runtime/cpu_allocator_env.hpp"
 #include "runtime/device_streams.hpp"
 #include "runtime/kernel_threads.hpp"
 #include "runtime/lanes.hpp"
 #include "runtime/policy.hpp"
+#include "runtime/thread_mode.hpp"
 #include "treetensor/runtime/errors.hpp"
+#include "treetensor/runtime/stream.hpp"
 
 #include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 namespace treetensor::runtime {
@@ -223,14 +229,8 @@ void execute(const LeafCall& call, const detail::Plan& plan) {
   }
 }
 
-}  // namespace
-
-void run(const LeafCall& call) {
-  if (call.leaves == 0) return;
-  static const bool env_allocator = detail::install_cpu_allocator_from_environment();
-  (void)env_allocator;
-  // asyncs (issue 5): ThreadScope routing and job context for lanes; keep this line first.
-  if (detail::run_on_scoped_thread(call)) return;
+// The execution strategy, past every hook.
+void run_past_hooks(const LeafCall& call) {
   const StreamMode mode = current_stream_mode();
   if (mode == StreamMode{} && !detail::inline_mode()) return run_linear(call);  // the default
   const detail::Plan plan = detail::plan(call, mode, /*commit=*/true);
@@ -246,6 +246,70 @@ void run(const LeafCall& call) {
   }
   detail::report(plan, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                  refused);
+}
+
+// ---- hooks of the layers above -----------------------------------------------------------------
+// Call hooks are read on every tree call: a fixed array and a count published with release, so
+// the hot path is one acquire load (a plain load on x86) when no layer has registered.
+constexpr std::size_t kMaxHooks = 8;
+std::mutex hooks_mutex;  // serialises registration; run() never takes it
+std::array<std::atomic<CallHook>, kMaxHooks> call_hooks{};
+std::atomic<std::size_t> call_hook_count{0};
+std::vector<SynchronizeHook> synchronize_hooks;  // guarded by hooks_mutex
+
+// Runs `call` from hook `first` on; a hook that takes the call over continues from the next one.
+void run_from(const LeafCall& call, std::size_t first) {
+  const std::size_t hooks = call_hook_count.load(std::memory_order_acquire);
+  for (std::size_t h = first; h < hooks; ++h) {
+    auto proceed = [h](const LeafCall& c) { run_from(c, h + 1); };
+    if (call_hooks[h].load(std::memory_order_relaxed)(call, proceed)) return;
+  }
+  run_past_hooks(call);
+}
+
+}  // namespace
+
+void run(const LeafCall& call) {
+  if (call.leaves == 0) return;
+  static const bool env_allocator = detail::install_cpu_allocator_from_environment();
+  (void)env_allocator;
+  run_from(call, 0);
+}
+
+void add_call_hook(CallHook hook) {
+  std::lock_guard lock(hooks_mutex);
+  const std::size_t n = call_hook_count.load(std::memory_order_relaxed);
+  if (n == kMaxHooks)
+    throw std::length_error("treetensor runtime: add_call_hook: all " + std::to_string(kMaxHooks) +
+                            " hook slots are taken");
+  call_hooks[n].store(hook, std::memory_order_relaxed);
+  call_hook_count.store(n + 1, std::memory_order_release);
+}
+
+void add_synchronize_hook(SynchronizeHook hook) {
+  std::lock_guard lock(hooks_mutex);
+  if (synchronize_hooks.size() == kMaxHooks)
+    throw std::length_error("treetensor runtime: add_synchronize_hook: all " +
+                            std::to_string(kMaxHooks) + " hook slots are taken");
+  synchronize_hooks.push_back(hook);
+}
+
+void synchronize() {
+  std::vector<SynchronizeHook> hooks;
+  {
+    std::lock_guard lock(hooks_mutex);
+    hooks = synchronize_hooks;
+  }
+  std::exception_ptr first;
+  for (SynchronizeHook hook : hooks) {
+    try {
+      hook();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  synchronize_lane_streams();
+  if (first) std::rethrow_exception(first);
 }
 
 Decision explain(const LeafCall& call) {

@@ -13,7 +13,8 @@
 //    (blas_cpu_number) that gemm reads per call; openblas_set_num_threads only stores it. What
 //    serialises concurrent BLAS calls is the threaded path: gemm asks for m·n·k / 2^18 threads
 //    (interface/gemm.c; SMP_THRESHOLD_MIN·GEMM_MULTITHREAD_THRESHOLD), capped by the count, so
-//    from m·n·k ≥ 2^19 — S=64 and up in issue 4's S×2S @ 2S×4S grid, just where lanes lost —
+//    from m·n·k ≥ 2^19 — S=64 and up in the seed experiment's S×2S @ 2S×4S grid (DESIGN.md,
+//    the main job), just where lanes lost —
 //    it enters driver/level3/level3_thread.c's gemm_driver, which holds a process-wide static
 //    mutex (level3_lock) for the whole call and hands work to OpenBLAS's server threads. Two lanes
 //    with a count of 2 thus run their gemms one at a time, each also competing with the server
@@ -22,7 +23,7 @@
 //    And set at run time, the server threads created at load stay alive: after a multithreaded
 //    call they busy-wait (sched_yield) for OpenBLAS's thread timeout before sleeping, while
 //    OPENBLAS_NUM_THREADS=1 at start-up never creates them — the start-up/run-time difference
-//    the issue measured. So here the count is set to 1 while any parallel tree call is in
+//    the seed experiment measured. So here the count is set to 1 while any parallel tree call is in
 //    flight (reference-counted across threads) and restored when the last one ends; MKL's
 //    per-thread mkl_set_num_threads_local is used when present.
 // All symbols are looked up with dlsym, so nothing is hard-linked and a missing library is a

@@ -3,12 +3,12 @@
 // Why a learner and not a formula: on this class of machine the winner between linear, lanes
 // and fused depends on effects no cheap model predicts well — OpenBLAS's behaviour under
 // concurrent callers, page faults on fresh outputs that two lanes take at once, and the
-// intra-op threads of a fused kernel (issue 4's measurements). Values never depend on the
-// strategy (DESIGN.md §5), so the runtime may simply measure: for each call shape (op, device,
-// dtype, leaf-count and cost buckets) it times linear first, tries the other strategies a few
-// times, then keeps the fastest, re-checking a rival now and then. A non-linear strategy must
-// beat linear by a margin, and calls whose work is a few hand-offs' worth never leave the
-// caller, which keeps automatic within a few percent of linear on every shape.
+// intra-op threads of a fused kernel (measured: README, "When tree-level parallelism pays"). Values
+// never depend on the strategy (DESIGN.md §5), so the runtime may simply measure: for each call
+// shape (op, device, dtype, leaf-count and cost buckets) it times linear first, tries the other
+// strategies a few times, then keeps the fastest, re-checking a rival now and then. A non-linear
+// strategy must beat linear by a margin, and calls whose work is a few hand-offs' worth never leave
+// the caller, which keeps automatic within a few percent of linear on every shape.
 #include "runtime/policy.hpp"
 
 #include "runtime/lanes.hpp"

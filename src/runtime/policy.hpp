@@ -1,33 +1,13 @@
 #pragma once
-// The execution policy behind run(): mode → strategy, and stream(automatic)'s learner.
+// The execution policy behind run() (policy.cpp): mode → strategy, and stream(automatic)'s
+// learner (DESIGN.md §8). Not installed.
 
+#include "treetensor/runtime/leaf_call.hpp"
 #include "treetensor/runtime/stream.hpp"
 
 #include <cstdint>
 
 namespace treetensor::runtime::detail {
-
-extern thread_local bool thread_mode_set;
-extern thread_local StreamMode thread_mode;
-
-/// RAII: makes `mode` the calling thread's mode (lanes run their batch under the caller's mode).
-class ThreadModeScope {
- public:
-  explicit ThreadModeScope(const StreamMode& mode) : had_(thread_mode_set), previous_(thread_mode) {
-    thread_mode_set = true;
-    thread_mode = mode;
-  }
-  ~ThreadModeScope() {
-    thread_mode_set = had_;
-    thread_mode = previous_;
-  }
-  ThreadModeScope(const ThreadModeScope&) = delete;
-  ThreadModeScope& operator=(const ThreadModeScope&) = delete;
-
- private:
-  bool had_;
-  StreamMode previous_;
-};
 
 /// One-time measurements of this machine (taken at the first automatic decision).
 struct Calibration {
@@ -44,10 +24,6 @@ struct Plan {
   Decision decision;
   std::uint64_t key = 0;  ///< learner key; 0 when the call is not timed
 };
-
-/// Installs the caching CPU allocator when TREETENSOR_CACHING_CPU_ALLOCATOR=1; returns
-/// whether it did. Called once, at the first tree call.
-bool install_cpu_allocator_from_environment();
 
 /// TREETENSOR_INLINE=1 (read once).
 bool inline_mode();

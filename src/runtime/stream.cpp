@@ -1,7 +1,7 @@
 // Execution modes: process-wide setting, thread-local guard (DESIGN.md §6).
 #include "treetensor/runtime/stream.hpp"
 
-#include "runtime/policy.hpp"
+#include "runtime/thread_mode.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -89,18 +89,6 @@ StreamGuard::StreamGuard(StreamMode mode)
 StreamGuard::~StreamGuard() {
   detail::thread_mode_set = had_previous_;
   detail::thread_mode = previous_;
-}
-
-const char* to_string(Strategy s) {
-  switch (s) {
-    case Strategy::linear:
-      return "linear";
-    case Strategy::lanes:
-      return "lanes";
-    case Strategy::fused:
-      return "fused";
-  }
-  return "?";
 }
 
 }  // namespace treetensor::runtime

@@ -19,9 +19,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "treetensor/asyncs/operands.hpp"
 #include "treetensor/runtime/errors.hpp"
-#include "treetensor/runtime/operands.hpp"
 #include "treetensor/runtime/stream.hpp"
+#include "treetensor/tree/internal_error.hpp"
+#include "treetensor/tree/zip_rules.hpp"
 
 namespace treetensor::detail {
 namespace {
@@ -115,15 +117,6 @@ class Zip {
  private:
   using Cursors = c10::SmallVector<const TensorTree*, 4>;
 
-  // The path of the node being zipped (only built for error messages).
-  Path here_path() const {
-    std::vector<std::string> keys;
-    keys.reserve(trail_.size());
-    for (const auto* k : trail_) keys.push_back(*k);
-    return Path(std::move(keys));
-  }
-  std::string here() const { return here_path().describe(); }
-
   void node(const Cursors& cur, TensorTree* out) {
     std::size_t internal = 0, leaf_args = 0, first = 0;
     for (std::size_t j = 0; j < cur.size(); ++j) {
@@ -153,9 +146,7 @@ class Zip {
       } else if (o_.missing) {
         rows_[base + tree_args_[j]] = o_.missing;
       } else {
-        throw tree::StructureError(here_path(), "zip: argument " + std::to_string(tree_args_[j]) +
-                                                    " has no leaf at '" + here() +
-                                                    "' and no missing value was given");
+        tree::detail::throw_no_leaf(trail_, tree_args_[j]);
       }
     }
     if (out) {
@@ -180,34 +171,16 @@ class Zip {
     }
   }
 
-  // Differing key lists: the mode decides (same rules and messages as tree::zip_map).
+  // Differing key lists: the tree layer's rules decide (tree/zip_rules.hpp).
   void merged(const Cursors& cur, TensorTree* out) {
-    std::vector<std::vector<std::string>> sets;
-    std::vector<std::size_t> pos;
+    tree::detail::KeySets sets;
     for (std::size_t j = 0; j < cur.size(); ++j)
       if (cur[j] && !cur[j]->is_leaf()) {
-        sets.push_back(keys_of(cur[j]->children()));
-        pos.push_back(tree_args_[j]);
+        sets.keys.push_back(keys_of(cur[j]->children()));
+        sets.positions.push_back(tree_args_[j]);
       }
-    std::vector<std::string> keys = sets[0];
-    for (std::size_t s = 1; s < sets.size(); ++s) {
-      if (sets[s] == keys) continue;
-      if (o_.zip.mode == ZipMode::strict) mismatch(pos[0], sets[0], pos[s], sets[s], "");
-      std::vector<std::string> m;
-      if (o_.zip.mode == ZipMode::inner)
-        std::set_intersection(keys.begin(), keys.end(), sets[s].begin(), sets[s].end(),
-                              std::back_inserter(m));
-      if (o_.zip.mode == ZipMode::outer)
-        std::set_union(keys.begin(), keys.end(), sets[s].begin(), sets[s].end(),
-                       std::back_inserter(m));
-      if (o_.zip.mode != ZipMode::left) keys = std::move(m);
-    }
-    if (!o_.missing)
-      for (std::size_t s = 0; s < sets.size(); ++s)
-        if (!std::includes(sets[s].begin(), sets[s].end(), keys.begin(), keys.end()))
-          for (std::size_t t = 0; t < sets.size(); ++t)
-            if (!std::includes(sets[s].begin(), sets[s].end(), sets[t].begin(), sets[t].end()))
-              mismatch(pos[t], sets[t], pos[s], sets[s], " and no missing value was given");
+    const std::vector<std::string> keys =
+        tree::detail::merge_keys(sets, o_.zip.mode, o_.missing != nullptr, trail_);
     Children* oc = out ? &out->children() : nullptr;
     if (oc) oc->reserve(keys.size());
     Cursors next(cur.size());
@@ -234,19 +207,7 @@ class Zip {
         keys = keys_of(cur[j]->children());
       }
     }
-    throw tree::StructureError(here_path(),
-                               "zip: at '" + here() + "' argument " + std::to_string(leaf_pos) +
-                                   " is a leaf but argument " + std::to_string(tree_pos) +
-                                   " is a subtree with keys " + tree::format_keys(keys) +
-                                   "; pass inherit to broadcast the leaf into the subtree");
-  }
-
-  [[noreturn]] void mismatch(std::size_t pa, const std::vector<std::string>& ka, std::size_t pb,
-                             const std::vector<std::string>& kb, const std::string& tail) const {
-    throw tree::StructureError(
-        here_path(), "zip: key mismatch at '" + here() + "': argument " + std::to_string(pa) +
-                         " has keys " + tree::format_keys(ka) + ", argument " + std::to_string(pb) +
-                         " has keys " + tree::format_keys(kb) + tail);
+    tree::detail::throw_leaf_faces_subtree(trail_, leaf_pos, tree_pos, keys);
   }
 
   const CallOptions& o_;
@@ -257,7 +218,7 @@ class Zip {
   std::vector<const at::Tensor*> base_row_;
   std::vector<const at::Tensor*> rows_;
   std::vector<at::Tensor*> slots_;
-  std::vector<const std::string*> trail_;
+  tree::detail::Trail trail_;
 };
 
 // "{a, x.c}" from dotted paths (tree::format_keys would quote the dots as part of one key).
@@ -270,13 +231,15 @@ std::string join_paths(const std::vector<std::string>& paths) {
 // Leaf i's dotted path in a tree whose flatten order is the call's leaf order.
 std::string label_of(const TensorTree& t, std::size_t i) {
   const auto paths = t.paths();
-  return i < paths.size() ? paths[i].describe() : "#" + std::to_string(i);
+  TREETENSOR_INTERNAL_ASSERT(i < paths.size(),
+                             "leaf " + std::to_string(i) + " of " + std::to_string(paths.size()));
+  return paths[i].describe();
 }
 
 // Operand tracking (asyncs, DESIGN.md §10): wait for pending work before touching the leaves.
 // The first `written` arguments are written (in-place calls), the rest read.
 void await_tracked(const Zip& z, c10::ArrayRef<Operand> args, std::size_t written) {
-  if (!runtime::tracking_active()) return;
+  if (!asyncs::tracking_active()) return;
   std::vector<at::Tensor> reads, writes;
   for (std::size_t k = 0; k < args.size(); ++k) {
     if (args[k].kind() == Operand::Kind::tensor) reads.push_back(args[k].tensor());
@@ -285,7 +248,7 @@ void await_tracked(const Zip& z, c10::ArrayRef<Operand> args, std::size_t writte
     auto& dst = k < written ? writes : reads;
     dst.insert(dst.end(), std::make_move_iterator(col.begin()), std::make_move_iterator(col.end()));
   }
-  runtime::await_operands(reads, writes);
+  asyncs::await_operands(reads, writes);
 }
 
 std::vector<std::vector<at::Tensor>> columns_of(const Zip& z, std::size_t n) {

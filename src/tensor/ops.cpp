@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <string_view>
-#include <unordered_map>
 
 namespace treetensor {
 namespace {
@@ -24,30 +23,19 @@ using detail::update1;
 using Kernel1 = at::Tensor (*)(const at::Tensor&);
 using Update1 = void (*)(const at::Tensor&);
 
-// The unary ops with an at::_foreach_* form in LibTorch 1.13 and 2.x.
-// clang-format 14 does not converge on this name table.
-// clang-format off
-#define TREETENSOR_FOREACH_UNARY_OPS(X)                                                        \
-  X(abs) X(ceil) X(floor) X(round) X(trunc) X(frac) X(sigmoid) X(sqrt) X(exp) X(log) X(neg)    \
-  X(reciprocal) X(sin) X(cos) X(tan) X(tanh) X(sinh) X(cosh) X(asin) X(acos) X(atan) X(erf)    \
-  X(erfc)
-// clang-format on
-
+// A table op's fused form (its `fused` column, ops_table.hpp): at::_foreach_<name> and
+// _foreach_<name>_, or none. Expanded per entry, so no lookup by name at run time.
 struct ForeachUnary {
   std::vector<at::Tensor> (*map)(at::TensorList);
   void (*update)(at::TensorList);
 };
-
-const ForeachUnary* foreach_unary(std::string_view name) {
-#define TREETENSOR_FOREACH_ENTRY(n)                                       \
-  {#n, ForeachUnary{[](at::TensorList l) { return at::_foreach_##n(l); }, \
-                    [](at::TensorList l) { at::_foreach_##n##_(l); }}},
-  static const std::unordered_map<std::string_view, ForeachUnary> table = {
-      TREETENSOR_FOREACH_UNARY_OPS(TREETENSOR_FOREACH_ENTRY)};
-#undef TREETENSOR_FOREACH_ENTRY
-  auto it = table.find(name);
-  return it == table.end() ? nullptr : &it->second;
-}
+#define TREETENSOR_FUSED_UNARY_foreach(n)                                                       \
+  [] {                                                                                          \
+    static constexpr ForeachUnary kernels{[](at::TensorList l) { return at::_foreach_##n(l); }, \
+                                          [](at::TensorList l) { at::_foreach_##n##_(l); }};    \
+    return &kernels;                                                                            \
+  }()
+#define TREETENSOR_FUSED_UNARY_none(n) static_cast<const ForeachUnary*>(nullptr)
 
 TreeTensor unary_map(std::string_view op, const TensorTree& t, Kernel1 k, const ForeachUnary* fe) {
   const Operand args[] = {Operand(t)};
@@ -90,26 +78,23 @@ CallOptions binary_options(std::string_view op, const Operand& a) {
   return o;
 }
 
-// The binary ops with at::_foreach_* forms (list-list and list-scalar) in 1.13 and 2.x.
+// The binary form of the table's `fused` column: list-list and list-scalar _foreach kernels.
 struct ForeachBinary {
   std::vector<at::Tensor> (*map_ll)(at::TensorList, at::TensorList);
   std::vector<at::Tensor> (*map_ls)(at::TensorList, const at::Scalar&);
   void (*update_ll)(at::TensorList, at::TensorList);
   void (*update_ls)(at::TensorList, const at::Scalar&);
 };
-
-const ForeachBinary* foreach_binary(std::string_view name) {
-#define TREETENSOR_FOREACH_ENTRY(n)                                                                \
-  {#n, ForeachBinary{[](at::TensorList a, at::TensorList b) { return at::_foreach_##n(a, b); },    \
-                     [](at::TensorList a, const at::Scalar& s) { return at::_foreach_##n(a, s); }, \
-                     [](at::TensorList a, at::TensorList b) { at::_foreach_##n##_(a, b); },        \
-                     [](at::TensorList a, const at::Scalar& s) { at::_foreach_##n##_(a, s); }}},
-  static const std::unordered_map<std::string_view, ForeachBinary> table = {
-      TREETENSOR_FOREACH_ENTRY(mul) TREETENSOR_FOREACH_ENTRY(div)};
-#undef TREETENSOR_FOREACH_ENTRY
-  auto it = table.find(name);
-  return it == table.end() ? nullptr : &it->second;
-}
+#define TREETENSOR_FUSED_BINARY_foreach(n)                                            \
+  [] {                                                                                \
+    static constexpr ForeachBinary kernels{                                           \
+        [](at::TensorList a, at::TensorList b) { return at::_foreach_##n(a, b); },    \
+        [](at::TensorList a, const at::Scalar& s) { return at::_foreach_##n(a, s); }, \
+        [](at::TensorList a, at::TensorList b) { at::_foreach_##n##_(a, b); },        \
+        [](at::TensorList a, const at::Scalar& s) { at::_foreach_##n##_(a, s); }};    \
+    return &kernels;                                                                  \
+  }()
+#define TREETENSOR_FUSED_BINARY_none(n) static_cast<const ForeachBinary*>(nullptr)
 
 TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, KernelTT tt,
                       KernelTS ts, const ForeachBinary* fe) {
@@ -154,35 +139,80 @@ TreeTensor& binary_update(std::string_view op, TreeTensor& a, const Operand& b, 
   return a;
 }
 
-// The _foreach forms of add/sub (with alpha) and mul/div. A scalar operand is only batched
-// with alpha == 1, where the per-leaf kernel computes exactly what _foreach does.
+// add and sub: a ± alpha·b, their in-place forms and their _foreach forms. A scalar operand is
+// only batched with alpha == 1, where the per-leaf kernel computes exactly what _foreach does.
+using CT = const at::Tensor&;
+using CS = const at::Scalar&;
+using TL = at::TensorList;
+struct AlphaOp {
+  const char* name;
+  const char* inplace_name;
+  at::Tensor (*tt)(CT, CT, CS);
+  at::Tensor (*ts)(CT, CS, CS);
+  void (*tt_)(CT, CT, CS);
+  void (*ts_)(CT, CS, CS);
+  std::vector<at::Tensor> (*map_ll)(TL, TL, CS);
+  std::vector<at::Tensor> (*map_ls)(TL, CS);
+  void (*update_ll)(TL, TL, CS);
+  void (*update_ls)(TL, CS);
+};
+// clang-format off
+#define TREETENSOR_ALPHA_OP(n)                                                                 \
+  AlphaOp{#n, #n "_",                                                                          \
+          [](CT x, CT y, CS al) { return at::n(x, y, al); },                                   \
+          [](CT x, CS y, CS al) { return at::n(x, y, al); },                                   \
+          [](CT x, CT y, CS al) { x.n##_(y, al); },                                            \
+          [](CT x, CS y, CS al) { x.n##_(y, al); },                                            \
+          [](TL x, TL y, CS al) { return at::_foreach_##n(x, y, al); },                        \
+          [](TL x, CS s) { return at::_foreach_##n(x, s); },                                   \
+          [](TL x, TL y, CS al) { at::_foreach_##n##_(x, y, al); },                            \
+          [](TL x, CS s) { at::_foreach_##n##_(x, s); }}
+// clang-format on
+constexpr AlphaOp kAdd = TREETENSOR_ALPHA_OP(add);
+constexpr AlphaOp kSub = TREETENSOR_ALPHA_OP(sub);
+#undef TREETENSOR_ALPHA_OP
+
 bool is_one(const at::Scalar& s) {
   return s.isIntegral(false) ? s.toLong() == 1 : s.toDouble() == 1.0;
 }
 
-template <class ListList, class ListScalar>
-bool fused_binary(const FusedArgs& a, std::vector<at::Tensor>& out, const at::Scalar& alpha,
-                  ListList ll, ListScalar ls) {
-  if (!a.operand(0).is_tree() || !a.foreach_compatible()) return false;
-  if (a.operand(1).is_tree()) {
-    out = ll(a.column(0), a.column(1), alpha);
+TreeTensor alpha_map(const AlphaOp& op, const Operand& a, const Operand& b,
+                     const at::Scalar& alpha) {
+  const Operand args[] = {a, b};
+  auto leaf = [&](const LeafArgs& x) {
+    return x.is_scalar(1) ? op.ts(x.t(0), x.s(1), alpha) : op.tt(x.t(0), x.t(1), alpha);
+  };
+  auto fused = [&](const FusedArgs& f, std::vector<at::Tensor>& out) {
+    if (!f.operand(0).is_tree() || !f.foreach_compatible()) return false;
+    if (f.operand(1).is_tree()) {
+      out = op.map_ll(f.column(0), f.column(1), alpha);
+      return true;
+    }
+    if (!is_one(alpha)) return false;
+    out = op.map_ls(f.column(0), f.operand(1).scalar());
     return true;
-  }
-  if (!is_one(alpha)) return false;
-  out = ls(a.column(0), a.operand(1).scalar());
-  return true;
+  };
+  return detail::map_leaves(binary_options(op.name, a), args, leaf, fused);
 }
 
-template <class ListList, class ListScalar>
-bool fused_binary_(const FusedArgs& a, const at::Scalar& alpha, ListList ll, ListScalar ls) {
-  if (!a.foreach_compatible()) return false;
-  if (a.operand(1).is_tree()) {
-    ll(a.column(0), a.column(1), alpha);
+TreeTensor& alpha_update(const AlphaOp& op, TreeTensor& a, const Operand& b,
+                         const at::Scalar& alpha) {
+  const Operand args[] = {Operand(a), b};
+  auto leaf = [&](const LeafArgs& x) {
+    x.is_scalar(1) ? op.ts_(x.t(0), x.s(1), alpha) : op.tt_(x.t(0), x.t(1), alpha);
+  };
+  auto fused = [&](const FusedArgs& f) {
+    if (!f.foreach_compatible()) return false;
+    if (f.operand(1).is_tree()) {
+      op.update_ll(f.column(0), f.column(1), alpha);
+      return true;
+    }
+    if (!is_one(alpha)) return false;
+    op.update_ls(f.column(0), f.operand(1).scalar());
     return true;
-  }
-  if (!is_one(alpha)) return false;
-  ls(a.column(0), a.operand(1).scalar());
-  return true;
+  };
+  detail::update_leaves(CallOptions{op.inplace_name}, args, leaf, fused);
+  return a;
 }
 
 // ---- matrix ----------------------------------------------------------------------------------
@@ -242,49 +272,43 @@ bool all_pairs(std::string_view op, const TensorTree& a, const TensorTree& b, P&
 }  // namespace
 
 // ---- the op table ----------------------------------------------------------------------------
-#define TREETENSOR_DEFINE_UNARY_INPLACE(name)                           \
-  TreeTensor name(const TensorTree& t) {                                \
-    static const ForeachUnary* fe = foreach_unary(#name);               \
-    return unary_map(                                                   \
-        #name, t, [](const at::Tensor& x) { return at::name(x); }, fe); \
-  }                                                                     \
-  TreeTensor& name##_(TreeTensor& t) {                                  \
-    static const ForeachUnary* fe = foreach_unary(#name);               \
-    return unary_update(                                                \
-        #name "_", t, [](const at::Tensor& x) { x.name##_(); }, fe);    \
-  }                                                                     \
-  TreeTensor TreeTensor::name() const {                                 \
-    return treetensor::name(*this);                                     \
-  }                                                                     \
-  TreeTensor& TreeTensor::name##_() {                                   \
-    return treetensor::name##_(*this);                                  \
+#define TREETENSOR_DEFINE_UNARY(name, fused, doc)                  \
+  TreeTensor name(const TensorTree& t) {                           \
+    return unary_map(                                              \
+        #name, t, [](const at::Tensor& x) { return at::name(x); }, \
+        TREETENSOR_FUSED_UNARY_##fused(name));                     \
+  }                                                                \
+  TreeTensor TreeTensor::name() const {                            \
+    return treetensor::name(*this);                                \
   }
-TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DEFINE_UNARY_INPLACE)
-#undef TREETENSOR_DEFINE_UNARY_INPLACE
-
-#define TREETENSOR_DEFINE_UNARY(name)                                        \
-  TreeTensor name(const TensorTree& t) {                                     \
-    return unary_map(                                                        \
-        #name, t, [](const at::Tensor& x) { return at::name(x); }, nullptr); \
-  }                                                                          \
-  TreeTensor TreeTensor::name() const {                                      \
-    return treetensor::name(*this);                                          \
+// The unary definitions plus the in-place form.
+#define TREETENSOR_DEFINE_UNARY_INPLACE(name, fused, doc)       \
+  TREETENSOR_DEFINE_UNARY(name, fused, doc)                     \
+  TreeTensor& name##_(TreeTensor& t) {                          \
+    return unary_update(                                        \
+        #name "_", t, [](const at::Tensor& x) { x.name##_(); }, \
+        TREETENSOR_FUSED_UNARY_##fused(name));                  \
+  }                                                             \
+  TreeTensor& TreeTensor::name##_() {                           \
+    return treetensor::name##_(*this);                          \
   }
 TREETENSOR_UNARY_OPS(TREETENSOR_DEFINE_UNARY)
+TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DEFINE_UNARY_INPLACE)
+#undef TREETENSOR_DEFINE_UNARY_INPLACE
 #undef TREETENSOR_DEFINE_UNARY
 
-#define TREETENSOR_DEFINE_BINARY_SCALAR(name)                                                 \
+#define TREETENSOR_DEFINE_BINARY_SCALAR(name, fused, doc)                                     \
   TreeTensor name(const Operand& a, const Operand& b) {                                       \
-    static const ForeachBinary* fe = foreach_binary(#name);                                   \
     return binary_map(                                                                        \
         #name, a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::name(x, y); }, \
-        [](const at::Tensor& x, const at::Scalar& y) { return at::name(x, y); }, fe);         \
+        [](const at::Tensor& x, const at::Scalar& y) { return at::name(x, y); },              \
+        TREETENSOR_FUSED_BINARY_##fused(name));                                               \
   }                                                                                           \
   TreeTensor& name##_(TreeTensor& a, const Operand& b) {                                      \
-    static const ForeachBinary* fe = foreach_binary(#name);                                   \
     return binary_update(                                                                     \
         #name "_", a, b, [](const at::Tensor& x, const at::Tensor& y) { x.name##_(y); },      \
-        [](const at::Tensor& x, const at::Scalar& y) { x.name##_(y); }, fe);                  \
+        [](const at::Tensor& x, const at::Scalar& y) { x.name##_(y); },                       \
+        TREETENSOR_FUSED_BINARY_##fused(name));                                               \
   }                                                                                           \
   TreeTensor TreeTensor::name(const Operand& other) const {                                   \
     return treetensor::name(*this, other);                                                    \
@@ -295,7 +319,10 @@ TREETENSOR_UNARY_OPS(TREETENSOR_DEFINE_UNARY)
 TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_DEFINE_BINARY_SCALAR)
 #undef TREETENSOR_DEFINE_BINARY_SCALAR
 
-#define TREETENSOR_DEFINE_BINARY_TENSOR(name)                                                  \
+// at::f of these takes tensors only, and none has a _foreach form in LibTorch 1.13.
+#define TREETENSOR_DEFINE_BINARY_TENSOR(name, fused, doc)                                      \
+  static_assert(std::string_view(#fused) == "none",                                            \
+                #name ": BINARY_TENSOR ops have no fused form");                               \
   TreeTensor name(const Operand& a, const Operand& b) {                                        \
     return binary_tensor_map(                                                                  \
         #name, a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::name(x, y); }); \
@@ -305,72 +332,23 @@ TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_DEFINE_BINARY_SCALAR)
   }
 TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_DEFINE_BINARY_TENSOR)
 #undef TREETENSOR_DEFINE_BINARY_TENSOR
+#undef TREETENSOR_FUSED_UNARY_foreach
+#undef TREETENSOR_FUSED_UNARY_none
+#undef TREETENSOR_FUSED_BINARY_foreach
+#undef TREETENSOR_FUSED_BINARY_none
 
-// ---- arithmetic with _foreach forms ------------------------------------------------------------
+// ---- add and sub: a ± alpha·b, one body for both --------------------------------------------
 TreeTensor add(const Operand& a, const Operand& b, const at::Scalar& alpha) {
-  const Operand args[] = {a, b};
-  auto leaf = [&](const LeafArgs& x) {
-    return x.is_scalar(1) ? at::add(x.t(0), x.s(1), alpha) : at::add(x.t(0), x.t(1), alpha);
-  };
-  auto fused = [&](const FusedArgs& f, std::vector<at::Tensor>& out) {
-    return fused_binary(
-        f, out, alpha,
-        [](at::TensorList x, at::TensorList y, const at::Scalar& al) {
-          return at::_foreach_add(x, y, al);
-        },
-        [](at::TensorList x, const at::Scalar& s) { return at::_foreach_add(x, s); });
-  };
-  return detail::map_leaves(binary_options("add", a), args, leaf, fused);
+  return alpha_map(kAdd, a, b, alpha);
 }
-
 TreeTensor& add_(TreeTensor& a, const Operand& b, const at::Scalar& alpha) {
-  const Operand args[] = {Operand(a), b};
-  auto leaf = [&](const LeafArgs& x) {
-    x.is_scalar(1) ? x.t(0).add_(x.s(1), alpha) : x.t(0).add_(x.t(1), alpha);
-  };
-  auto fused = [&](const FusedArgs& f) {
-    return fused_binary_(
-        f, alpha,
-        [](at::TensorList x, at::TensorList y, const at::Scalar& al) {
-          at::_foreach_add_(x, y, al);
-        },
-        [](at::TensorList x, const at::Scalar& s) { at::_foreach_add_(x, s); });
-  };
-  detail::update_leaves(CallOptions{"add_"}, args, leaf, fused);
-  return a;
+  return alpha_update(kAdd, a, b, alpha);
 }
-
 TreeTensor sub(const Operand& a, const Operand& b, const at::Scalar& alpha) {
-  const Operand args[] = {a, b};
-  auto leaf = [&](const LeafArgs& x) {
-    return x.is_scalar(1) ? at::sub(x.t(0), x.s(1), alpha) : at::sub(x.t(0), x.t(1), alpha);
-  };
-  auto fused = [&](const FusedArgs& f, std::vector<at::Tensor>& out) {
-    return fused_binary(
-        f, out, alpha,
-        [](at::TensorList x, at::TensorList y, const at::Scalar& al) {
-          return at::_foreach_sub(x, y, al);
-        },
-        [](at::TensorList x, const at::Scalar& s) { return at::_foreach_sub(x, s); });
-  };
-  return detail::map_leaves(binary_options("sub", a), args, leaf, fused);
+  return alpha_map(kSub, a, b, alpha);
 }
-
 TreeTensor& sub_(TreeTensor& a, const Operand& b, const at::Scalar& alpha) {
-  const Operand args[] = {Operand(a), b};
-  auto leaf = [&](const LeafArgs& x) {
-    x.is_scalar(1) ? x.t(0).sub_(x.s(1), alpha) : x.t(0).sub_(x.t(1), alpha);
-  };
-  auto fused = [&](const FusedArgs& f) {
-    return fused_binary_(
-        f, alpha,
-        [](at::TensorList x, at::TensorList y, const at::Scalar& al) {
-          at::_foreach_sub_(x, y, al);
-        },
-        [](at::TensorList x, const at::Scalar& s) { at::_foreach_sub_(x, s); });
-  };
-  detail::update_leaves(CallOptions{"sub_"}, args, leaf, fused);
-  return a;
+  return alpha_update(kSub, a, b, alpha);
 }
 
 TreeTensor clamp(const TensorTree& t, c10::optional<at::Scalar> min,

@@ -10,7 +10,7 @@
 
 #include "tensor/optim_kernels.hpp"
 #include "treetensor/runtime/dispatch.hpp"
-#include "treetensor/runtime/operands.hpp"
+#include "treetensor/asyncs/operands.hpp"
 #include "treetensor/tensor/consolidate.hpp"
 #include "treetensor/tensor/dispatch.hpp"
 #include "treetensor/tensor/ops.hpp"
@@ -181,11 +181,11 @@ void run_over_buffers(std::string_view op, const std::vector<ConsolidatedGroup>&
 // Pending asyncs work on the buffers (DESIGN.md §10): the per-leaf path gets this from
 // update_leaves.
 void await_buffers(const std::vector<std::vector<ConsolidatedGroup>>& layout, std::size_t written) {
-  if (!runtime::tracking_active()) return;
+  if (!asyncs::tracking_active()) return;
   std::vector<at::Tensor> reads, writes;
   for (std::size_t t = 0; t < layout.size(); ++t)
     for (const auto& g : layout[t]) (t < written ? writes : reads).push_back(g.buffer);
-  runtime::await_operands(reads, writes);
+  asyncs::await_operands(reads, writes);
 }
 
 void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,

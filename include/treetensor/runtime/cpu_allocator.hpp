@@ -1,5 +1,6 @@
 #pragma once
-// An opt-in caching CPU allocator (issue 4, effect (2): page faults on fresh outputs).
+// An opt-in caching CPU allocator (DESIGN.md §6: page faults on fresh outputs, which two lanes
+// take at once).
 //
 // Measured on the 2-core machine (bench/runtime_bench, faults counter): 200 leaves of
 // 64×128 @ 128×256 kept alive take ~0.2 minor page faults per call when one thread runs them

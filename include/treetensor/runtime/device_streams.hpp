@@ -70,7 +70,7 @@ class StreamBackend {
 /// Thread safety: call from the leaf job's thread.
 void record_for_caller(const c10::DataPtr& data);
 
-/// Blocks until every lane stream (all devices) is idle; for runtime::synchronize() (asyncs).
+/// Blocks until every lane stream (all devices) is idle; for runtime::synchronize().
 /// A no-op when no lane ever ran device work.
 void synchronize_lane_streams();
 

@@ -7,7 +7,8 @@
 //  - stream(M), M > 1   M lanes: the calling thread plus up to M-1 persistent worker threads
 //                       share the leaves (treetensor parity: DI-treetensor's `stream(n)`;
 //                       unlike it, the caller takes part and all device streams are synchronised).
-//  - stream(automatic)  per call, the policy picks linear, lanes or fused (see explain()):
+//  - stream(automatic)  per call, the policy picks linear, lanes or fused (see explain() in
+//                       dispatch.hpp):
 //                       calls whose estimated work (LeafCall::cost at calibrated flop/byte
 //                       rates) is under 3 hand-off round trips stay linear; other call shapes
 //                       (op, device, dtype, leaf-count and cost buckets) are timed under each
@@ -34,8 +35,6 @@
 //    ranges other threads have claimed and are running, and runs all unclaimed ones itself;
 //  - workers spin ~50 µs (TREETENSOR_SPIN_US) after their last range, then sleep (no CPU);
 //  - on devices with streams, see device_streams.hpp; errors: see run() in dispatch.hpp.
-
-#include "treetensor/runtime/dispatch.hpp"
 
 #include <cstddef>
 #include <string>
@@ -102,26 +101,5 @@ class StreamGuard {
   bool had_previous_;
   StreamMode previous_;
 };
-
-/// How one call is (or would be) executed.
-enum class Strategy { linear, lanes, fused };
-
-/// A policy decision: the strategy, the number of lanes used (1 for linear and fused) and why.
-struct Decision {
-  Strategy strategy = Strategy::linear;
-  std::size_t lanes = 1;
-  std::string reason;
-};
-
-/// What run() would do with `call` under the current mode, without running it or calling its
-/// leaf functions (only `cost`, under automatic). Under automatic the answer reflects the
-/// measurements made so far, so a later call may differ; the reason names them, e.g.
-/// "measured: linear 1861.9 us, lanes(2) 1020.4 us, fused 4342.7 us".
-/// The first automatic use runs the one-time calibration.
-/// Thread safety: thread-safe.
-Decision explain(const LeafCall& call);
-
-/// "linear", "lanes" or "fused".
-const char* to_string(Strategy s);
 
 }  // namespace treetensor::runtime

@@ -20,31 +20,13 @@
 #include <vector>
 
 #include "treetensor/tensor/dispatch.hpp"
+#include "treetensor/tensor/ops_generated.hpp"
 #include "treetensor/tensor/tree_tensor.hpp"
 
 namespace treetensor {
 
-// ---- the op table ----------------------------------------------------------------------------
-#define TREETENSOR_DECLARE_UNARY_INPLACE(name) \
-  TreeTensor name(const TensorTree& t);        \
-  TreeTensor& name##_(TreeTensor& t);
-#define TREETENSOR_DECLARE_UNARY(name) TreeTensor name(const TensorTree& t);
-#define TREETENSOR_DECLARE_BINARY_SCALAR(name)         \
-  TreeTensor name(const Operand& a, const Operand& b); \
-  TreeTensor& name##_(TreeTensor& a, const Operand& b);
-#define TREETENSOR_DECLARE_BINARY_TENSOR(name) TreeTensor name(const Operand& a, const Operand& b);
-/// f(t) = at::f on every leaf; f_(t) = leaf.f_() on every leaf (same tensors, updated).
-TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DECLARE_UNARY_INPLACE)
-/// f(t) = at::f on every leaf.
-TREETENSOR_UNARY_OPS(TREETENSOR_DECLARE_UNARY)
-/// f(a, b) = at::f(a, b) leaf-wise; f_(a, b) updates a's leaves in place.
-TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_DECLARE_BINARY_SCALAR)
-/// f(a, b) = at::f(a, b) leaf-wise (scalars enter as wrapped-number tensors).
-TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_DECLARE_BINARY_TENSOR)
-#undef TREETENSOR_DECLARE_UNARY_INPLACE
-#undef TREETENSOR_DECLARE_UNARY
-#undef TREETENSOR_DECLARE_BINARY_SCALAR
-#undef TREETENSOR_DECLARE_BINARY_TENSOR
+// The op table's functions (abs, sigmoid, mul, ...) are declared, each with its doc, in
+// ops_generated.hpp, written from ops_table.hpp.
 
 // ---- arithmetic with extra arguments ---------------------------------------------------------
 /// a + alpha·b leaf-wise (at::add). Fused form: at::_foreach_add.

@@ -101,14 +101,14 @@ class TreeTensor : public TensorTree {
   TreeTensor(TensorTree t) noexcept : TensorTree(std::move(t)) {}  // NOLINT
 
   // ---- methods generated from the op table (see the free functions of the same name) ----
-#define TREETENSOR_DECLARE_UNARY_INPLACE(name) \
+#define TREETENSOR_DECLARE_UNARY_INPLACE(name, ...) \
   TreeTensor name() const;                     \
   TreeTensor& name##_();
-#define TREETENSOR_DECLARE_UNARY(name) TreeTensor name() const;
-#define TREETENSOR_DECLARE_BINARY_SCALAR(name) \
+#define TREETENSOR_DECLARE_UNARY(name, ...) TreeTensor name() const;
+#define TREETENSOR_DECLARE_BINARY_SCALAR(name, ...) \
   TreeTensor name(const Operand& other) const; \
   TreeTensor& name##_(const Operand& other);
-#define TREETENSOR_DECLARE_BINARY_TENSOR(name) TreeTensor name(const Operand& other) const;
+#define TREETENSOR_DECLARE_BINARY_TENSOR(name, ...) TreeTensor name(const Operand& other) const;
   TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DECLARE_UNARY_INPLACE)
   TREETENSOR_UNARY_OPS(TREETENSOR_DECLARE_UNARY)
   TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_DECLARE_BINARY_SCALAR)

@@ -14,24 +14,9 @@
 #include <vector>
 
 #include "treetensor/tree/core.hpp"
+#include "treetensor/tree/zip_rules.hpp"
 
 namespace treetensor::tree {
-
-/// How zip_map() matches the keys of several trees at each internal node (treevalue parity).
-enum class ZipMode {
-  strict,  ///< every tree must have the same keys (default)
-  inner,   ///< the keys all trees have
-  outer,   ///< the keys any tree has; absent leaves are filled from a missing value
-  left,    ///< the first tree's keys; absent leaves are filled from a missing value
-};
-
-/// Options of zip_map(). `inherit` lets a leaf that faces a subtree in another argument be
-/// broadcast into every leaf of that subtree; without it that is a StructureError, because
-/// silently broadcasting changes results (DESIGN.md §2).
-struct ZipOptions {
-  ZipMode mode = ZipMode::strict;
-  bool inherit = false;
-};
 
 /// The value that fills an absent leaf in outer/left zips: made by calling a factory each
 /// time it is needed (so mutable fills such as lists are never shared).
@@ -66,13 +51,6 @@ constexpr bool is_missing_v<Missing<M>> = true;
 
 template <class F, class T>
 constexpr bool takes_path_v = std::is_invocable_v<F&, const Path&, const T&>;
-
-inline Path make_path(const std::vector<const std::string*>& trail) {
-  std::vector<std::string> keys;
-  keys.reserve(trail.size());
-  for (const auto* k : trail) keys.push_back(*k);
-  return Path(std::move(keys));
-}
 
 template <class R, class T, class F>
 Tree<R> map_node(const Tree<T>& node, F& f, std::vector<const std::string*>& trail) {
@@ -141,9 +119,7 @@ const typename C::leaf_t& leaf_of(const C& c, std::optional<typename C::leaf_t>&
   } else {
     if (c.node) return c.node->leaf();
     if constexpr (std::is_same_v<M, NoMissing>) {
-      throw StructureError(make_path(trail), "zip: argument " + std::to_string(pos) +
-                                                 " has no leaf at '" + make_path(trail).describe() +
-                                                 "' and no missing value was given");
+      throw_no_leaf(trail, pos);
     } else if constexpr (std::is_constructible_v<L, decltype(missing.make())>) {
       return fill.emplace(missing.make());
     } else {
@@ -388,52 +364,17 @@ class Zipper {
       children_of(cs) && !seen_tree ? (seen_tree = true, tree_pos = pos) : 0, ++pos),
      ...);
     std::vector<std::vector<std::string>> all{keys_of(cs)...};
-    Path here = make_path(trail_);
-    throw StructureError(here, "zip: at '" + here.describe() + "' argument " +
-                                   std::to_string(leaf_pos) + " is a leaf but argument " +
-                                   std::to_string(tree_pos) + " is a subtree with keys " +
-                                   format_keys(all[tree_pos]) +
-                                   "; pass inherit to broadcast the leaf into the subtree");
+    throw_leaf_faces_subtree(trail_, leaf_pos, tree_pos, all[tree_pos]);
   }
 
-  // The key list at one internal node, per mode; strict mismatches and unfillable gaps throw.
+  // The key list at one internal node, per mode (zip_rules.hpp).
   std::vector<std::string> merged_keys(const C&... cs) {
-    std::vector<std::vector<std::string>> sets;  // key sets of the internal cursors
-    std::vector<std::size_t> positions;          // their argument positions
+    KeySets sets;
     std::size_t pos = 0;
-    ((children_of(cs) ? (sets.push_back(keys_of(cs)), positions.push_back(pos)) : void(), ++pos),
+    ((children_of(cs) ? (sets.keys.push_back(keys_of(cs)), sets.positions.push_back(pos)) : void(),
+      ++pos),
      ...);
-    std::vector<std::string> keys = sets[0];  // left mode: the first internal tree's keys
-    for (std::size_t s = 1; s < sets.size(); ++s) {
-      if (sets[s] == keys) continue;
-      std::vector<std::string> merged;
-      if (o_.mode == ZipMode::strict) mismatch(positions[0], sets[0], positions[s], sets[s]);
-      if (o_.mode == ZipMode::inner)
-        std::set_intersection(keys.begin(), keys.end(), sets[s].begin(), sets[s].end(),
-                              std::back_inserter(merged));
-      if (o_.mode == ZipMode::outer)
-        std::set_union(keys.begin(), keys.end(), sets[s].begin(), sets[s].end(),
-                       std::back_inserter(merged));
-      if (o_.mode != ZipMode::left) keys = std::move(merged);
-    }
-    if constexpr (std::is_same_v<M, NoMissing>) {
-      for (std::size_t s = 0; s < sets.size(); ++s)
-        if (!std::includes(sets[s].begin(), sets[s].end(), keys.begin(), keys.end()))
-          for (std::size_t t = 0; t < sets.size(); ++t)
-            if (!std::includes(sets[s].begin(), sets[s].end(), sets[t].begin(), sets[t].end()))
-              mismatch(positions[t], sets[t], positions[s], sets[s],
-                       " and no missing value was given");
-    }
-    return keys;
-  }
-
-  [[noreturn]] void mismatch(std::size_t pa, const std::vector<std::string>& ka, std::size_t pb,
-                             const std::vector<std::string>& kb, const std::string& tail = "") {
-    Path here = make_path(trail_);
-    throw StructureError(here, "zip: key mismatch at '" + here.describe() + "': argument " +
-                                   std::to_string(pa) + " has keys " + format_keys(ka) +
-                                   ", argument " + std::to_string(pb) + " has keys " +
-                                   format_keys(kb) + tail);
+    return merge_keys(sets, o_.mode, !std::is_same_v<M, NoMissing>, trail_);
   }
 
   F& f_;

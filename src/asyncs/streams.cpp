@@ -1,13 +1,13 @@
 // Device streams of asyncs workers, through c10's device-generic API only, so that one source
 // builds against CPU-only LibTorch 1.13 and CUDA LibTorch 2.x. Without a CUDA guard
 // implementation or without CUDA devices every function here is a cheap no-op.
-#include "runtime/asyncs_internal.hpp"
+#include "asyncs/internal.hpp"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 
-namespace treetensor::runtime::detail {
+namespace treetensor::asyncs::detail {
 namespace {
 
 const c10::impl::DeviceGuardImplInterface* cuda_impl() {
@@ -87,4 +87,4 @@ void synchronize_streams(const std::vector<c10::Stream>& streams) {
     impl->synchronizeStream(impl->getStream(c10::Device(c10::kCUDA, d)));
 }
 
-}  // namespace treetensor::runtime::detail
+}  // namespace treetensor::asyncs::detail

@@ -1,12 +1,13 @@
 // Operand tracking (OneFlow's const/mutable operand rule); see operands.hpp for the contract.
-#include "treetensor/runtime/operands.hpp"
+#include "treetensor/asyncs/operands.hpp"
 
-#include "runtime/asyncs_internal.hpp"
+#include "asyncs/internal.hpp"
+#include "treetensor/tree/internal_error.hpp"
 
 #include <algorithm>
 #include <limits>
 
-namespace treetensor::runtime {
+namespace treetensor::asyncs {
 namespace detail {
 
 std::atomic<std::size_t> tracked_jobs{0};
@@ -55,7 +56,7 @@ std::vector<OperandKey> operand_keys(c10::ArrayRef<at::Tensor> reads,
   return keys;
 }
 
-void register_operands(Runtime& rt, const Job& job) {
+void register_operands(AsyncsState& rt, const Job& job) {
   if (job.keys.empty()) return;
   for (const auto& k : job.keys) rt.uses[k.key].push_back({job.state, k.write});
   tracked_jobs.fetch_add(1, std::memory_order_relaxed);
@@ -63,7 +64,7 @@ void register_operands(Runtime& rt, const Job& job) {
 
 void await_keys(const std::vector<OperandKey>& keys, const Acting& self, const JobState* job) {
   if (keys.empty()) return;
-  Runtime& rt = runtime_state();
+  AsyncsState& rt = asyncs_state();
   std::unique_lock lock(rt.mu);
   // The conflicting jobs pending now; work submitted later is not waited for.
   std::vector<std::shared_ptr<JobState>> awaited;
@@ -85,10 +86,11 @@ void await_keys(const std::vector<OperandKey>& keys, const Acting& self, const J
   for (const auto& j : awaited) block_current(j->finished);
 }
 
-void unregister_operands(Runtime& rt, const Job& job) {
+void unregister_operands(AsyncsState& rt, const Job& job) {
   if (job.keys.empty()) return;
   for (const auto& k : job.keys) {
     auto it = rt.uses.find(k.key);
+    TREETENSOR_INTERNAL_ASSERT(it != rt.uses.end(), "a finished job's operand is registered");
     auto& list = it->second;
     list.erase(
         std::find_if(list.begin(), list.end(), [&](const Use& u) { return u.job == job.state; }));
@@ -103,4 +105,4 @@ void await_operands(c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> w
   detail::await_keys(detail::operand_keys(reads, writes, nullptr), detail::acting(), nullptr);
 }
 
-}  // namespace treetensor::runtime
+}  // namespace treetensor::asyncs

@@ -1,18 +1,19 @@
-// asyncs threads: worker pool, job queue, futures, watchdog, synchronize (asyncs.hpp).
-#include "treetensor/runtime/asyncs.hpp"
-#include "treetensor/runtime/device_streams.hpp"
+// asyncs threads: worker pool, job queue, futures, watchdog, synchronize (thread.hpp), and the
+// hooks this layer installs on the runtime's dispatch point (DESIGN.md, layers; §10).
+#include "treetensor/asyncs/thread.hpp"
 
-#include "runtime/asyncs_hook.hpp"
-#include "runtime/asyncs_internal.hpp"
+#include "asyncs/internal.hpp"
 #include "runtime/kernel_threads.hpp"
+#include "treetensor/runtime/dispatch.hpp"
 #include "treetensor/runtime/errors.hpp"
+#include "treetensor/tree/internal_error.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
-namespace treetensor::runtime {
+namespace treetensor::asyncs {
 namespace detail {
 namespace {
 
@@ -51,14 +52,14 @@ void check_env() {
 // Registered with atexit on the first unobserved job error: errors no get()/wait()/synchronize()
 // observed before the process exits would otherwise vanish silently.
 void report_unobserved_at_exit() {
-  Runtime& rt = runtime_state();
+  AsyncsState& rt = asyncs_state();
   std::lock_guard lock(rt.mu);
   auto jobs = rt.unobserved;
   std::sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) { return a->seq < b->seq; });
   for (const auto& j : jobs) {
     try {
       std::fprintf(stderr, "treetensor: %s: error never observed: %s\n", job_context(*j).c_str(),
-                   message_of(j->error).c_str());
+                   runtime::message_of(j->error).c_str());
     } catch (...) {  // an exit handler must not throw; the next error still gets its line
     }
   }
@@ -69,10 +70,6 @@ std::shared_ptr<Worker>& scoped_worker() {
   thread_local std::shared_ptr<Worker> worker;
   return worker;
 }
-
-// Set by the hook right before it re-dispatches a wrapped call, so that the nested run()
-// does not wrap it again.
-thread_local bool t_skip_hook = false;
 
 class ActingGuard {
  public:
@@ -89,7 +86,7 @@ void run_job(Worker& w, Job& job) {
   ActingGuard acting_guard({&w, job.state->seq});
   try {
     at::ThreadLocalStateGuard tls(job.tls);
-    StreamGuard mode(job.mode);
+    runtime::StreamGuard mode(job.mode);
     // OneFlow's operand ordering: start after conflicting work submitted earlier elsewhere.
     await_keys(job.keys, acting(), job.state.get());
     block_streams(job.submitted_on, w.streams);
@@ -101,7 +98,7 @@ void run_job(Worker& w, Job& job) {
   job.task.reset();  // user destructors run here: outside the lock, with the context set
 }
 
-void finish_job(Runtime& rt, Worker& w, Job& job) {
+void finish_job(AsyncsState& rt, Worker& w, Job& job) {
   unregister_operands(rt, job);
   if (job.state->error) {
     rt.unobserved.push_back(job.state);
@@ -116,11 +113,12 @@ void finish_job(Runtime& rt, Worker& w, Job& job) {
 }
 
 // The end of a worker whose Thread was destroyed from its own job (detach_from_own_job): it
-// leaves the live list and frees its id itself (caller holds Runtime::mu); returns the owner
+// leaves the live list and frees its id itself (caller holds AsyncsState::mu); returns the owner
 // to drop once the lock is released.
-std::shared_ptr<Worker> release_detached(Runtime& rt, Worker& w) {
+std::shared_ptr<Worker> release_detached(AsyncsState& rt, Worker& w) {
   auto it =
       std::find_if(rt.live.begin(), rt.live.end(), [&](const auto& p) { return p.get() == &w; });
+  TREETENSOR_INTERNAL_ASSERT(it != rt.live.end(), "a detached worker is still live");
   std::shared_ptr<Worker> self = std::move(*it);
   rt.live.erase(it);
   rt.id_taken[w.id - 1] = false;
@@ -130,8 +128,8 @@ std::shared_ptr<Worker> release_detached(Runtime& rt, Worker& w) {
 
 void worker_main(Worker& w) {
   install_streams(w.streams);
-  if (w.kernels == KernelThreads::one) pin_intra_op_to_one_thread();
-  Runtime& rt = runtime_state();
+  if (w.kernels == KernelThreads::one) runtime::detail::pin_intra_op_to_one_thread();
+  AsyncsState& rt = asyncs_state();
   std::shared_ptr<Worker> self;  // a detached worker's last owner: dropped after the lock
   for (;;) {
     std::unique_ptr<Job> job;
@@ -175,7 +173,7 @@ std::string describe(const std::vector<InFlightJob>& jobs) {
 // a job that has not started is withdrawn and the error thrown; a running one cannot be
 // abandoned, so the report goes to stderr and the wait goes on.
 void wait_borrowing(Worker& w, JobState& s) {
-  Runtime& rt = runtime_state();
+  AsyncsState& rt = asyncs_state();
   std::unique_lock lock(rt.mu);
   const auto done = [&] { return s.done.load(std::memory_order_relaxed); };
   const std::string what = "scoped tree call (" + job_context(s) + ")";
@@ -203,18 +201,18 @@ void wait_borrowing(Worker& w, JobState& s) {
   rt.progress.wait(lock, done);
 }
 
-void run_scoped(Worker& w, const LeafCall& call) {
+void run_scoped(Worker& w, const runtime::LeafCall& call) {
   auto state = std::make_shared<Result<void>>();
-  auto body = [&call] { run(call); };
+  auto body = [&call] { runtime::run(call); };
   enqueue(w, state, std::make_unique<TaskImpl<decltype(body), void>>(body, state), {}, {},
           "tree call " + std::string(call.op));
   wait_borrowing(w, *state);
   wait_job(*state);  // joins streams, rethrows the call's error with the asyncs context
 }
 
-// Re-dispatches `call` with each leaf run under `ctx`, so that whichever lane runs a leaf
-// knows the asyncs job it belongs to.
-void run_as(const LeafCall& call, Acting ctx) {
+// Passes `call` on past this hook with each leaf run under `ctx`, so that whichever lane runs a
+// leaf knows the asyncs job it belongs to.
+void run_as(const runtime::LeafCall& call, Acting ctx, runtime::Proceed proceed) {
   auto leaf = [&call, ctx](std::size_t i) {
     ActingGuard g(ctx);
     call.run(i);
@@ -223,26 +221,88 @@ void run_as(const LeafCall& call, Acting ctx) {
     ActingGuard g(ctx);
     return call.fused();
   };
-  LeafCall wrapped = call;
+  runtime::LeafCall wrapped = call;
   wrapped.run = leaf;
   if (call.fused) wrapped.fused = fused;
-  t_skip_hook = true;
-  run(wrapped);
+  proceed(wrapped);
 }
 
 // Destroying a Thread from its own job cannot drain (the job would wait for itself): the worker
 // is detached instead and ends on its own once its queue has run (release_detached).
 void detach_from_own_job(Worker& w) {
-  Runtime& rt = runtime_state();
+  AsyncsState& rt = asyncs_state();
   std::lock_guard lock(rt.mu);
   std::fprintf(stderr,
-               "treetensor asyncs: runtime::Thread of asyncs thread %d destroyed from its own "
+               "treetensor asyncs: asyncs::Thread of asyncs thread %d destroyed from its own "
                "job %llu: detached instead of drained; it runs its %zu queued job(s), then frees "
                "its id\n",
                w.id, static_cast<unsigned long long>(w.running ? w.running->state->number : 0),
                w.queue.size());
   w.stopping = true;
   w.detached = true;
+}
+
+// The first unobserved error (in submission order) with the others listed; nothing when none.
+void rethrow_unobserved(std::vector<std::shared_ptr<JobState>> errors) {
+  if (errors.empty()) return;
+  std::sort(errors.begin(), errors.end(),
+            [](const auto& a, const auto& b) { return a->seq < b->seq; });
+  std::vector<std::string> others;
+  for (std::size_t i = 1; i < errors.size(); ++i)
+    others.push_back(job_context(*errors[i]) + ": " + runtime::message_of(errors[i]->error));
+  runtime::rethrow_with_context(errors.front()->error, job_context(*errors.front()), others);
+}
+
+// runtime::synchronize()'s part here (DESIGN.md §10): waits for every job submitted so far,
+// joins the workers' streams, then reports the errors nobody observed.
+void synchronize_jobs() {
+  if (const auto& self = acting(); self.worker != nullptr)
+    throw AsyncsUsageError("treetensor asyncs: synchronize() called from asyncs thread " +
+                           std::to_string(self.worker->id) +
+                           ": it would wait for itself; get() the futures you need instead");
+  AsyncsState& rt = asyncs_state();
+  std::unique_lock lock(rt.mu);
+  std::vector<std::pair<std::shared_ptr<Worker>, std::uint64_t>> targets;
+  for (const auto& w : rt.live) targets.emplace_back(w, w->submitted);
+  wait_progress(
+      lock,
+      [&] {
+        return std::all_of(targets.begin(), targets.end(),
+                           [](const auto& t) { return t.first->finished >= t.second; });
+      },
+      "synchronize");
+  std::vector<c10::Stream> streams;
+  for (const auto& t : targets)
+    streams.insert(streams.end(), t.first->streams.begin(), t.first->streams.end());
+  auto errors = std::move(rt.unobserved);
+  rt.unobserved.clear();
+  lock.unlock();
+  synchronize_streams(streams);
+  rethrow_unobserved(std::move(errors));
+}
+
+// The runtime's registration point (DESIGN.md, layers): tree calls made inside a ThreadScope
+// go to its thread; calls made by a job carry the job into the lanes that run their leaves.
+bool route_call(const runtime::LeafCall& call, runtime::Proceed proceed) {
+  const Acting self = acting();
+  Worker* scoped = scoped_worker().get();
+  if (scoped != nullptr && scoped != self.worker) {
+    run_scoped(*scoped, call);
+    return true;
+  }
+  if (self.worker == nullptr) return false;
+  run_as(call, self, proceed);
+  return true;
+}
+
+// Installed by the first Thread: before it no job and no scope can exist, so tree calls of
+// programs without asyncs threads never pay for the hook.
+void install_hooks() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    runtime::add_synchronize_hook(synchronize_jobs);
+    runtime::add_call_hook(route_call);
+  });
 }
 
 }  // namespace
@@ -270,10 +330,10 @@ Acting& acting() noexcept {
   return a;
 }
 
-Runtime& runtime_state() {
+AsyncsState& asyncs_state() {
   // Leaked on purpose: worker threads and futures may outlive static destruction order.
-  static Runtime* rt = [] {
-    auto* r = new Runtime();
+  static AsyncsState* rt = [] {
+    auto* r = new AsyncsState();
     r->id_taken.assign(max_threads(), false);
     return r;
   }();
@@ -287,7 +347,7 @@ std::string job_context(const JobState& job) {
   return text;
 }
 
-std::vector<InFlightJob> in_flight_jobs(const Runtime& rt) {
+std::vector<InFlightJob> in_flight_jobs(const AsyncsState& rt) {
   const auto now = Clock::now();
   const auto since = [&](Clock::time_point t) {
     return std::chrono::duration<double>(now - t).count();
@@ -304,7 +364,8 @@ std::vector<InFlightJob> in_flight_jobs(const Runtime& rt) {
   return jobs;
 }
 
-void throw_watchdog(const Runtime& rt, std::string_view what, std::chrono::milliseconds timeout) {
+void throw_watchdog(const AsyncsState& rt, std::string_view what,
+                    std::chrono::milliseconds timeout) {
   auto jobs = in_flight_jobs(rt);
   const std::string text = "treetensor asyncs watchdog: " + std::string(what) +
                            " made no progress for " + std::to_string(timeout.count()) +
@@ -325,7 +386,7 @@ void enqueue(Worker& w, std::shared_ptr<JobState> state, std::unique_ptr<Task> t
   job->state = std::move(state);
   job->task = std::move(task);
 
-  Runtime& rt = runtime_state();
+  AsyncsState& rt = asyncs_state();
   std::unique_lock lock(rt.mu);
   // The worker's own jobs never wait for back-pressure: the queue cannot drain meanwhile.
   if (self.worker != &w) {
@@ -352,7 +413,7 @@ void wait_job(JobState& s) {
       throw AsyncsUsageError("treetensor asyncs: waiting from asyncs thread " +
                              std::to_string(s.thread) + " for its own " + job_context(s) +
                              ", which is queued behind the calling job: it would deadlock");
-    Runtime& rt = runtime_state();
+    AsyncsState& rt = asyncs_state();
     std::unique_lock lock(rt.mu);
     wait_progress(
         lock, [&] { return s.done.load(std::memory_order_relaxed); },
@@ -361,35 +422,19 @@ void wait_job(JobState& s) {
   block_current(s.finished);
   if (!s.error) return;
   {
-    Runtime& rt = runtime_state();
+    AsyncsState& rt = asyncs_state();
     std::lock_guard lock(rt.mu);
     auto& u = rt.unobserved;
     u.erase(std::remove_if(u.begin(), u.end(), [&](const auto& j) { return j.get() == &s; }),
             u.end());
   }
-  rethrow_with_context(s.error, job_context(s));
-}
-
-bool run_on_scoped_thread(const LeafCall& call) {
-  if (t_skip_hook) {
-    t_skip_hook = false;
-    return false;
-  }
-  const Acting self = acting();
-  Worker* scoped = scoped_worker().get();
-  if (scoped != nullptr && scoped != self.worker) {
-    run_scoped(*scoped, call);
-    return true;
-  }
-  if (self.worker == nullptr) return false;
-  run_as(call, self);
-  return true;
+  runtime::rethrow_with_context(s.error, job_context(s));
 }
 
 }  // namespace detail
 
-using detail::Runtime;
-using detail::runtime_state;
+using detail::asyncs_state;
+using detail::AsyncsState;
 using detail::Worker;
 
 std::size_t max_threads() {
@@ -425,45 +470,12 @@ std::optional<int> current_thread_id() noexcept {
   return a.worker->id;
 }
 
-void synchronize() {
-  if (const auto& self = detail::acting(); self.worker != nullptr)
-    throw AsyncsUsageError("treetensor asyncs: synchronize() called from asyncs thread " +
-                           std::to_string(self.worker->id) +
-                           ": it would wait for itself; get() the futures you need instead");
-  Runtime& rt = runtime_state();
-  std::unique_lock lock(rt.mu);
-  std::vector<std::pair<std::shared_ptr<Worker>, std::uint64_t>> targets;
-  for (const auto& w : rt.live) targets.emplace_back(w, w->submitted);
-  detail::wait_progress(
-      lock,
-      [&] {
-        return std::all_of(targets.begin(), targets.end(),
-                           [](const auto& t) { return t.first->finished >= t.second; });
-      },
-      "synchronize");
-  std::vector<c10::Stream> streams;
-  for (const auto& t : targets)
-    streams.insert(streams.end(), t.first->streams.begin(), t.first->streams.end());
-  auto errors = std::move(rt.unobserved);
-  rt.unobserved.clear();
-  lock.unlock();
-
-  detail::synchronize_streams(streams);
-  synchronize_lane_streams();  // DESIGN.md §10: lanes' device streams too
-  if (errors.empty()) return;
-  std::sort(errors.begin(), errors.end(),
-            [](const auto& a, const auto& b) { return a->seq < b->seq; });
-  std::vector<std::string> others;
-  for (std::size_t i = 1; i < errors.size(); ++i)
-    others.push_back(detail::job_context(*errors[i]) + ": " + message_of(errors[i]->error));
-  rethrow_with_context(errors.front()->error, detail::job_context(*errors.front()), others);
-}
-
 // --- Thread ----------------------------------------------------------------------------------
 
 Thread::Thread(std::string name, KernelThreads kernels) {
   detail::check_env();
-  Runtime& rt = runtime_state();
+  detail::install_hooks();
+  AsyncsState& rt = asyncs_state();
   int id = 0;
   {
     std::lock_guard lock(rt.mu);
@@ -472,7 +484,7 @@ Thread::Thread(std::string name, KernelThreads kernels) {
       throw ThreadPoolExhausted(
           "treetensor asyncs: all " + std::to_string(rt.id_taken.size()) +
           " worker ids are taken (pool size from TREETENSOR_ASYNCS_THREADS); destroy a "
-          "runtime::Thread first or raise the limit");
+          "asyncs::Thread first or raise the limit");
     *free = true;
     id = static_cast<int>(free - rt.id_taken.begin()) + 1;
   }
@@ -497,7 +509,7 @@ Thread::~Thread() {
     detail::detach_from_own_job(w);
     return;
   }
-  Runtime& rt = runtime_state();
+  AsyncsState& rt = asyncs_state();
   std::unique_lock lock(rt.mu);
   // Drain: a destructor cannot throw, so the watchdog only reports on stderr here.
   const auto drained = [&] { return w.finished == w.submitted; };
@@ -524,7 +536,7 @@ Thread::~Thread() {
 }
 
 detail::Worker& Thread::worker() const {
-  if (!worker_) throw AsyncsUsageError("treetensor asyncs: use of a moved-from runtime::Thread");
+  if (!worker_) throw AsyncsUsageError("treetensor asyncs: use of a moved-from asyncs::Thread");
   return *worker_;
 }
 
@@ -534,7 +546,7 @@ int Thread::id() const {
 
 std::size_t Thread::in_flight() const {
   Worker& w = worker();
-  std::lock_guard lock(runtime_state().mu);
+  std::lock_guard lock(asyncs_state().mu);
   return w.submitted - w.finished;
 }
 
@@ -543,7 +555,7 @@ void Thread::wait_idle() const {
   if (detail::acting().worker == &w)
     throw AsyncsUsageError("treetensor asyncs: wait_idle() of asyncs thread " +
                            std::to_string(w.id) + " called from its own job: it would deadlock");
-  std::unique_lock lock(runtime_state().mu);
+  std::unique_lock lock(asyncs_state().mu);
   const auto target = w.submitted;
   detail::wait_progress(
       lock, [&] { return w.finished >= target; },
@@ -561,4 +573,4 @@ ThreadScope::~ThreadScope() {
   detail::scoped_worker() = std::move(previous_);
 }
 
-}  // namespace treetensor::runtime
+}  // namespace treetensor::asyncs

@@ -6,7 +6,7 @@
 // job has finished. A tree call made elsewhere must not race with that work, so before it runs
 // the tensor layer asks, on every tree call:
 //
-//     if (runtime::tracking_active()) runtime::await_operands(inputs, outputs_written_in_place);
+//     if (asyncs::tracking_active()) asyncs::await_operands(inputs, outputs_written_in_place);
 //
 // Keying. Tensors are identified by their storage (c10::StorageImpl), not by TensorImpl or
 // data pointer: views of one tensor share its storage, so an in-place add_ on a slice must wait
@@ -24,7 +24,7 @@
 #include <atomic>
 #include <cstddef>
 
-namespace treetensor::runtime {
+namespace treetensor::asyncs {
 
 namespace detail {
 /// Number of submitted, unfinished asyncs jobs that registered at least one operand.
@@ -67,4 +67,4 @@ inline bool tracking_active() noexcept {
 /// Thread safety: safe to call from any thread, concurrently.
 void await_operands(c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes);
 
-}  // namespace treetensor::runtime
+}  // namespace treetensor::asyncs

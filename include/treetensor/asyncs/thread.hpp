@@ -1,14 +1,16 @@
 #pragma once
 // asyncs threads: named worker threads that run submitted work beside the main compute
 // (DESIGN.md §10; OneFlow parity: `oneflow.asyncs.thread(worker)`), with errors that surface
-// instead of aborting the process.
+// instead of aborting the process. The asyncs layer sits above the runtime (DESIGN.md, layers):
+// the runtime never knows it; the first Thread installs this layer's hooks on the runtime's
+// dispatch point (runtime::add_call_hook, runtime::add_synchronize_hook in dispatch.hpp).
 //
-//     runtime::Thread metrics;                                  // takes worker id 1..N
+//     asyncs::Thread metrics;                                   // takes worker id 1..N
 //     auto f = metrics.submit([&] { return loss.item<double>(); }, {loss}, {});
 //     ... next training step ...
 //     double l = f.get();                                       // rethrows the job's error
 //
-//     { runtime::ThreadScope scope(metrics);                    // tree calls of this block
+//     { asyncs::ThreadScope scope(metrics);                     // tree calls of this block
 //       ... tree ops ... }                                      // run on `metrics`
 //     runtime::synchronize();                                   // all asyncs work done
 //
@@ -25,7 +27,8 @@
 //  - Errors: an exception thrown by a job is stored, never lost and never fatal. It is rethrown
 //    with its original type (see rethrow_with_context) and the context
 //    "asyncs thread <id>, job <n>[ '<label>']" by Future::get()/wait(); a job error that no
-//    get()/wait() has observed is reported by the next synchronize(). The runtime stays usable.
+//    get()/wait() has observed is reported by the next runtime::synchronize(). The runtime
+//    stays usable.
 //    Errors still unobserved when the process exits (std::exit or a return from main) are
 //    printed to stderr, one line each: "treetensor: asyncs thread <id>, job <n>: error never
 //    observed: <message>".
@@ -58,7 +61,7 @@
 #include <utility>
 #include <vector>
 
-namespace treetensor::runtime {
+namespace treetensor::asyncs {
 
 /// Thrown by the Thread constructor when every worker id of the pool is taken.
 class ThreadPoolExhausted : public std::runtime_error {
@@ -115,18 +118,6 @@ std::chrono::milliseconds watchdog_timeout() noexcept;
 void set_max_in_flight(std::size_t jobs);
 std::size_t max_in_flight() noexcept;
 
-/// Waits until every asyncs job submitted before this call (on any Thread, live or destroyed)
-/// has finished; with CUDA, then synchronizes (host waits) every asyncs worker stream and the
-/// caller's current stream on each device. Afterwards reports job errors not yet observed by a
-/// Future::get()/wait(): the first (in submission order) is rethrown with its
-/// original type and context, the others listed in its message; they count as observed.
-/// Lanes need no synchronize: a tree call returns only when its leaves are done and its lane
-/// streams are joined back to the caller's stream (DESIGN.md §7).
-/// @throws the first unobserved job error; WatchdogTimeout; AsyncsUsageError when called from
-///         inside an asyncs job (it would wait for itself; get() the futures you need instead).
-/// Thread safety: safe from any thread that is not running an asyncs job.
-void synchronize();
-
 /// Id of the asyncs thread whose job the calling OS thread is running — on the worker itself
 /// or in a lane running a leaf of a tree call made by that job — or nullopt.
 std::optional<int> current_thread_id() noexcept;
@@ -158,7 +149,7 @@ class Worker;
 
 /// State shared by a job and its futures. `done` is set (release) after the result and error
 /// are stored; the other fields are written once before the job is queued or before `done`.
-/// A failed job stays on the runtime's unobserved list until a get()/wait() or synchronize()
+/// A failed job stays on the asyncs layer's unobserved list until a get()/wait() or synchronize()
 /// reports it.
 struct JobState {
   virtual ~JobState() = default;
@@ -349,4 +340,4 @@ class ThreadScope {
   std::shared_ptr<detail::Worker> previous_;
 };
 
-}  // namespace treetensor::runtime
+}  // namespace treetensor::asyncs

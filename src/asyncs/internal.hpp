@@ -1,11 +1,12 @@
 #pragma once
-// Internals shared by asyncs.cpp, operands.cpp and asyncs_streams.cpp (not installed).
+// Internals shared by thread.cpp, operands.cpp and streams.cpp of the asyncs layer (not
+// installed).
 //
-// One process-wide lock (Runtime::mu) guards every queue, counter and the operand registry:
+// One process-wide lock (AsyncsState::mu) guards every queue, counter and the operand registry:
 // asyncs jobs are coarse (metric writing, data decoding), so one lock keeps the reasoning about
 // deadlocks simple at no measurable cost. Jobs never run under it.
 
-#include "treetensor/runtime/asyncs.hpp"
+#include "treetensor/asyncs/thread.hpp"
 #include "treetensor/runtime/stream.hpp"
 
 #include <ATen/ThreadLocalState.h>
@@ -23,7 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace treetensor::runtime::detail {
+namespace treetensor::asyncs::detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -36,11 +37,12 @@ struct OperandKey {
 struct Job {
   std::shared_ptr<JobState> state;
   std::unique_ptr<Task> task;
-  at::ThreadLocalState tls;                 // the submitter's, installed around the job
-  StreamMode mode = current_stream_mode();  // the submitter's stream(M) mode, likewise
-  std::vector<at::Tensor> operands;         // kept alive until the job has finished
-  std::vector<OperandKey> keys;             // deduplicated; write wins over read
-  std::vector<c10::Event> submitted_on;     // CUDA: recorded on the submitter's current streams
+  at::ThreadLocalState tls;  // the submitter's, installed around the job
+  runtime::StreamMode mode =
+      runtime::current_stream_mode();    // the submitter's stream(M) mode, likewise
+  std::vector<at::Tensor> operands;      // kept alive until the job has finished
+  std::vector<OperandKey> keys;          // deduplicated; write wins over read
+  std::vector<c10::Event> submitted_on;  // CUDA: recorded on the submitter's current streams
   Clock::time_point submitted, started;
 };
 
@@ -51,7 +53,7 @@ class Worker {
   const std::string name;
   const KernelThreads kernels;
   const std::vector<c10::Stream> streams;  // CUDA: one pool stream per device; else empty
-  // Guarded by Runtime::mu:
+  // Guarded by AsyncsState::mu:
   std::deque<std::unique_ptr<Job>> queue;
   Job* running = nullptr;
   std::uint64_t submitted = 0;
@@ -84,7 +86,7 @@ struct Use {
   bool write = false;
 };
 
-struct Runtime {
+struct AsyncsState {
   std::mutex mu;
   std::condition_variable progress;  // notified when a job finishes and someone waits
   std::size_t progress_waiters = 0;  // threads blocked on `progress`
@@ -95,35 +97,36 @@ struct Runtime {
   std::vector<std::shared_ptr<JobState>> unobserved;       // failed jobs no one has waited for
   std::unordered_map<const void*, std::vector<Use>> uses;  // operand registry
 };
-Runtime& runtime_state();
+AsyncsState& asyncs_state();
 
-/// Lists the jobs in flight on every live worker (caller holds Runtime::mu).
-std::vector<InFlightJob> in_flight_jobs(const Runtime& rt);
+/// Lists the jobs in flight on every live worker (caller holds AsyncsState::mu).
+std::vector<InFlightJob> in_flight_jobs(const AsyncsState& rt);
 /// "asyncs thread 2, job 7 'label'".
 std::string job_context(const JobState& job);
 
-/// Counts the caller among Runtime::progress_waiters while it lives (caller holds Runtime::mu).
+/// Counts the caller among AsyncsState::progress_waiters while it lives (caller holds
+/// AsyncsState::mu).
 class ProgressWaiter {
  public:
-  explicit ProgressWaiter(Runtime& rt) : rt_(rt) { ++rt_.progress_waiters; }
+  explicit ProgressWaiter(AsyncsState& rt) : rt_(rt) { ++rt_.progress_waiters; }
   ~ProgressWaiter() { --rt_.progress_waiters; }
   ProgressWaiter(const ProgressWaiter&) = delete;
   ProgressWaiter& operator=(const ProgressWaiter&) = delete;
 
  private:
-  Runtime& rt_;
+  AsyncsState& rt_;
 };
 
-/// Blocks on Runtime::progress until `done()` (caller holds `lock` on Runtime::mu). With the
-/// watchdog on, throws WatchdogTimeout naming `what` when no job finishes for the timeout.
+/// Blocks on AsyncsState::progress until `done()` (caller holds `lock` on AsyncsState::mu). With
+/// the watchdog on, throws WatchdogTimeout naming `what` when no job finishes for the timeout.
 template <class Pred>
 void wait_progress(std::unique_lock<std::mutex>& lock, Pred done, std::string_view what);
-[[noreturn]] void throw_watchdog(const Runtime& rt, std::string_view what,
+[[noreturn]] void throw_watchdog(const AsyncsState& rt, std::string_view what,
                                  std::chrono::milliseconds timeout);
 
 template <class Pred>
 void wait_progress(std::unique_lock<std::mutex>& lock, Pred done, std::string_view what) {
-  Runtime& rt = runtime_state();
+  AsyncsState& rt = asyncs_state();
   const auto timeout = watchdog_timeout();
   const ProgressWaiter waiter(rt);
   if (timeout.count() == 0) {
@@ -143,19 +146,19 @@ void wait_progress(std::unique_lock<std::mutex>& lock, Pred done, std::string_vi
   }
 }
 
-// --- operand tracking (operands.cpp); registry functions need Runtime::mu held -------------
+// --- operand tracking (operands.cpp); registry functions need AsyncsState::mu held ---------
 /// Keys of `reads` and `writes`, deduplicated, write winning; fills `keep` with the tensors.
 std::vector<OperandKey> operand_keys(c10::ArrayRef<at::Tensor> reads,
                                      c10::ArrayRef<at::Tensor> writes,
                                      std::vector<at::Tensor>* keep);
-void register_operands(Runtime& rt, const Job& job);
-void unregister_operands(Runtime& rt, const Job& job);
+void register_operands(AsyncsState& rt, const Job& job);
+void unregister_operands(AsyncsState& rt, const Job& job);
 /// Waits for the pending jobs that conflict with `keys` (await_operands' rule, seen from
 /// `self`); then the caller's current streams wait for theirs. `job`, when not null, is the
-/// job about to start (named in a watchdog report). Takes Runtime::mu itself.
+/// job about to start (named in a watchdog report). Takes AsyncsState::mu itself.
 void await_keys(const std::vector<OperandKey>& keys, const Acting& self, const JobState* job);
 
-// --- device streams (asyncs_streams.cpp); all no-ops without CUDA devices ----------------
+// --- device streams (streams.cpp); all no-ops without CUDA devices -----------------------
 std::vector<c10::Stream> pool_streams();
 /// Makes `streams` the calling OS thread's current streams.
 void install_streams(const std::vector<c10::Stream>& streams);
@@ -172,4 +175,4 @@ void block_current(const std::vector<c10::Event>& events);
 /// Host waits for `streams` and the caller's current streams.
 void synchronize_streams(const std::vector<c10::Stream>& streams);
 
-}  // namespace treetensor::runtime::detail
+}  // namespace treetensor::asyncs::detail
