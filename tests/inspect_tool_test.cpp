@@ -48,7 +48,7 @@ TEST(InspectTool, PrintsTheTreeWithDtypeShapeBytesAndTotals) {
   ASSERT_EQ(s2, 0) << st;
   EXPECT_HAS(st, "(safetensors, ");
   EXPECT_HAS(st, "├── encoder --> <dict>\n│   ├── b --> Tensor Long [3] 24 B");
-  EXPECT_HAS(st, "__metadata__ --> <dict>");
+  EXPECT_HAS(st, "metadata: author = fixtures.py\nmetadata: format = pt");
 }
 
 TEST(InspectTool, JsonForScripts) {

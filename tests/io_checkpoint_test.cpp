@@ -111,3 +111,36 @@ TEST(IoSafetensors, LoadsTheFormatAndWritesItBack) {
   EXPECT_EQ(again.metadata, f.metadata);
   std::filesystem::remove_all(dir);
 }
+
+// Found by the break-it pass: saving over the file a tree views used to truncate the mapping
+// under it (SIGBUS) and leave an empty file.
+TEST(IoCheckpoint, SavingOverTheLoadedFileIsSafe) {
+  const auto dir = scratch("overwrite");
+  const std::string file = (dir / "views.pt").string();
+  std::filesystem::copy_file(fixture("views.pt"), file);
+  const io::Object o = io::load(file);
+  io::save(file, o);
+  expect_matches(o, expectation("views"));           // the loaded tree still reads its values
+  expect_matches(io::load(file), expectation("views"));  // and the file holds them
+  const std::string st = (dir / "t.safetensors").string();
+  std::filesystem::copy_file(fixture("tensors.safetensors"), st);
+  const auto f = io::load_safetensors(st);
+  io::save_safetensors(st, f.tensors, f.metadata);
+  EXPECT_TRUE(tt::equal(io::load_safetensors(st).tensors, f.tensors));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IoCheckpoint, OneStorageAsTwoDtypesIsRefusedOnSave) {
+  const auto dir = scratch("dtypes");
+  const at::Tensor x = at::arange(4, at::kFloat);
+  try {
+    io::save((dir / "x.pt").string(), tt::TreeTensor{{"x", x}, {"y", x.view(at::kInt)}});
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'x' (Float) and 'y' (Int) view the same data as different dtypes"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "x.pt")) << "nothing half-written";
+  std::filesystem::remove_all(dir);
+}

@@ -2,6 +2,7 @@
 // safetensors readers. Each must raise io::IoError naming the file and what is wrong — never a
 // crash, a hang or an allocation the file does not justify.
 #include <caffe2/serialize/inline_container.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <cstring>
@@ -233,4 +234,64 @@ TEST_F(Malformed, PyTorch2AdditionsLoad) {
   std::memcpy(data.data(), values, 8);
   const io::Object o = io::load(archive("v3.pt", pickle, {{"data/0", data}, {"byteorder", "little"}}));
   EXPECT_TRUE(std::get<at::Tensor>(o.tree.at(tr::Path{"t"}).leaf()).equal(at::tensor({1.5f, -2.0f})));
+}
+
+// Found by the break-it pass: each once crashed, hung or allocated without bound.
+TEST_F(Malformed, FifoIsRefusedWithoutWaiting) {
+  const std::string fifo = (dir_ / "pipe.pt").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_HAS(load_error(fifo), "not a regular file");
+  EXPECT_HAS(safetensors_error(fifo), "not a regular file");
+}
+
+TEST_F(Malformed, SharedReferencesCannotMultiplyWithoutBound) {
+  // t0 = None; t(k+1) = (tk, tk): 40 levels would be 2^40 leaves as a tree.
+  std::string dag = "\x80\x02(Nq";  // every level stays on the stack: one outer tuple takes them
+  dag += '\0';
+  for (int k = 0; k < 40; ++k) {
+    dag += 'h';
+    dag += static_cast<char>(k);
+    dag += 'h';
+    dag += static_cast<char>(k);
+    dag += "\x86q";
+    dag += static_cast<char>(k + 1);
+  }
+  EXPECT_HAS(load_error(archive("dag.pt", dag + "t.")), "the pickle refers to its objects more than");
+  // A list shared by set() many times: no copies while reading.
+  std::string sets = "\x80\x02(](" + std::string(2000, 'N') + "eq\x01";
+  for (int k = 0; k < 2000; ++k) sets += "c__builtin__\nset\nh\x01\x85R";
+  EXPECT_HAS(load_error(archive("sets.pt", sets + "t.")), "the pickle refers to its objects more than");
+}
+
+TEST_F(Malformed, OverlappingZipRecords) {
+  const std::string good = read_file(archive("two.pt", tensor_pickle({2}, {1}),
+                                             {{"data/0", std::string(8, '\0')}, {"data/1", std::string(8, '\1')}}));
+  std::vector<std::size_t> entries;
+  for (std::size_t p = good.find(std::string("PK\x01\x02", 4)); p != std::string::npos;
+       p = good.find(std::string("PK\x01\x02", 4), p + 4))
+    entries.push_back(p);
+  ASSERT_GE(entries.size(), 3u);
+  std::string same = good;  // the last entry's local header offset := the one before it
+  same.replace(entries.back() + 42, 4, good.substr(entries[entries.size() - 2] + 42, 4));
+  EXPECT_HAS(load_error(write("same.pt", same)), "share their bytes");
+}
+
+TEST_F(Malformed, LegacyStorageKeysMustBeAListOfStrings) {
+  const std::string magic("\x80\x02\x8a\x0al\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15);
+  const std::string head = magic + "\x80\x02M\xe9\x03." + "\x80\x02}." + "\x80\x02N.";
+  EXPECT_HAS(load_error(write("dict.pt", head + "\x80\x02}.")), "the storage keys are not a list");
+  EXPECT_HAS(load_error(write("nested.pt", head + "\x80\x02](]e.")), "storage key 0 is not a string");
+}
+
+TEST_F(Malformed, WideSafetensorsHeaderIsParsedInLinearTime) {
+  std::string header = "{";
+  for (int k = 0; k < 160000; ++k) header += (k ? ",\"t" : "\"t") + std::to_string(k) + "\":{}";
+  header += "}";
+  std::string bytes(8, '\0');
+  for (int k = 0; k < 8; ++k) bytes[k] = static_cast<char>((header.size() >> (8 * k)) & 0xff);
+  EXPECT_HAS(safetensors_error(write("wide.safetensors", bytes + header)), "needs dtype, shape and data_offsets");
+  std::string zero = R"({"z":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})";
+  std::string zb(8, '\0');
+  for (int k = 0; k < 8; ++k) zb[k] = static_cast<char>((zero.size() >> (8 * k)) & 0xff);
+  EXPECT_HAS(safetensors_error(write("strides.safetensors", zb + zero)), "strides overflow int64");
 }

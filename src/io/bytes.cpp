@@ -49,7 +49,8 @@ c10::DataPtr Input::data_ptr(std::uint64_t offset, std::uint64_t n) const {
 }
 
 Input map_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; non-regular files are refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw IoError(path, std::nullopt, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -71,6 +72,27 @@ Input map_file(const std::string& path) {
     if (q) ::munmap(q, size);
   });
   return Input{static_cast<const std::uint8_t*>(p), size, path, std::move(owner)};
+}
+
+void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw IoError(path, std::nullopt, std::string("cannot write: ") + std::strerror(errno));
+  bool ok = false;
+  try {
+    write(f);
+    ok = std::fflush(f) == 0 && !std::ferror(f);
+  } catch (...) {
+    std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw IoError(path, std::nullopt, std::string("cannot write: ") + std::strerror(err));
+  }
 }
 
 std::uint8_t Cursor::u8(const char* what) {

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -36,6 +38,12 @@ struct Input {
 /// The file, mapped privately (copy-on-write, so writes through tensors never reach it).
 /// @throws IoError naming the file when it cannot be opened, is not a regular file, or mapped.
 Input map_file(const std::string& path);
+
+/// Writes a file as `write(FILE*)` fills it: into a temporary file beside `path`, renamed over
+/// `path` only when complete. A file being replaced may be the one a loaded tree views (its
+/// mapping keeps the old contents); a failed write leaves `path` as it was.
+/// @throws IoError naming `path` when the temporary file cannot be written or renamed.
+void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write);
 
 /// A forward cursor over an Input: every read is bounds-checked.
 class Cursor {

@@ -129,10 +129,13 @@ Object load_legacy(const Input& file) {
   });
   std::map<std::string, at::Storage> storages;
   Cursor c(file, pos);
-  const std::size_t n = keys.tree.is_leaf() ? 0 : keys.tree.size();
+  if (keys.tree.is_leaf() || keys.kind({}) != Container::list)
+    file.fail(keys_at, "the storage keys are not a list");
+  const std::size_t n = keys.tree.size();
   for (std::size_t k = 0; k < n; ++k) {
-    const auto* key = std::get_if<std::string>(&keys.tree.at(tree::Path{std::to_string(k)}).leaf());
-    if (!key) c.fail("a storage key that is not a string");
+    const auto* node = keys.tree.find(tree::Path{std::to_string(k)});
+    const auto* key = node && node->is_leaf() ? std::get_if<std::string>(&node->leaf()) : nullptr;
+    if (!key) file.fail(keys_at, "storage key " + std::to_string(k) + " is not a string");
     const detail::StorageRef* ref = nullptr;
     for (const auto& r : object.storages())
       if (r.key == *key) ref = &r;
@@ -217,11 +220,11 @@ TreeTensor load_state_dict(const std::string& path, const LoadOptions& options) 
   return from_state_dict(items);
 }
 
-void save(const std::string& path, const Object& object) {
-  std::vector<at::Tensor> storages;
-  const std::string data = detail::pickle(object, storages);
-  try {
-    caffe2::serialize::PyTorchStreamWriter writer(path);
+namespace {
+// The zip archive torch.save writes (records stored, 64-byte aligned), through `f`.
+void write_archive(std::FILE* f, const std::string& data, const std::vector<at::Tensor>& storages) {
+  caffe2::serialize::PyTorchStreamWriter writer(
+      [f](const void* p, std::size_t n) { return std::fwrite(p, 1, n, f); });
     writer.writeRecord("data.pkl", data.data(), data.size());
     writer.writeRecord("byteorder", "little", 6);
     for (std::size_t i = 0; i < storages.size(); ++i) {
@@ -229,9 +232,19 @@ void save(const std::string& path, const Object& object) {
       writer.writeRecord("data/" + std::to_string(i), bytes.data_ptr(), bytes.numel());
     }
     writer.writeEndOfFile();
-  } catch (const c10::Error& e) {
-    throw IoError(path, std::nullopt, std::string("cannot write: ") + e.what_without_backtrace());
-  }
+}
+}  // namespace
+
+void save(const std::string& path, const Object& object) {
+  std::vector<at::Tensor> storages;
+  const std::string data = detail::pickle(object, storages);
+  detail::replace_file(path, [&](std::FILE* f) {
+    try {
+      write_archive(f, data, storages);
+    } catch (const c10::Error& e) {
+      throw IoError(path, std::nullopt, std::string("cannot write: ") + e.what_without_backtrace());
+    }
+  });
 }
 
 void save(const std::string& path, const TensorTree& tree) {

@@ -77,7 +77,8 @@ class Reader {
   Unpickled run(std::uint64_t& end) {
     while (!step()) {
     }
-    if (stack_.size() != 1 || !marks_.empty())
+    if (!marks_.empty()) in_.fail_at(in_.pos() - 1, "STOP inside an unclosed MARK");
+    if (stack_.size() != 1)
       in_.fail_at(in_.pos() - 1, "STOP with " + std::to_string(stack_.size()) +
                                      " values on the stack (1 expected)");
     out_.root = stack_.back();
@@ -190,6 +191,7 @@ class Reader {
   void append(std::uint32_t list, const std::vector<std::uint32_t>& items, Kind kind) {
     Node& l = expect(list, {kind}, kind == Kind::list ? "APPEND(S) on a value that is not a list"
                                                      : "ADDITEMS on a value that is not a set");
+    if (l.flag) in_.fail_at(op_at_, "ADDITEMS on a set made from a list");
     l.items.insert(l.items.end(), items.begin(), items.end());
   }
 
@@ -404,21 +406,29 @@ std::uint32_t Reader::rebuild_tensor(const Node& args, bool v3) {
 
 void Reader::reduce() {
   const std::uint32_t args_i = pop("REDUCE"), fn_i = pop("REDUCE");
-  const Node& fn = expect(fn_i, {Kind::global}, "REDUCE of a value that is not a callable global");
-  const Node args = expect(args_i, {Kind::tuple}, "REDUCE whose arguments are not a tuple");
-  auto arg = [&](std::size_t k) -> Node& {
-    if (k >= args.items.size())
-      in_.fail_at(op_at_, fn.s + " called with " + std::to_string(args.items.size()) + " arguments");
-    return node(args.items[k]);
+  expect(fn_i, {Kind::global}, "REDUCE of a value that is not a callable global");
+  expect(args_i, {Kind::tuple}, "REDUCE whose arguments are not a tuple");
+  // Nodes are read through indices: add() may move the arena, and a tuple may be large.
+  const std::size_t n_args = node(args_i).items.size();
+  auto arg_index = [&](std::size_t k) {
+    if (k >= n_args)
+      in_.fail_at(op_at_, node(fn_i).s + " called with " + std::to_string(n_args) + " arguments");
+    return node(args_i).items[k];
   };
-  switch (fn.global) {
+  auto arg = [&](std::size_t k) -> Node& { return node(arg_index(k)); };
+  const Global global = node(fn_i).global;
+  switch (global) {
     case Global::ordered_dict: {
-      if (!args.items.empty()) in_.fail_at(op_at_, "OrderedDict(...) with arguments");
+      if (n_args != 0) in_.fail_at(op_at_, "OrderedDict(...) with arguments");
       push(add(Kind::ordered_dict));
       return;
     }
-    case Global::rebuild_v2: push(rebuild_tensor(args, false)); return;
-    case Global::rebuild_v3: push(rebuild_tensor(args, true)); return;
+    case Global::rebuild_v2:
+    case Global::rebuild_v3: {
+      const Node args = node(args_i);  // a few items: _rebuild_tensor's arguments
+      push(rebuild_tensor(args, global == Global::rebuild_v3));
+      return;
+    }
     case Global::rebuild_parameter:
     case Global::rebuild_parameter_state: {
       Node& data = arg(0);
@@ -430,10 +440,9 @@ void Reader::reduce() {
       push(add(std::move(p)));
       return;
     }
-    case Global::size: {
-      Node t = arg(0);
-      if (t.kind != Kind::tuple) in_.fail_at(op_at_, "torch.Size of a value that is not a tuple");
-      push(add(std::move(t)));
+    case Global::size: {  // torch.Size(tuple) is that tuple (shared, not copied)
+      if (arg(0).kind != Kind::tuple) in_.fail_at(op_at_, "torch.Size of a value that is not a tuple");
+      push(arg_index(0));
       return;
     }
     case Global::device: {
@@ -442,7 +451,7 @@ void Reader::reduce() {
       Node d;
       d.kind = Kind::device;
       d.s = type.s;
-      if (args.items.size() > 1) {
+      if (n_args > 1) {
         if (arg(1).kind != Kind::integer) in_.fail_at(op_at_, "torch.device with a bad index");
         d.s += ":" + std::to_string(arg(1).i);
       }
@@ -468,13 +477,14 @@ void Reader::reduce() {
       push(add(std::move(b)));
       return;
     }
-    case Global::set: {
+    case Global::set: {  // set(list): refers to the list's items, never copies them
       Node s;
       s.kind = Kind::set;
-      if (!args.items.empty()) {
+      if (n_args != 0) {
         const Node& l = arg(0);
         if (l.kind != Kind::list && l.kind != Kind::tuple) in_.fail_at(op_at_, "set() of a non-list");
-        s.items = l.items;
+        s.flag = true;
+        s.i = arg_index(0);
       }
       push(add(std::move(s)));
       return;
@@ -492,12 +502,12 @@ void Reader::reduce() {
       return;
     }
     case Global::bytes: {
-      if (!args.items.empty()) in_.fail_at(op_at_, "bytes() with arguments");
+      if (n_args != 0) in_.fail_at(op_at_, "bytes() with arguments");
       push(add(Kind::bytes));
       return;
     }
     default:
-      in_.fail_at(op_at_, "'" + fn.s + "' cannot be called");
+      in_.fail_at(op_at_, "'" + node(fn_i).s + "' cannot be called");
   }
 }
 
@@ -514,13 +524,26 @@ class Converter {
     return out;
   }
 
+  // A pickle may refer to one object many times (the memo); the tree copies it each time.
+  // Python shares such objects, so a few hundred bytes could otherwise ask for gigabytes:
+  // the values converted may be at most 4 per pickled object, plus 100,000.
+  std::size_t budget() const { return 4 * u_.nodes.size() + 100'000; }
+
  private:
   [[noreturn]] void fail(const tree::Path& path, const std::string& what) const {
-    throw IoError(u_.name, std::nullopt, "at '" + path.describe() + "': " + what);
+    std::string where = path.describe();
+    if (path.size() > 12) {  // a deep path (a cycle, a nesting bomb): its first keys suffice
+      where = tree::Path(std::vector<std::string>(path.begin(), path.begin() + 12)).describe() + ". ... (" +
+              std::to_string(path.size()) + " keys)";
+    }
+    throw IoError(u_.name, std::nullopt, "at '" + where + "': " + what);
   }
 
   tree::Tree<Value> convert(std::uint32_t i, tree::Path& path, Object& out, int depth) {
     if (depth > kMaxDepth) fail(path, "nesting deeper than " + std::to_string(kMaxDepth) + " (or a cycle)");
+    if (++converted_ > budget())
+      fail(path, "the pickle refers to its objects more than " + std::to_string(budget()) +
+                     " times in all (shared objects repeated, e.g. a memo bomb)");
     const Node& n = u_.nodes[i];
     switch (n.kind) {
       case Kind::none: return Value(std::monostate{});
@@ -568,7 +591,7 @@ class Converter {
     try {
       return tree::Tree<Value>::from_children(std::move(children));
     } catch (const std::invalid_argument& e) {
-      fail(path, std::string(e.what()) + " (e.g. the int 1 beside the str '1')");
+      fail(path, std::string(e.what()) + " (the same key twice, or an int and a str that read alike)");
     }
   }
 
@@ -576,10 +599,11 @@ class Converter {
     out.kinds[path] = n.kind == Kind::tuple ? Container::tuple
                       : n.kind == Kind::list ? Container::list
                                              : Container::set;
+    const auto& items = n.flag ? u_.nodes[static_cast<std::size_t>(n.i)].items : n.items;  // set(list)
     tree::Tree<Value>::Children children;
-    for (std::size_t k = 0; k < n.items.size(); ++k) {
+    for (std::size_t k = 0; k < items.size(); ++k) {
       path.push_back(std::to_string(k));
-      children.emplace_back(std::to_string(k), convert(n.items[k], path, out, depth + 1));
+      children.emplace_back(std::to_string(k), convert(items[k], path, out, depth + 1));
       path.pop_back();
     }
     return tree::Tree<Value>::from_children(std::move(children));
@@ -630,6 +654,7 @@ class Converter {
   const Unpickled& u_;
   const std::function<at::Storage(std::size_t)>& storage_;
   std::map<std::size_t, at::Storage> cache_;
+  std::size_t converted_ = 0;
 };
 
 // ---- the writer -----------------------------------------------------------------------------
@@ -823,7 +848,15 @@ class Writer {
     // The persistent id: ('storage', torch.<T>Storage, key, location, numel).
     const auto* impl = t.storage().unsafeGetStorageImpl();
     auto [it, fresh] = keys_.emplace(impl, storages_.size());
-    if (fresh) storages_.push_back(t);
+    if (fresh) {
+      storages_.push_back(t);
+      paths_.push_back(path);
+    } else if (storages_[it->second].scalar_type() != t.scalar_type()) {
+      throw std::invalid_argument(
+          "save: '" + paths_[it->second].describe() + "' (" + c10::toString(storages_[it->second].scalar_type()) +
+          ") and '" + path.describe() + "' (" + c10::toString(t.scalar_type()) +
+          ") view the same data as different dtypes, which a torch.save file cannot hold (as torch.save)");
+    }
     const std::uint64_t item = t.element_size();
     op('(');
     str("storage");
@@ -851,6 +884,7 @@ class Writer {
   const Object& object_;
   std::vector<at::Tensor>& storages_;
   std::map<const void*, std::size_t> keys_;
+  std::vector<tree::Path> paths_;  // the first path that wrote each storage
   std::string out_;
 };
 

@@ -38,25 +38,48 @@ struct Entry {
   std::uint64_t begin = 0, end = 0;
 };
 
-// The header JSON, refusing duplicate keys in any object (nlohmann keeps the last silently).
-json parse_header(const Input& file, std::string_view text) {
-  std::vector<std::set<std::string>> open;
+// Finds a key named twice in one object, in one linear SAX pass (nlohmann's parser keeps the
+// last silently; its parse callback rescans containers, which is quadratic on wide headers).
+class DuplicateKeys : public nlohmann::json_sax<json> {
+ public:
   std::string duplicate;
-  auto check = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) open.emplace_back();
-    if (event == json::parse_event_t::object_end) open.pop_back();
-    if (event == json::parse_event_t::key && !open.empty() &&
-        !open.back().insert(parsed.get<std::string>()).second && duplicate.empty())
-      duplicate = parsed.get<std::string>();
+  bool start_object(std::size_t) override { return open_.emplace_back(), true; }
+  bool end_object() override { return open_.pop_back(), true; }
+  bool key(string_t& k) override {
+    if (!open_.back().insert(k).second && duplicate.empty()) duplicate = k;
     return true;
-  };
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error = e.what();
+    return false;
+  }
+  std::string error;
+
+ private:
+  std::vector<std::set<std::string>> open_;
+};
+
+// The header JSON, refusing duplicate keys in any object.
+json parse_header(const Input& file, std::string_view text) {
   json header;
+  DuplicateKeys keys;
   try {
-    header = json::parse(text.begin(), text.end(), check);
+    if (!json::sax_parse(text.begin(), text.end(), &keys))
+      file.fail(8, "the header is not valid UTF-8 JSON: " + keys.error);
+    header = json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
     file.fail(8, std::string("the header is not valid UTF-8 JSON: ") + e.what());
   }
-  if (!duplicate.empty()) file.fail(8, "the header names '" + duplicate + "' twice");
+  if (!keys.duplicate.empty()) file.fail(8, "the header names '" + keys.duplicate + "' twice");
   if (!header.is_object()) file.fail(8, "the header is not a JSON object");
   return header;
 }
@@ -136,7 +159,9 @@ at::Tensor tensor_of(const Input& file, const Entry& e, std::uint64_t data_at) {
   at::Storage storage(at::Storage::use_byte_size_t(), n, view.data_ptr(at, n), nullptr, false);
   at::Tensor t = at::empty({0}, at::TensorOptions().dtype(e.dtype));
   std::vector<std::int64_t> strides(e.shape.size(), 1);
-  for (std::size_t d = e.shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<std::int64_t>(e.shape[d], 1);
+  for (std::size_t d = e.shape.size(); d-- > 1;)
+    if (__builtin_mul_overflow(strides[d], std::max<std::int64_t>(e.shape[d], 1), &strides[d - 1]))
+      file.fail(8, "tensor '" + e.name + "': its shape's strides overflow int64");
   t.set_(storage, 0, e.shape, strides);
   return t;
 }
@@ -191,14 +216,13 @@ void save_safetensors(const std::string& path, const TensorTree& tensors,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw IoError(path, std::nullopt, "cannot open for writing");
-  char length[8];
-  for (int k = 0; k < 8; ++k) length[k] = static_cast<char>((text.size() >> (8 * k)) & 0xff);
-  f.write(length, 8);
-  f.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const auto& x : data) f.write(static_cast<const char*>(x.data_ptr()), static_cast<std::streamsize>(x.nbytes()));
-  if (!f.flush()) throw IoError(path, std::nullopt, "cannot write");
+  detail::replace_file(path, [&](std::FILE* f) {
+    char length[8];
+    for (int k = 0; k < 8; ++k) length[k] = static_cast<char>((text.size() >> (8 * k)) & 0xff);
+    std::fwrite(length, 1, 8, f);
+    std::fwrite(text.data(), 1, text.size(), f);
+    for (const auto& x : data) std::fwrite(x.data_ptr(), 1, x.nbytes(), f);
+  });
 }
 
 }  // namespace treetensor::io

@@ -119,13 +119,27 @@ bool looks_like_zip(const Input& bytes) {
 std::map<std::string, Input> read_zip(const Input& archive) {
   const Directory d = read_directory(archive);
   std::map<std::string, Input> out;
+  std::map<const std::uint8_t*, std::string> starts;  // non-empty records by first byte
   Cursor c(archive, d.offset);
   for (std::uint64_t i = 0; i < d.entries; ++i) {
     std::string name;
     const std::uint64_t at = c.pos();
     Input r = record(archive, c, name);
+    if (r.size > 0 && !starts.emplace(r.data, name).second)
+      archive.fail(at, "records '" + starts[r.data] + "' and '" + name + "' share their bytes");
     if (!out.emplace(name, std::move(r)).second)
       archive.fail(at, "record '" + name + "' appears twice");
+  }
+  // Records must not overlap (torch.save writes each once): otherwise one file could stand
+  // for many storages, each loaded or copied again.
+  const std::uint8_t* end = nullptr;
+  std::string previous;
+  for (const auto& [start, name] : starts) {
+    if (end && start < end)
+      archive.fail(static_cast<std::uint64_t>(start - archive.data),
+                   "records '" + previous + "' and '" + name + "' overlap");
+    end = start + out.at(name).size;
+    previous = name;
   }
   return out;
 }

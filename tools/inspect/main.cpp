@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <map>
 #include <iostream>
 
 #include "treetensor/io/checkpoint.hpp"
@@ -99,13 +100,12 @@ void collect_json(const io::Object& o, const tr::Tree<io::Value>& node, tr::Path
   }
 }
 
-io::Object read(const std::string& file, std::string& format) {
+io::Object read(const std::string& file, std::string& format, std::map<std::string, std::string>& metadata) {
   if (std::filesystem::path(file).extension() == ".safetensors") {
     format = "safetensors";
-    const auto st = io::load_safetensors(file);
-    io::Object o = io::to_object(st.tensors);
-    for (const auto& [k, v] : st.metadata) o.tree.insert(tr::Path{"__metadata__", k}, io::Value(v));
-    return o;
+    auto st = io::load_safetensors(file);
+    metadata = std::move(st.metadata);
+    return io::to_object(st.tensors);
   }
   format = "torch.save";
   return io::load(file);
@@ -113,7 +113,8 @@ io::Object read(const std::string& file, std::string& format) {
 
 int run(const std::string& file, bool as_json) {
   std::string format;
-  const io::Object o = read(file, format);
+  std::map<std::string, std::string> metadata;  // safetensors' __metadata__
+  const io::Object o = read(file, format, metadata);
   const auto file_bytes = std::filesystem::file_size(file);
   Totals totals;
   tr::Path path;
@@ -126,7 +127,9 @@ int run(const std::string& file, bool as_json) {
       totals.bytes += t["bytes"].get<std::int64_t>();
     }
     out["totals"] = {{"tensors", totals.tensors}, {"tensor_bytes", totals.bytes}};
-    std::cout << out.dump(2) << "\n";
+    out["metadata"] = metadata;
+    // Python strings may hold lone surrogates, which are not UTF-8: replaced, not fatal.
+    std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     return 0;
   }
   std::cout << file << " (" << format << ", " << file_bytes << " bytes)\n";
@@ -136,6 +139,7 @@ int run(const std::string& file, bool as_json) {
     print_node(o, o.tree, path, "", totals);
   std::cout << fmt::format("\ntotal: {} tensors, {} elements, {} bytes of tensor data; {} other leaves\n",
                            totals.tensors, totals.elements, totals.bytes, totals.others);
+  for (const auto& [k, v] : metadata) std::cout << "metadata: " << k << " = " << v << "\n";
   return 0;
 }
 
