@@ -224,7 +224,7 @@ namespace {
 // The zip archive torch.save writes (records stored, 64-byte aligned), through `f`.
 void write_archive(std::FILE* f, const std::string& data, const std::vector<at::Tensor>& storages) {
   caffe2::serialize::PyTorchStreamWriter writer(
-      [f](const void* p, std::size_t n) { return std::fwrite(p, 1, n, f); });
+      [f](const void* p, std::size_t n) { return n ? std::fwrite(p, 1, n, f) : 0; });  // p may be null when n is 0
     writer.writeRecord("data.pkl", data.data(), data.size());
     writer.writeRecord("byteorder", "little", 6);
     for (std::size_t i = 0; i < storages.size(); ++i) {

@@ -221,7 +221,8 @@ void save_safetensors(const std::string& path, const TensorTree& tensors,
     for (int k = 0; k < 8; ++k) length[k] = static_cast<char>((text.size() >> (8 * k)) & 0xff);
     std::fwrite(length, 1, 8, f);
     std::fwrite(text.data(), 1, text.size(), f);
-    for (const auto& x : data) std::fwrite(x.data_ptr(), 1, x.nbytes(), f);
+    for (const auto& x : data)
+      if (x.nbytes() > 0) std::fwrite(x.data_ptr(), 1, x.nbytes(), f);  // an empty tensor's pointer may be null
   });
 }
 
