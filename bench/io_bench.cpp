@@ -7,8 +7,8 @@
 // Usage: io_bench [DIR] (default: the system temporary directory); prints a table.
 #include <ATen/ATen.h>
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -75,12 +75,14 @@ int main(int argc, char** argv) {
       for (const auto& x : tt::tree::flatten(t).leaves) checksum += x.sum().item<double>();
     }));
   }
-  std::printf("io_bench: %s, %.1f MB (ResNet-50 state dict, zip format), median of 9, page cache warm\n",
-              file.c_str(), double(bytes) / 1e6);
+  std::printf(
+      "io_bench: %s, %.1f MB (ResNet-50 state dict, zip format), median of 9, page cache warm\n",
+      file.c_str(), double(bytes) / 1e6);
   std::printf("%-10s %10s %12s\n", "what", "median ms", "vs read");
   const double r = median(read_ms);
   for (const auto& [name, v] : {std::pair<const char*, std::vector<double>&>{"read", read_ms},
-                                {"load", load_ms}, {"load+sum", sum_ms}})
+                                {"load", load_ms},
+                                {"load+sum", sum_ms}})
     std::printf("%-10s %10.2f %11.2fx\n", name, median(v), median(v) / r);
   std::printf("(checksum %g)\n", checksum);
   std::filesystem::remove(file);

@@ -76,8 +76,7 @@ int main(int argc, char** argv) {
     const double ms = best_ms([&] { got = tt::matmul(a, b); });
     std::cout << std::setw(18) << name << std::setw(10) << ms << " ms  speed-up "
               << std::setprecision(2) << native_ms / ms << std::setprecision(3)
-              << (agrees(got) ? "  (same values)" : "  (VALUES DIFFER)")
-              << "\n";
+              << (agrees(got) ? "  (same values)" : "  (VALUES DIFFER)") << "\n";
   };
   row("linear", tt::runtime::StreamMode::of(1));
   row("stream(" + std::to_string(m) + ")", tt::runtime::StreamMode::of(m));

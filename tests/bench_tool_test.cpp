@@ -151,8 +151,8 @@ void check_optimizer(const json& j, const std::string& model, std::size_t tensor
     EXPECT_TRUE(r.at("gflops").is_null());
     seen.insert(r.at("strategy").get<std::string>());
   }
-  EXPECT_EQ(seen,
-            (std::set<std::string>{"native", "flat", "limit", "foreach", "linear", "stream", "auto", "fused"}));
+  EXPECT_EQ(seen, (std::set<std::string>{"native", "flat", "limit", "foreach", "linear", "stream",
+                                         "auto", "fused"}));
 }
 
 TEST_F(BenchTool, OptimizerResNet50TakesOnlyTrainableParameters) {
@@ -249,8 +249,8 @@ TEST_F(BenchTool, HelpExplainsEveryRowAndFlag) {
     EXPECT_NE(seed.output.find(word), std::string::npos) << word;
   const auto opt = run_bench("optimizer --help");
   ASSERT_EQ(opt.status, 0);
-  for (const char* word : {"native ", "flat ", "limit ", "foreach ", "linear ", "stream ", "auto ", "fused ",
-                           "--model", "--lr", "--weight-decay", "running_mean"})
+  for (const char* word : {"native ", "flat ", "limit ", "foreach ", "linear ", "stream ", "auto ",
+                           "fused ", "--model", "--lr", "--weight-decay", "running_mean"})
     EXPECT_NE(opt.output.find(word), std::string::npos) << word;
 }
 

@@ -75,7 +75,8 @@ TEST(InspectTool, BadFilesGiveOneLineErrors) {
   std::ofstream(path) << "not a checkpoint";
   const auto [status, out] = inspect(path);
   EXPECT_EQ(status, 1);
-  EXPECT_HAS(out, "treetensor-inspect: " + path + ": at byte 0: neither a zip-format nor a legacy torch.save file");
+  EXPECT_HAS(out, "treetensor-inspect: " + path +
+                      ": at byte 0: neither a zip-format nor a legacy torch.save file");
   const auto [s2, missing] = inspect("/nonexistent/x.pt");
   EXPECT_EQ(s2, 1);
   EXPECT_HAS(missing, "/nonexistent/x.pt: cannot open: No such file or directory");

@@ -13,7 +13,7 @@ using namespace io_test;
 namespace tt = treetensor;
 
 namespace {
-const char* const kFixtures[] = {"module_state", "adam_state", "checkpoint", "views",
+const char* const kFixtures[] = {"module_state", "adam_state", "checkpoint",   "views",
                                  "dtypes",       "params",     "plain_tensor", "legacy"};
 }  // namespace
 
@@ -26,8 +26,11 @@ TEST(IoCheckpoint, LoadsWhatPythonWrote) {
 
 TEST(IoCheckpoint, ViewsShareOneStorageAndTheFileIsNeverWritten) {
   const io::Object views = io::load(fixture("views.pt"));
-  auto tensor = [&](const char* key) { return std::get<at::Tensor>(views.tree.at(tr::Path{key}).leaf()); };
-  const at::Tensor base = tensor("base"), rows = tensor("rows"), t = tensor("t"), col = tensor("col");
+  auto tensor = [&](const char* key) {
+    return std::get<at::Tensor>(views.tree.at(tr::Path{key}).leaf());
+  };
+  const at::Tensor base = tensor("base"), rows = tensor("rows"), t = tensor("t"),
+                   col = tensor("col");
   for (const auto& v : {rows, t, col}) EXPECT_TRUE(v.storage().is_alias_of(base.storage()));
   EXPECT_EQ(rows.storage_offset(), 6);
   EXPECT_EQ(t.strides(), (std::vector<int64_t>{1, 6}));
@@ -47,7 +50,8 @@ TEST(IoCheckpoint, TensorsAndStateDictForms) {
   const tt::TreeTensor ckpt = io::load_tensors(fixture("checkpoint.pt"));
   EXPECT_TRUE(ckpt.contains(tr::Path{"optimizer", "state", "0", "exp_avg"}));
   EXPECT_FALSE(ckpt.contains(tr::Path{"epoch"}));
-  const tt::TreeTensor moved = io::load_tensors(fixture("plain_tensor.pt"), io::LoadOptions().device(at::kCPU));
+  const tt::TreeTensor moved =
+      io::load_tensors(fixture("plain_tensor.pt"), io::LoadOptions().device(at::kCPU));
   EXPECT_TRUE(moved.leaf().equal(at::arange(5)));
 }
 
@@ -57,7 +61,8 @@ TEST(IoCheckpoint, PythonLoadsWhatCppWrote) {
     SCOPED_TRACE(name);
     const std::string out = (dir / (std::string(name) + ".pt")).string();
     io::save(out, io::load(fixture(std::string(name) + ".pt")));
-    const auto [status, text] = python("check " + out + " " + fixture(std::string(name) + ".expect.json"));
+    const auto [status, text] =
+        python("check " + out + " " + fixture(std::string(name) + ".expect.json"));
     EXPECT_EQ(status, 0) << text;
     // And back: what C++ wrote, C++ reads as Python wrote it.
     expect_matches(io::load(out), expectation(name));
@@ -84,17 +89,20 @@ TEST(IoCheckpoint, StateDictSavedFromATreeLoadsIntoTheModule) {
   io::save_state_dict(out, io::load_state_dict(fixture("module_state.pt")));
   const auto [status, text] = python("check-module " + out);
   EXPECT_EQ(status, 0) << text;
-  EXPECT_THROW(io::save_state_dict(out, tt::TreeTensor{{"a.b", at::ones({1})}}), std::invalid_argument);
+  EXPECT_THROW(io::save_state_dict(out, tt::TreeTensor{{"a.b", at::ones({1})}}),
+               std::invalid_argument);
   std::filesystem::remove_all(dir);
 }
 
 TEST(IoSafetensors, LoadsTheFormatAndWritesItBack) {
   const io::SafetensorsFile f = io::load_safetensors(fixture("tensors.safetensors"));
-  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"author", "fixtures.py"}, {"format", "pt"}}));
+  EXPECT_EQ(f.metadata,
+            (std::map<std::string, std::string>{{"author", "fixtures.py"}, {"format", "pt"}}));
   // The expectation lists flat names; the tree holds them as paths.
   io::Object as_object;
   tr::Tree<io::Value>::Children children;
-  for (const auto& [key, tensor] : tt::to_state_dict(f.tensors)) children.emplace_back(key, io::Value(tensor));
+  for (const auto& [key, tensor] : tt::to_state_dict(f.tensors))
+    children.emplace_back(key, io::Value(tensor));
   as_object.tree = tr::Tree<io::Value>::from_children(std::move(children));
   json expect = expectation("tensors");
   expect["containers"] = json::array();
@@ -104,7 +112,8 @@ TEST(IoSafetensors, LoadsTheFormatAndWritesItBack) {
   const auto dir = scratch("safetensors");
   const std::string out = (dir / "out.safetensors").string();
   io::save_safetensors(out, f.tensors, f.metadata);
-  const auto [status, text] = python("check-safetensors " + out + " " + fixture("tensors.expect.json"));
+  const auto [status, text] =
+      python("check-safetensors " + out + " " + fixture("tensors.expect.json"));
   EXPECT_EQ(status, 0) << text;
   const io::SafetensorsFile again = io::load_safetensors(out);
   EXPECT_TRUE(tt::equal(again.tensors, f.tensors));
@@ -120,7 +129,7 @@ TEST(IoCheckpoint, SavingOverTheLoadedFileIsSafe) {
   std::filesystem::copy_file(fixture("views.pt"), file);
   const io::Object o = io::load(file);
   io::save(file, o);
-  expect_matches(o, expectation("views"));           // the loaded tree still reads its values
+  expect_matches(o, expectation("views"));               // the loaded tree still reads its values
   expect_matches(io::load(file), expectation("views"));  // and the file holds them
   const std::string st = (dir / "t.safetensors").string();
   std::filesystem::copy_file(fixture("tensors.safetensors"), st);
@@ -137,7 +146,8 @@ TEST(IoCheckpoint, OneStorageAsTwoDtypesIsRefusedOnSave) {
     io::save((dir / "x.pt").string(), tt::TreeTensor{{"x", x}, {"y", x.view(at::kInt)}});
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("'x' (Float) and 'y' (Int) view the same data as different dtypes"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "'x' (Float) and 'y' (Int) view the same data as different dtypes"),
               std::string::npos)
         << e.what();
   }

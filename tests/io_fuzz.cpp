@@ -84,8 +84,9 @@ int main(int argc, char** argv) {
     mutate_all(bytes, rng);
     ++files;
   }
-  std::printf("io_fuzz: %zu corpus files, %zu reader runs accepted, %zu refused with an exception\n",
-              files, accepted, refused);
+  std::printf(
+      "io_fuzz: %zu corpus files, %zu reader runs accepted, %zu refused with an exception\n", files,
+      accepted, refused);
   return files > 0 ? 0 : 1;
 }
 #endif

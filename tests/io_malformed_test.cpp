@@ -24,7 +24,9 @@ std::string read_file(const std::string& path) {
 
 class Malformed : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = scratch(::testing::UnitTest::GetInstance()->current_test_info()->name()); }
+  void SetUp() override {
+    dir_ = scratch(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string write(const std::string& name, const std::string& bytes) {
@@ -34,7 +36,8 @@ class Malformed : public ::testing::Test {
   }
   // A zip archive as torch.save lays it out, with our own data.pkl and records.
   std::string archive(const std::string& name, const std::string& pickle,
-                      const std::map<std::string, std::string>& records = {{"data/0", std::string(8, '\0')}}) {
+                      const std::map<std::string, std::string>& records = {
+                          {"data/0", std::string(8, '\0')}}) {
     const std::string p = (dir_ / name).string();
     caffe2::serialize::PyTorchStreamWriter w(p);
     w.writeRecord("data.pkl", pickle.data(), pickle.size());
@@ -75,10 +78,13 @@ std::string u32(std::uint32_t v) {
   for (int k = 0; k < 4; ++k) s[k] = static_cast<char>((v >> (8 * k)) & 0xff);
   return s;
 }
-std::string str(const std::string& s) { return "X" + u32(static_cast<std::uint32_t>(s.size())) + s; }
+std::string str(const std::string& s) {
+  return "X" + u32(static_cast<std::uint32_t>(s.size())) + s;
+}
 std::string integer(std::int64_t v) {
   std::string s = "\x8a\x08";
-  for (int k = 0; k < 8; ++k) s += static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * k)) & 0xff);
+  for (int k = 0; k < 8; ++k)
+    s += static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * k)) & 0xff);
   return s;
 }
 std::string ints(const std::vector<std::int64_t>& v) {
@@ -90,16 +96,18 @@ std::string ints(const std::vector<std::int64_t>& v) {
 std::string tensor_pickle(std::vector<std::int64_t> size, std::vector<std::int64_t> stride,
                           std::int64_t offset = 0, std::int64_t numel = 2,
                           const std::string& cls = "FloatStorage", bool grad = false) {
-  return std::string("\x80\x02}(") + str("t") + "ctorch._utils\n_rebuild_tensor_v2\n((" + str("storage") +
-         "ctorch\n" + cls + "\n" + str("0") + str("cpu") + integer(numel) + "tQ" + integer(offset) +
-         ints(size) + ints(stride) + (grad ? "\x88" : "\x89") + "ccollections\nOrderedDict\n)RtRu.";
+  return std::string("\x80\x02}(") + str("t") + "ctorch._utils\n_rebuild_tensor_v2\n((" +
+         str("storage") + "ctorch\n" + cls + "\n" + str("0") + str("cpu") + integer(numel) + "tQ" +
+         integer(offset) + ints(size) + ints(stride) + (grad ? "\x88" : "\x89") +
+         "ccollections\nOrderedDict\n)RtRu.";
 }
 
 }  // namespace
 
 TEST_F(Malformed, ZipStructure) {
   const std::string good = read_file(fixture("plain_tensor.pt"));
-  EXPECT_HAS(load_error(write("empty.pt", "")), "neither a zip-format nor a legacy torch.save file");
+  EXPECT_HAS(load_error(write("empty.pt", "")),
+             "neither a zip-format nor a legacy torch.save file");
   for (std::size_t cut : {std::size_t{10}, good.size() / 2, good.size() - 10, good.size() - 22}) {
     SCOPED_TRACE("truncated at " + std::to_string(cut));
     EXPECT_HAS(load_error(write("cut.pt", good.substr(0, cut))), "cut.pt: ");
@@ -128,11 +136,18 @@ TEST_F(Malformed, ZipStructure) {
 }
 
 TEST_F(Malformed, PickleOpcodesAndGlobals) {
-  EXPECT_HAS(load_error(archive("os.pt", "\x80\x02" "cos\nsystem\n" + str("ls") + "\x85R.")),
+  EXPECT_HAS(load_error(archive("os.pt",
+                                "\x80\x02"
+                                "cos\nsystem\n" +
+                                    str("ls") + "\x85R.")),
              "global 'os.system' is not allowed");
-  EXPECT_HAS(load_error(archive("eval.pt", "\x80\x02" "cbuiltins\neval\n" + str("1") + "\x85R.")),
+  EXPECT_HAS(load_error(archive("eval.pt",
+                                "\x80\x02"
+                                "cbuiltins\neval\n" +
+                                    str("1") + "\x85R.")),
              "global 'builtins.eval' is not allowed");
-  EXPECT_HAS(load_error(archive("inst.pt", "\x80\x02(i__main__\nX\n.")), "opcode 0x69 ('i') is not allowed");
+  EXPECT_HAS(load_error(archive("inst.pt", "\x80\x02(i__main__\nX\n.")),
+             "opcode 0x69 ('i') is not allowed");
   EXPECT_HAS(load_error(archive("memo.pt", "\x80\x02h\x05.")), "memo key 5 was never stored");
   EXPECT_HAS(load_error(archive("mark.pt", "\x80\x02N\x88t.")), "TUPLE without a MARK");
   EXPECT_HAS(load_error(archive("under.pt", "\x80\x02s.")), "stack underflow at SETITEM");
@@ -143,21 +158,31 @@ TEST_F(Malformed, PickleOpcodesAndGlobals) {
   EXPECT_HAS(load_error(archive("str.pt", "\x80\x02X" + u32(0x7fffffff) + "abc.")),
              "the input ends inside a BINUNICODE string (2147483647 bytes wanted");
   EXPECT_HAS(load_error(archive("proto.pt", "\x80\x09N.")), "pickle protocol 9");
-  EXPECT_HAS(load_error(archive("call.pt", "\x80\x02" "ctorch\nfloat32\n)R.")), "REDUCE of a value that is not a callable global");
+  EXPECT_HAS(load_error(archive("call.pt",
+                                "\x80\x02"
+                                "ctorch\nfloat32\n)R.")),
+             "REDUCE of a value that is not a callable global");
   // 2000 nested lists: refused at depth 1000 instead of exhausting the stack.
   std::string deep = "\x80\x02" + std::string(2000, ']') + std::string(1999, 'a') + ".";
   EXPECT_HAS(load_error(archive("deep.pt", deep)), "nesting deeper than 1000");
   // A list that contains itself: the same limit, no hang and no leak.
-  EXPECT_HAS(load_error(archive("cycle.pt", "\x80\x02]q\x01h\x01" "a.")), "nesting deeper than 1000");
+  EXPECT_HAS(load_error(archive("cycle.pt",
+                                "\x80\x02]q\x01h\x01"
+                                "a.")),
+             "nesting deeper than 1000");
 }
 
 TEST_F(Malformed, TensorsAndStorages) {
   EXPECT_HAS(load_error(archive("past.pt", tensor_pickle({10}, {1}))),
              "at 't': the tensor reaches past its storage '0' (8 bytes)");
-  EXPECT_HAS(load_error(archive("offset.pt", tensor_pickle({2}, {1}, 1))), "reaches past its storage");
-  EXPECT_HAS(load_error(archive("negative.pt", tensor_pickle({-2}, {1}))), "negative size or stride in dim 0");
-  EXPECT_HAS(load_error(archive("stride.pt", tensor_pickle({2, 2}, {1, -1}))), "negative size or stride in dim 1");
-  EXPECT_HAS(load_error(archive("huge.pt", tensor_pickle({std::int64_t{1} << 62, 4}, {4, 1}))), "overflows");
+  EXPECT_HAS(load_error(archive("offset.pt", tensor_pickle({2}, {1}, 1))),
+             "reaches past its storage");
+  EXPECT_HAS(load_error(archive("negative.pt", tensor_pickle({-2}, {1}))),
+             "negative size or stride in dim 0");
+  EXPECT_HAS(load_error(archive("stride.pt", tensor_pickle({2, 2}, {1, -1}))),
+             "negative size or stride in dim 1");
+  EXPECT_HAS(load_error(archive("huge.pt", tensor_pickle({std::int64_t{1} << 62, 4}, {4, 1}))),
+             "overflows");
   EXPECT_HAS(load_error(archive("numel.pt", tensor_pickle({2}, {1}, 0, 1000))),
              "storage '0' of 1000 Float elements needs more than its 8 bytes");
   EXPECT_HAS(load_error(archive("missing.pt", tensor_pickle({2}, {1}), {})), "data/0' is missing");
@@ -165,7 +190,8 @@ TEST_F(Malformed, TensorsAndStorages) {
              "requires_grad on a Long tensor");
   EXPECT_HAS(load_error(archive("class.pt", tensor_pickle({1}, {1}, 0, 1, "Tensor"))),
              "global 'torch.Tensor' is not allowed");
-  EXPECT_HAS(load_error(archive("dims.pt", tensor_pickle({2, 1}, {1}))), "a tensor with 2 sizes and 1 strides");
+  EXPECT_HAS(load_error(archive("dims.pt", tensor_pickle({2, 1}, {1}))),
+             "a tensor with 2 sizes and 1 strides");
   // The same tensor pickle with a correct storage loads: the cases above fail on one field only.
   const io::Object ok = io::load(archive("ok.pt", tensor_pickle({2}, {1})));
   EXPECT_TRUE(std::get<at::Tensor>(ok.tree.at(tr::Path{"t"}).leaf()).equal(at::zeros({2})));
@@ -187,53 +213,80 @@ TEST_F(Malformed, Safetensors) {
     return write(name, bytes + header + data);
   };
   const std::string f32x2 = std::string(8, '\0');
-  ASSERT_NO_THROW(io::load_safetensors(file("ok.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", f32x2)));
+  ASSERT_NO_THROW(io::load_safetensors(
+      file("ok.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", f32x2)));
   std::string huge(8, '\xff');
   EXPECT_HAS(safetensors_error(write("huge.safetensors", huge)), "(at most 100 MB)");
   std::string longer(8, '\0');
   longer[0] = 100;
-  EXPECT_HAS(safetensors_error(write("long.safetensors", longer + "{}")), "the input ends inside the header");
-  EXPECT_HAS(safetensors_error(file("json.safetensors", "{\"a\": ", "")), "the header is not valid UTF-8 JSON");
-  EXPECT_HAS(safetensors_error(file("utf8.safetensors", "{\"\xff\":{}}", "")), "the header is not valid UTF-8 JSON");
-  EXPECT_HAS(safetensors_error(file("dup.safetensors",
-                                    R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+  EXPECT_HAS(safetensors_error(write("long.safetensors", longer + "{}")),
+             "the input ends inside the header");
+  EXPECT_HAS(safetensors_error(file("json.safetensors", "{\"a\": ", "")),
+             "the header is not valid UTF-8 JSON");
+  EXPECT_HAS(safetensors_error(file("utf8.safetensors", "{\"\xff\":{}}", "")),
+             "the header is not valid UTF-8 JSON");
+  EXPECT_HAS(
+      safetensors_error(file(
+          "dup.safetensors",
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          f32x2)),
+      "the header names 'a' twice");
+  EXPECT_HAS(
+      safetensors_error(file(
+          "overlap.safetensors",
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          f32x2)),
+      "overlapping the tensor before it");
+  EXPECT_HAS(
+      safetensors_error(file("gap.safetensors",
+                             R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f32x2)),
+      "leaving a gap");
+  EXPECT_HAS(
+      safetensors_error(file("size.safetensors",
+                             R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f32x2)),
+      "tensor 'a': 8 bytes in data_offsets, its dtype and shape need 12");
+  EXPECT_HAS(
+      safetensors_error(file("tail.safetensors",
+                             R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", f32x2)),
+      "the tensors use 4 bytes of data, the file holds 8");
+  EXPECT_HAS(safetensors_error(file("f8.safetensors",
+                                    R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})",
                                     f32x2)),
-             "the header names 'a' twice");
-  EXPECT_HAS(safetensors_error(file("overlap.safetensors",
-                                    R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                                    f32x2)),
-             "overlapping the tensor before it");
-  EXPECT_HAS(safetensors_error(file("gap.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f32x2)),
-             "leaving a gap");
-  EXPECT_HAS(safetensors_error(file("size.safetensors", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f32x2)),
-             "tensor 'a': 8 bytes in data_offsets, its dtype and shape need 12");
-  EXPECT_HAS(safetensors_error(file("tail.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", f32x2)),
-             "the tensors use 4 bytes of data, the file holds 8");
-  EXPECT_HAS(safetensors_error(file("f8.safetensors", R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", f32x2)),
              "dtype F8_E4M3 has no LibTorch 1.13 type");
-  EXPECT_HAS(safetensors_error(file("q7.safetensors", R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", f32x2)),
-             "unknown dtype 'Q7'");
-  EXPECT_HAS(safetensors_error(file("meta.safetensors", R"({"__metadata__":{"x":1}})", "")), "__metadata__ 'x' is not a string");
-  EXPECT_HAS(safetensors_error(file("shape.safetensors", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2)),
-             "a dimension is not a non-negative integer");
-  EXPECT_HAS(safetensors_error(file("overflow.safetensors",
-                                    R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", f32x2)),
-             "its byte size overflows");
-  EXPECT_HAS(safetensors_error(file("fields.safetensors", R"({"a":{"dtype":"F32"}})", "")), "needs dtype, shape and data_offsets");
+  EXPECT_HAS(
+      safetensors_error(file("q7.safetensors",
+                             R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", f32x2)),
+      "unknown dtype 'Q7'");
+  EXPECT_HAS(safetensors_error(file("meta.safetensors", R"({"__metadata__":{"x":1}})", "")),
+             "__metadata__ 'x' is not a string");
+  EXPECT_HAS(
+      safetensors_error(file("shape.safetensors",
+                             R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2)),
+      "a dimension is not a non-negative integer");
+  EXPECT_HAS(
+      safetensors_error(file(
+          "overflow.safetensors",
+          R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", f32x2)),
+      "its byte size overflows");
+  EXPECT_HAS(safetensors_error(file("fields.safetensors", R"({"a":{"dtype":"F32"}})", "")),
+             "needs dtype, shape and data_offsets");
 }
 
 // PyTorch 2.x's additions, which Debian's PyTorch 1.13 cannot write: _rebuild_tensor_v3 with
 // an UntypedStorage and an explicit dtype, and the byteorder record.
 TEST_F(Malformed, PyTorch2AdditionsLoad) {
-  std::string pickle = std::string("\x80\x02}(") + str("t") + "ctorch._utils\n_rebuild_tensor_v3\n((" +
-                       str("storage") + "ctorch\nUntypedStorage\n" + str("0") + str("cpu") + integer(8) +
-                       "tQ" + integer(0) + ints({2}) + ints({1}) + "\x89" +
+  std::string pickle = std::string("\x80\x02}(") + str("t") +
+                       "ctorch._utils\n_rebuild_tensor_v3\n((" + str("storage") +
+                       "ctorch\nUntypedStorage\n" + str("0") + str("cpu") + integer(8) + "tQ" +
+                       integer(0) + ints({2}) + ints({1}) + "\x89" +
                        "ccollections\nOrderedDict\n)R" + "ctorch\nfloat32\n" + "N" + "tRu.";
   std::string data(8, '\0');
   const float values[2] = {1.5f, -2.0f};
   std::memcpy(data.data(), values, 8);
-  const io::Object o = io::load(archive("v3.pt", pickle, {{"data/0", data}, {"byteorder", "little"}}));
-  EXPECT_TRUE(std::get<at::Tensor>(o.tree.at(tr::Path{"t"}).leaf()).equal(at::tensor({1.5f, -2.0f})));
+  const io::Object o =
+      io::load(archive("v3.pt", pickle, {{"data/0", data}, {"byteorder", "little"}}));
+  EXPECT_TRUE(
+      std::get<at::Tensor>(o.tree.at(tr::Path{"t"}).leaf()).equal(at::tensor({1.5f, -2.0f})));
 }
 
 // Found by the break-it pass: each once crashed, hung or allocated without bound.
@@ -256,16 +309,19 @@ TEST_F(Malformed, SharedReferencesCannotMultiplyWithoutBound) {
     dag += "\x86q";
     dag += static_cast<char>(k + 1);
   }
-  EXPECT_HAS(load_error(archive("dag.pt", dag + "t.")), "the pickle refers to its objects more than");
+  EXPECT_HAS(load_error(archive("dag.pt", dag + "t.")),
+             "the pickle refers to its objects more than");
   // A list shared by set() many times: no copies while reading.
   std::string sets = "\x80\x02(](" + std::string(2000, 'N') + "eq\x01";
   for (int k = 0; k < 2000; ++k) sets += "c__builtin__\nset\nh\x01\x85R";
-  EXPECT_HAS(load_error(archive("sets.pt", sets + "t.")), "the pickle refers to its objects more than");
+  EXPECT_HAS(load_error(archive("sets.pt", sets + "t.")),
+             "the pickle refers to its objects more than");
 }
 
 TEST_F(Malformed, OverlappingZipRecords) {
-  const std::string good = read_file(archive("two.pt", tensor_pickle({2}, {1}),
-                                             {{"data/0", std::string(8, '\0')}, {"data/1", std::string(8, '\1')}}));
+  const std::string good =
+      read_file(archive("two.pt", tensor_pickle({2}, {1}),
+                        {{"data/0", std::string(8, '\0')}, {"data/1", std::string(8, '\1')}}));
   std::vector<std::size_t> entries;
   for (std::size_t p = good.find(std::string("PK\x01\x02", 4)); p != std::string::npos;
        p = good.find(std::string("PK\x01\x02", 4), p + 4))
@@ -280,7 +336,8 @@ TEST_F(Malformed, LegacyStorageKeysMustBeAListOfStrings) {
   const std::string magic("\x80\x02\x8a\x0al\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15);
   const std::string head = magic + "\x80\x02M\xe9\x03." + "\x80\x02}." + "\x80\x02N.";
   EXPECT_HAS(load_error(write("dict.pt", head + "\x80\x02}.")), "the storage keys are not a list");
-  EXPECT_HAS(load_error(write("nested.pt", head + "\x80\x02](]e.")), "storage key 0 is not a string");
+  EXPECT_HAS(load_error(write("nested.pt", head + "\x80\x02](]e.")),
+             "storage key 0 is not a string");
 }
 
 TEST_F(Malformed, WideSafetensorsHeaderIsParsedInLinearTime) {
@@ -289,8 +346,10 @@ TEST_F(Malformed, WideSafetensorsHeaderIsParsedInLinearTime) {
   header += "}";
   std::string bytes(8, '\0');
   for (int k = 0; k < 8; ++k) bytes[k] = static_cast<char>((header.size() >> (8 * k)) & 0xff);
-  EXPECT_HAS(safetensors_error(write("wide.safetensors", bytes + header)), "needs dtype, shape and data_offsets");
-  std::string zero = R"({"z":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})";
+  EXPECT_HAS(safetensors_error(write("wide.safetensors", bytes + header)),
+             "needs dtype, shape and data_offsets");
+  std::string zero =
+      R"({"z":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})";
   std::string zb(8, '\0');
   for (int k = 0; k < 8; ++k) zb[k] = static_cast<char>((zero.size() >> (8 * k)) & 0xff);
   EXPECT_HAS(safetensors_error(write("strides.safetensors", zb + zero)), "strides overflow int64");

@@ -50,11 +50,18 @@ inline tr::Path path_of(const json& keys) {
 
 inline std::string torch_name(at::ScalarType t) {
   std::string s = c10::toString(t);  // "Float" -> "float32" as Python prints it
-  static const std::map<std::string, std::string> names = {
-      {"Float", "float32"}, {"Double", "float64"}, {"Half", "float16"}, {"BFloat16", "bfloat16"},
-      {"Long", "int64"},    {"Int", "int32"},      {"Short", "int16"},  {"Char", "int8"},
-      {"Byte", "uint8"},    {"Bool", "bool"},      {"ComplexFloat", "complex64"},
-      {"ComplexDouble", "complex128"}};
+  static const std::map<std::string, std::string> names = {{"Float", "float32"},
+                                                           {"Double", "float64"},
+                                                           {"Half", "float16"},
+                                                           {"BFloat16", "bfloat16"},
+                                                           {"Long", "int64"},
+                                                           {"Int", "int32"},
+                                                           {"Short", "int16"},
+                                                           {"Char", "int8"},
+                                                           {"Byte", "uint8"},
+                                                           {"Bool", "bool"},
+                                                           {"ComplexFloat", "complex64"},
+                                                           {"ComplexDouble", "complex128"}};
   return names.at(s);
 }
 
@@ -113,8 +120,9 @@ inline void expect_matches(const io::Object& got, const json& expect) {
       for (const auto& b : e.at("value")) want += static_cast<char>(b.get<int>());
       EXPECT_EQ(std::get<io::Bytes>(v).data, want);
     } else if (type == "complex") {
-      EXPECT_EQ(std::get<std::complex<double>>(v),
-                std::complex<double>(e.at("value")[0].get<double>(), e.at("value")[1].get<double>()));
+      EXPECT_EQ(
+          std::get<std::complex<double>>(v),
+          std::complex<double>(e.at("value")[0].get<double>(), e.at("value")[1].get<double>()));
     } else if (type == "torch.dtype") {
       EXPECT_EQ(torch_name(std::get<at::ScalarType>(v)), e.at("value"));
     } else if (type == "torch.device") {
@@ -124,7 +132,8 @@ inline void expect_matches(const io::Object& got, const json& expect) {
   EXPECT_EQ(got.tree.leaf_count(), leaves) << "no leaves beyond the expected ones";
   for (const auto& c : expect.at("containers")) {
     const tr::Path path = path_of(c.at("path"));
-    EXPECT_EQ(io::container_name(got.kind(path)), c.at("kind").get<std::string>()) << path.describe();
+    EXPECT_EQ(io::container_name(got.kind(path)), c.at("kind").get<std::string>())
+        << path.describe();
   }
   std::set<tr::Path> int_keys;
   for (const auto& k : expect.at("int_keys")) int_keys.insert(path_of(k));

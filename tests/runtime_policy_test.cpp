@@ -206,7 +206,8 @@ TEST(Policy, ValuesAreTheSameUnderEveryStrategy) {
           ASSERT_TRUE(got[i].defined()) << mode.to_string() << " leaf " << i;
           // A lane runs BLAS with one thread and the fused form is one bmm: both may sum in
           // another order than the caller's mm (DESIGN.md §5), so the matmul rounding bound.
-          const auto agreement = treetensor::rounding::compare_matmul(got[i], expected[i], a[i], b[i]);
+          const auto agreement =
+              treetensor::rounding::compare_matmul(got[i], expected[i], a[i], b[i]);
           ASSERT_TRUE(agreement.holds())
               << mode.to_string() << " leaf " << i << ": " << agreement.describe();
         }

@@ -146,8 +146,9 @@ void expect_step_agrees(Op op, const std::vector<at::Tensor>& before,
                         const Program& p, int prog) {
   namespace rd = treetensor::rounding;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const rd::Agreement a = op == Op::matmul ? rd::compare_matmul(got[i], want[i], before[i], p.w[i])
-                                             : rd::compare_bitwise(got[i], want[i]);
+    const rd::Agreement a = op == Op::matmul
+                                ? rd::compare_matmul(got[i], want[i], before[i], p.w[i])
+                                : rd::compare_bitwise(got[i], want[i]);
     ASSERT_TRUE(a.holds()) << "program " << prog << ", " << name(op) << ", leaf " << i << ": "
                            << a.describe();
   }

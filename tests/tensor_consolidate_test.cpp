@@ -11,10 +11,11 @@ using namespace tt_test;
 
 TEST(Consolidate, OneAlignedBufferPerGroupInFlattenOrder) {
   at::manual_seed(2);
-  const TreeTensor t{{"a", at::randn({3})},
-                     {"b", TensorTree{{"x", at::randn({2, 5}, at::kDouble)}, {"y", at::randn({0})}}},
-                     {"c", at::scalar_tensor(4.0, at::kDouble)},
-                     {"i", at::arange(7)}};
+  const TreeTensor t{
+      {"a", at::randn({3})},
+      {"b", TensorTree{{"x", at::randn({2, 5}, at::kDouble)}, {"y", at::randn({0})}}},
+      {"c", at::scalar_tensor(4.0, at::kDouble)},
+      {"i", at::arange(7)}};
   EXPECT_FALSE(tt::is_consolidated(t));
   const TreeTensor c = tt::consolidate(t);
   ASSERT_TRUE(tt::is_consolidated(c));

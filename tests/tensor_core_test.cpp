@@ -360,7 +360,8 @@ TEST(TensorAttributes, TreesOfValuesAndSingle) {
     tt::single(t.dtype());
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "single: leaves disagree: 1 of 2 leaves hold Float; 'b.x' holds Double");
+    EXPECT_EQ(std::string(e.what()),
+              "single: leaves disagree: 1 of 2 leaves hold Float; 'b.x' holds Double");
   }
   EXPECT_THROW(tt::single(TreeTensor().dtype()), std::invalid_argument);
 }
@@ -409,8 +410,9 @@ TEST(TensorAttributes, BatchSizeIsTheSharedLeadingDimension) {
   };
   EXPECT_EQ(message(TreeTensor{{"a", at::zeros({8, 3})}, {"r", at::scalar_tensor(1.0)}}),
             "batch_size: leaf 'r' is 0-d (a scalar); it has no leading dimension");
-  EXPECT_EQ(message(TreeTensor{{"a", at::zeros({4})}, {"b", at::zeros({8})}, {"c", at::zeros({8, 2})}}),
-            "batch_size: leaves disagree on dim 0: 2 of 3 leaves hold 8; 'a' holds 4");
+  EXPECT_EQ(
+      message(TreeTensor{{"a", at::zeros({4})}, {"b", at::zeros({8})}, {"c", at::zeros({8, 2})}}),
+      "batch_size: leaves disagree on dim 0: 2 of 3 leaves hold 8; 'a' holds 4");
   EXPECT_EQ(message(TreeTensor()), "batch_size: the tree has no leaves");
 }
 

@@ -48,7 +48,7 @@ struct UnaryCase {
   at::Tensor (*native)(const at::Tensor&);
   void (*native_)(const at::Tensor&);
 };
-#define TT_UNARY_CASE(n, ...)                                              \
+#define TT_UNARY_CASE(n, ...)                                         \
   UnaryCase{#n, [](const tt::TensorTree& t) { return tt::n(t); },     \
             [](TreeTensor& t) -> TreeTensor& { return tt::n##_(t); }, \
             [](const at::Tensor& x) { return at::n(x); }, [](const at::Tensor& x) { x.n##_(); }},
@@ -60,7 +60,7 @@ struct PlainUnaryCase {
   TreeTensor (*tree)(const tt::TensorTree&);
   at::Tensor (*native)(const at::Tensor&);
 };
-#define TT_PLAIN_UNARY_CASE(n, ...)                                         \
+#define TT_PLAIN_UNARY_CASE(n, ...)                                    \
   PlainUnaryCase{#n, [](const tt::TensorTree& t) { return tt::n(t); }, \
                  [](const at::Tensor& x) { return at::n(x); }},
 const std::vector<PlainUnaryCase> plain_unary_cases = {TREETENSOR_UNARY_OPS(TT_PLAIN_UNARY_CASE)};
@@ -75,7 +75,7 @@ struct BinaryCase {
   void (*inplace_tt)(const at::Tensor&, const at::Tensor&);
   void (*inplace_ts)(const at::Tensor&, const at::Scalar&);
 };
-#define TT_BINARY_CASE(n, ...)                                                                       \
+#define TT_BINARY_CASE(n, ...)                                                                  \
   BinaryCase{#n,                                                                                \
              [](const tt::Operand& a, const tt::Operand& b) { return tt::n(a, b); },            \
              [](TreeTensor& a, const tt::Operand& b) -> TreeTensor& { return tt::n##_(a, b); }, \
@@ -91,7 +91,7 @@ struct TensorBinaryCase {
   TreeTensor (*tree)(const tt::Operand&, const tt::Operand&);
   at::Tensor (*native)(const at::Tensor&, const at::Tensor&);
 };
-#define TT_TBINARY_CASE(n, ...)                                                                     \
+#define TT_TBINARY_CASE(n, ...)                                                                \
   TensorBinaryCase{#n, [](const tt::Operand& a, const tt::Operand& b) { return tt::n(a, b); }, \
                    [](const at::Tensor& x, const at::Tensor& y) { return at::n(x, y); }},
 const std::vector<TensorBinaryCase> tensor_binary_cases = {
@@ -239,8 +239,8 @@ TEST_P(TensorOps, MatrixOpsAndTheirBatchedForm) {
   const TreeTensor a = randn_tree(sa), b = randn_tree(sb);
   expect_matmul_agrees(tt::matmul(a, b),
                        native([](auto& x, auto& y) { return at::matmul(x, y); }, a, b), a, b);
-  expect_matmul_agrees(tt::mm(a, b), native([](auto& x, auto& y) { return at::mm(x, y); }, a, b),
-                       a, b);
+  expect_matmul_agrees(tt::mm(a, b), native([](auto& x, auto& y) { return at::mm(x, y); }, a, b), a,
+                       b);
   expect_matmul_agrees(a.matmul(b), native([](auto& x, auto& y) { return at::matmul(x, y); }, a, b),
                        a, b);
   // Different shapes: per leaf.

@@ -34,10 +34,18 @@ struct Tracked {
 };
 double g_u = std::ldexp(1.0, -24);  // unit roundoff of the compute dtype
 
-Tracked round(double v, double e) { return {v, e + g_u * std::abs(v)}; }
-Tracked add(Tracked a, Tracked b) { return round(a.v + b.v, a.e + b.e); }
-Tracked scale(Tracked a, double c) { return round(a.v * c, std::abs(c) * a.e); }
-Tracked mul(Tracked a, Tracked b) { return round(a.v * b.v, std::abs(a.v) * b.e + std::abs(b.v) * a.e + a.e * b.e); }
+Tracked round(double v, double e) {
+  return {v, e + g_u * std::abs(v)};
+}
+Tracked add(Tracked a, Tracked b) {
+  return round(a.v + b.v, a.e + b.e);
+}
+Tracked scale(Tracked a, double c) {
+  return round(a.v * c, std::abs(c) * a.e);
+}
+Tracked mul(Tracked a, Tracked b) {
+  return round(a.v * b.v, std::abs(a.v) * b.e + std::abs(b.v) * a.e + a.e * b.e);
+}
 Tracked div(Tracked a, Tracked b) {
   const double z = a.v / b.v;
   return round(z, (a.e + std::abs(z) * b.e) / (std::abs(b.v) - b.e));
@@ -46,9 +54,13 @@ Tracked root(Tracked a) {
   const double z = std::sqrt(a.v);
   return round(z, a.e / (z + std::sqrt(std::max(a.v - a.e, 0.0))));
 }
-Tracked maximum(Tracked a, Tracked b) { return {std::max(a.v, b.v), std::max(a.e, b.e)}; }
+Tracked maximum(Tracked a, Tracked b) {
+  return {std::max(a.v, b.v), std::max(a.e, b.e)};
+}
 // A Scalar cast to the compute type (float32 kernels; float64 keeps it).
-double f(double x) { return g_u == std::ldexp(1.0, -24) ? double(float(x)) : x; }
+double f(double x) {
+  return g_u == std::ldexp(1.0, -24) ? double(float(x)) : x;
+}
 
 struct AdamCase {
   std::string name;
@@ -64,8 +76,9 @@ struct SgdCase {
 // Leaves of 0, 1, 7 and 1025 elements (the vector tail) and a 2-D one.
 TreeTensor params_tree(at::ScalarType dtype) {
   at::manual_seed(11);
-  return tt::tree::map([&](const tt::Shape& s) { return at::randn(s).to(dtype); },
-                       tt::ShapeTree{{"a", {0}}, {"b", {1}}, {"c", {7}}, {"d", {1025}}, {"e", {{"w", {33, 31}}}}});
+  return tt::tree::map(
+      [&](const tt::Shape& s) { return at::randn(s).to(dtype); },
+      tt::ShapeTree{{"a", {0}}, {"b", {1}}, {"c", {7}}, {"d", {1025}}, {"e", {{"w", {33, 31}}}}});
 }
 std::vector<TreeTensor> grads_trees(const TreeTensor& p, int steps) {
   std::vector<TreeTensor> out;
@@ -110,7 +123,8 @@ double check_against(const std::vector<double>& got, const std::vector<double>& 
   for (std::size_t i = 0; i < ref.size(); ++i) {
     const double bound = 1.01 * ref[i].e;
     EXPECT_LE(std::abs(got[i] - ref[i].v), bound) << what << " element " << i << " (ours)";
-    EXPECT_LE(std::abs(theirs[i] - ref[i].v), bound) << what << " element " << i << " (torch::optim)";
+    EXPECT_LE(std::abs(theirs[i] - ref[i].v), bound)
+        << what << " element " << i << " (torch::optim)";
     if (got[i] != theirs[i]) worst = std::max(worst, std::abs(got[i] - theirs[i]) / (2 * bound));
   }
   return worst;
@@ -124,7 +138,8 @@ std::vector<at::Tensor> torch_params(const TreeTensor& p) {
 
 void set_grads(std::vector<at::Tensor>& params, const TreeTensor& g, bool negate) {
   const auto gl = leaves(g);
-  for (std::size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = negate ? -gl[i] : gl[i].clone();
+  for (std::size_t i = 0; i < params.size(); ++i)
+    params[i].mutable_grad() = negate ? -gl[i] : gl[i].clone();
 }
 
 double run_adam_case(const AdamCase& c, at::ScalarType dtype, bool consolidated) {
@@ -134,11 +149,17 @@ double run_adam_case(const AdamCase& c, at::ScalarType dtype, bool consolidated)
   std::vector<at::Tensor> theirs = torch_params(p);
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (c.decoupled)
-    opt = std::make_unique<torch::optim::AdamW>(
-        theirs, torch::optim::AdamWOptions(c.lr).betas({c.b1, c.b2}).eps(c.eps).weight_decay(c.wd).amsgrad(c.amsgrad));
+    opt = std::make_unique<torch::optim::AdamW>(theirs, torch::optim::AdamWOptions(c.lr)
+                                                            .betas({c.b1, c.b2})
+                                                            .eps(c.eps)
+                                                            .weight_decay(c.wd)
+                                                            .amsgrad(c.amsgrad));
   else
-    opt = std::make_unique<torch::optim::Adam>(
-        theirs, torch::optim::AdamOptions(c.lr).betas({c.b1, c.b2}).eps(c.eps).weight_decay(c.wd).amsgrad(c.amsgrad));
+    opt = std::make_unique<torch::optim::Adam>(theirs, torch::optim::AdamOptions(c.lr)
+                                                           .betas({c.b1, c.b2})
+                                                           .eps(c.eps)
+                                                           .weight_decay(c.wd)
+                                                           .amsgrad(c.amsgrad));
   TreeTensor m = tt::zeros_like(p), v = tt::zeros_like(p), vmax = tt::zeros_like(p);
   if (consolidated) {
     p = tt::consolidate(p);
@@ -149,7 +170,13 @@ double run_adam_case(const AdamCase& c, at::ScalarType dtype, bool consolidated)
   AdamRef ref;
   for (double x : flat_values(p)) ref.p.push_back({x, 0});
   ref.m = ref.v = ref.vmax = std::vector<Tracked>(ref.p.size());
-  const auto o = tt::AdamOptions().lr(c.lr).betas(c.b1, c.b2).eps(c.eps).weight_decay(c.wd).amsgrad(c.amsgrad).maximize(c.maximize);
+  const auto o = tt::AdamOptions()
+                     .lr(c.lr)
+                     .betas(c.b1, c.b2)
+                     .eps(c.eps)
+                     .weight_decay(c.wd)
+                     .amsgrad(c.amsgrad)
+                     .maximize(c.maximize);
   for (int s = 1; s <= steps; ++s) {
     const TreeTensor g = consolidated ? tt::consolidate(grads[s - 1]) : grads[s - 1];
     if (c.decoupled)
@@ -209,8 +236,11 @@ TEST_P(OptimKernels, SgdAgreesWithTorchOptimToTheDerivedBound) {
       TreeTensor p = params_tree(at::kFloat);
       const auto grads = grads_trees(p, 10);
       std::vector<at::Tensor> theirs = torch_params(p);
-      torch::optim::SGD opt(theirs, torch::optim::SGDOptions(c.lr).momentum(c.momentum).dampening(c.dampening)
-                                        .weight_decay(c.wd).nesterov(c.nesterov));
+      torch::optim::SGD opt(theirs, torch::optim::SGDOptions(c.lr)
+                                        .momentum(c.momentum)
+                                        .dampening(c.dampening)
+                                        .weight_decay(c.wd)
+                                        .nesterov(c.nesterov));
       TreeTensor buf = tt::zeros_like(p);
       if (consolidated) {
         p = tt::consolidate(p);
@@ -219,10 +249,15 @@ TEST_P(OptimKernels, SgdAgreesWithTorchOptimToTheDerivedBound) {
       std::vector<Tracked> rp, rb;
       for (double x : flat_values(p)) rp.push_back({x, 0});
       rb.resize(rp.size());
-      const auto o = tt::SgdOptions(c.lr).momentum(c.momentum).dampening(c.dampening).weight_decay(c.wd)
-                         .nesterov(c.nesterov).maximize(c.maximize);
+      const auto o = tt::SgdOptions(c.lr)
+                         .momentum(c.momentum)
+                         .dampening(c.dampening)
+                         .weight_decay(c.wd)
+                         .nesterov(c.nesterov)
+                         .maximize(c.maximize);
       for (int s = 1; s <= 10; ++s) {
-        tt::sgd_step_single_pass(p, consolidated ? tt::consolidate(grads[s - 1]) : grads[s - 1], buf, s, o);
+        tt::sgd_step_single_pass(p, consolidated ? tt::consolidate(grads[s - 1]) : grads[s - 1],
+                                 buf, s, o);
         set_grads(theirs, grads[s - 1], c.maximize);
         opt.step();
         const auto g = flat_values(grads[s - 1]);
@@ -240,7 +275,8 @@ TEST_P(OptimKernels, SgdAgreesWithTorchOptimToTheDerivedBound) {
       for (const auto& x : theirs)
         for (double y : flat_values(TreeTensor(x.detach()))) torch_values.push_back(y);
       const double worst = check_against(flat_values(p), torch_values, rp, c.name);
-      std::cout << c.name << (consolidated ? " (consolidated)" : " (per leaf)") << ": worst " << worst << " of the bound\n";
+      std::cout << c.name << (consolidated ? " (consolidated)" : " (per leaf)") << ": worst "
+                << worst << " of the bound\n";
     }
 }
 
@@ -270,30 +306,34 @@ TEST_P(OptimKernels, PerLeafAndConsolidatedPathsAreBitwiseEqual) {
 TEST_P(OptimKernels, ErrorsAreClear) {
   TreeTensor p = params_tree(at::kFloat), m = tt::zeros_like(p), v = tt::zeros_like(p);
   const auto g = grads_trees(p, 1)[0];
-  EXPECT_THROW(tt::adam_step_single_pass(p, g, m, v, 1, tt::AdamOptions().amsgrad(true)), std::invalid_argument);
+  EXPECT_THROW(tt::adam_step_single_pass(p, g, m, v, 1, tt::AdamOptions().amsgrad(true)),
+               std::invalid_argument);
   EXPECT_THROW(tt::adam_step_single_pass(p, g, m, v, 0), std::invalid_argument);
-  EXPECT_THROW(tt::sgd_step_single_pass(p, g, m, 1, tt::SgdOptions(0.1).nesterov(true)), std::invalid_argument);
+  EXPECT_THROW(tt::sgd_step_single_pass(p, g, m, 1, tt::SgdOptions(0.1).nesterov(true)),
+               std::invalid_argument);
   TreeTensor other{{"a", at::zeros({0})}};
   EXPECT_THROW(tt::adam_step_single_pass(p, other, m, v, 1), tt::tree::StructureError);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, OptimKernels, ::testing::ValuesIn(strategies()), strategy_name);
+INSTANTIATE_TEST_SUITE_P(Strategies, OptimKernels, ::testing::ValuesIn(strategies()),
+                         strategy_name);
 
 // The portable and the AVX2 builds of the kernels (chosen at run time by the CPU) compute the
 // same bits: every operation rounds separately in both (no FMA contraction).
 namespace treetensor::detail {
 namespace isa_default {
-void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                 const AdamScalars&, int64_t, int64_t);
+void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                 const at::Tensor&, const AdamScalars&, int64_t, int64_t);
 }
 namespace isa_avx2 {
-void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                 const AdamScalars&, int64_t, int64_t);
+void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                 const at::Tensor&, const AdamScalars&, int64_t, int64_t);
 }
 }  // namespace treetensor::detail
 
 TEST(OptimKernelsIsa, PortableAndAvx2BuildsComputeTheSameBits) {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) GTEST_SKIP() << "no AVX2 on this CPU";
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    GTEST_SKIP() << "no AVX2 on this CPU";
   namespace d = treetensor::detail;
   at::manual_seed(5);
   for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
@@ -301,12 +341,22 @@ TEST(OptimKernelsIsa, PortableAndAvx2BuildsComputeTheSameBits) {
     const at::Tensor p = at::randn({n}).to(dtype), g = (at::randn({n}) * 0.1).to(dtype),
                      m = (at::randn({n}) * 1e-2).to(dtype), v = (at::rand({n}) * 1e-3).to(dtype),
                      x = (at::rand({n}) * 1e-3).to(dtype);
-    const d::AdamScalars s{0.9, 0.999, 1e-8, 0.01, 1e-3 / (1 - 0.9 * 0.9), std::sqrt(1 - 0.999 * 0.999),
-                           1 - 1e-3 * 0.01, false, true, true};
-    std::vector<at::Tensor> a{p.clone(), m.clone(), v.clone(), x.clone()}, b{p.clone(), m.clone(), v.clone(), x.clone()};
+    const d::AdamScalars s{0.9,
+                           0.999,
+                           1e-8,
+                           0.01,
+                           1e-3 / (1 - 0.9 * 0.9),
+                           std::sqrt(1 - 0.999 * 0.999),
+                           1 - 1e-3 * 0.01,
+                           false,
+                           true,
+                           true};
+    std::vector<at::Tensor> a{p.clone(), m.clone(), v.clone(), x.clone()},
+        b{p.clone(), m.clone(), v.clone(), x.clone()};
     d::isa_default::adam_kernel(a[0], g, a[1], a[2], a[3], s, 0, n);
     d::isa_avx2::adam_kernel(b[0], g, b[1], b[2], b[3], s, 0, n);
     for (int k = 0; k < 4; ++k)
-      EXPECT_TRUE(treetensor::rounding::compare_bitwise(b[k], a[k]).bitwise) << c10::toString(dtype) << " tensor " << k;
+      EXPECT_TRUE(treetensor::rounding::compare_bitwise(b[k], a[k]).bitwise)
+          << c10::toString(dtype) << " tensor " << k;
   }
 }

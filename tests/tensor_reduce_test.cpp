@@ -116,7 +116,8 @@ void expect_reductions_match_concatenation(const TreeTensor& t, const std::strin
     if (p == 0 || std::isinf(p) || all.numel() == 0)
       EXPECT_TRUE(got.equal(want)) << got << " vs " << want;
     else
-      EXPECT_LE(std::abs(value(got) - value(want)), norm_bound(all, t.leaf_count(), p, value(want), low));
+      EXPECT_LE(std::abs(value(got) - value(want)),
+                norm_bound(all, t.leaf_count(), p, value(want), low));
   }
   EXPECT_TRUE(tt::all(t).equal(all.all()));
   EXPECT_TRUE(tt::any(t).equal(all.any()));
@@ -259,9 +260,10 @@ TEST_P(TensorReduce, GradientsFlowThroughTreeOps) {
                           at::matmul(xd.abs(), wl.detach().to(at::kDouble).abs());
     const at::Tensor z = at::matmul(xd, wl.detach().to(at::kDouble));
     const at::Tensor local = 2 * at::sigmoid(z) * (1 - at::sigmoid(z));
-    const at::Tensor dg = 2 * (std::sqrt(3.0) / 18) * dz + 8 * rd::unit_roundoff(at::kFloat) * local;
-    const at::Tensor bound = at::matmul(xd.abs().t(), dg) +
-                             rd::matmul_bound(xl.t(), local.to(at::kFloat), at::kFloat);
+    const at::Tensor dg =
+        2 * (std::sqrt(3.0) / 18) * dz + 8 * rd::unit_roundoff(at::kFloat) * local;
+    const at::Tensor bound =
+        at::matmul(xd.abs().t(), dg) + rd::matmul_bound(xl.t(), local.to(at::kFloat), at::kFloat);
     const auto agreement = rd::compare_within(w.grad().at(p).leaf(), wl.grad(), bound);
     EXPECT_TRUE(agreement.holds()) << p.str() << ": " << agreement.describe();
   }

@@ -100,8 +100,8 @@ TEST_P(MatmulThreads, OneAndTwoBlasThreadsAgreeAndOneChangedElementIsCaught) {
   const auto agreement = rd::compare_matmul(two, one, a, b);
   EXPECT_TRUE(agreement.holds()) << agreement.describe();
   RecordProperty("worst_ratio", std::to_string(agreement.worst_ratio));
-  std::cout << m << "x" << k << " @ " << k << "x" << n << ", 2 vs 1 BLAS threads: "
-            << agreement.describe() << "\n";
+  std::cout << m << "x" << k << " @ " << k << "x" << n
+            << ", 2 vs 1 BLAS threads: " << agreement.describe() << "\n";
 
   // The largest-magnitude element moved by 1e-3 of its value lies outside the bound.
   at::Tensor changed = two.clone();
@@ -116,8 +116,7 @@ INSTANTIATE_TEST_SUITE_P(IssueSizes, MatmulThreads,
                          ::testing::Values(Sizes{64, 128, 256}, Sizes{128, 256, 512}),
                          [](const auto& info) {
                            return std::to_string(info.param.m) + "x" +
-                                  std::to_string(info.param.k) + "x" +
-                                  std::to_string(info.param.n);
+                                  std::to_string(info.param.k) + "x" + std::to_string(info.param.n);
                          });
 
 TEST(Rounding, MatmulBoundCoversNarrowDtypesAndVectors) {

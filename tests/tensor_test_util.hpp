@@ -72,7 +72,7 @@ inline void expect_same(const TensorTree& got, const TensorTree& want, bool exac
 /// BLAS with one thread and the fused form is one bmm, so the summation order may differ.
 /// `b_leaf(i)` gives the right factor of leaf i.
 template <class BLeaf>
-  requires std::invocable<BLeaf, std::size_t>
+requires std::invocable<BLeaf, std::size_t>
 void expect_matmul_agrees(const TensorTree& got, const TensorTree& want, const TensorTree& a,
                           BLeaf&& b_leaf) {
   ASSERT_EQ(paths(got), paths(want));

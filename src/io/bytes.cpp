@@ -51,7 +51,8 @@ c10::DataPtr Input::data_ptr(std::uint64_t offset, std::uint64_t n) const {
 Input map_file(const std::string& path) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; non-regular files are refused below.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw IoError(path, std::nullopt, std::string("cannot open: ") + std::strerror(errno));
+  if (fd < 0)
+    throw IoError(path, std::nullopt, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -116,8 +117,8 @@ std::uint64_t Cursor::be(int n, const char* what) {
 
 std::string_view Cursor::take(std::uint64_t n, const char* what) {
   if (n > left())
-    fail(std::string("the input ends inside ") + what + " (" + std::to_string(n) + " bytes wanted, " +
-         std::to_string(left()) + " left)");
+    fail(std::string("the input ends inside ") + what + " (" + std::to_string(n) +
+         " bytes wanted, " + std::to_string(left()) + " left)");
   const auto* p = reinterpret_cast<const char*>(b_.data + pos_);
   pos_ += n;
   return {p, static_cast<std::size_t>(n)};

@@ -16,18 +16,24 @@ namespace treetensor::io {
 // ---- Object -----------------------------------------------------------------------------------
 const char* container_name(Container kind) {
   switch (kind) {
-    case Container::dict: return "dict";
-    case Container::ordered_dict: return "OrderedDict";
-    case Container::list: return "list";
-    case Container::tuple: return "tuple";
-    case Container::set: return "set";
+    case Container::dict:
+      return "dict";
+    case Container::ordered_dict:
+      return "OrderedDict";
+    case Container::list:
+      return "list";
+    case Container::tuple:
+      return "tuple";
+    case Container::set:
+      return "set";
   }
   return "?";
 }
 
 const char* value_type_name(const Value& v) {
-  static constexpr const char* names[] = {"NoneType", "bool",  "int",         "float",        "complex",
-                                          "str",      "bytes", "torch.dtype", "torch.device", "Tensor"};
+  static constexpr const char* names[] = {"NoneType",     "bool",  "int",   "float",
+                                          "complex",      "str",   "bytes", "torch.dtype",
+                                          "torch.device", "Tensor"};
   return names[v.index()];
 }
 
@@ -66,8 +72,8 @@ Object to_object(const TensorTree& t) {
 }
 
 namespace {
-using detail::Input;
 using detail::Cursor;
+using detail::Input;
 
 // ---- loading ----------------------------------------------------------------------------------
 // A storage's bytes as an at::Storage: a view of `record` when aligned for its dtype, else a copy.
@@ -79,7 +85,8 @@ at::Storage make_storage(const detail::StorageRef& ref, Input record) {
                        c10::toString(ref.dtype) + " elements needs more than its " +
                        std::to_string(record.size) + " bytes");
   if (reinterpret_cast<std::uintptr_t>(record.data) % item != 0) record.owner.reset();  // copy
-  return at::Storage(at::Storage::use_byte_size_t(), need, record.data_ptr(0, need), nullptr, false);
+  return at::Storage(at::Storage::use_byte_size_t(), need, record.data_ptr(0, need), nullptr,
+                     false);
 }
 
 Object load_zip(const Input& file) {
@@ -97,23 +104,27 @@ Object load_zip(const Input& file) {
   if (auto order = records.find(prefix + "byteorder"); order != records.end()) {
     const std::string text(reinterpret_cast<const char*>(order->second.data), order->second.size);
     if (text != "little")
-      file.fail(order->second.data - file.data, "byteorder '" + text + "': only little-endian files load here");
+      file.fail(order->second.data - file.data,
+                "byteorder '" + text + "': only little-endian files load here");
   }
   std::uint64_t end = 0;
   const detail::Unpickled u = detail::unpickle(*pickle, 0, end);
   return u.to_object([&](std::size_t i) {
     const detail::StorageRef& ref = u.storages()[i];
     auto it = records.find(prefix + "data/" + ref.key);
-    if (it == records.end()) file.fail(0, "storage record '" + prefix + "data/" + ref.key + "' is missing");
+    if (it == records.end())
+      file.fail(0, "storage record '" + prefix + "data/" + ref.key + "' is missing");
     return make_storage(ref, it->second);
   });
 }
 
 // The legacy stream: magic number, protocol, sys info, object, storage keys, raw storages.
-constexpr std::string_view kLegacyMagic("\x80\x02\x8a\x0al\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15);
+constexpr std::string_view kLegacyMagic("\x80\x02\x8a\x0al\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.",
+                                        15);
 
 bool looks_legacy(const Input& b) {
-  return b.size >= kLegacyMagic.size() && std::memcmp(b.data, kLegacyMagic.data(), kLegacyMagic.size()) == 0;
+  return b.size >= kLegacyMagic.size() &&
+         std::memcmp(b.data, kLegacyMagic.data(), kLegacyMagic.size()) == 0;
 }
 
 Object load_legacy(const Input& file) {
@@ -141,9 +152,12 @@ Object load_legacy(const Input& file) {
       if (r.key == *key) ref = &r;
     if (!ref) c.fail("storage '" + *key + "' is not used by the object");
     const std::uint64_t numel = c.le(8, "a storage's element count");
-    if (numel != ref->numel) c.fail("storage '" + *key + "' holds " + std::to_string(numel) + " elements, the object says " + std::to_string(ref->numel));
+    if (numel != ref->numel)
+      c.fail("storage '" + *key + "' holds " + std::to_string(numel) +
+             " elements, the object says " + std::to_string(ref->numel));
     std::uint64_t bytes = 0;
-    if (!detail::mul_ok(numel, c10::elementSize(ref->dtype), bytes)) c.fail("a storage size overflows");
+    if (!detail::mul_ok(numel, c10::elementSize(ref->dtype), bytes))
+      c.fail("a storage size overflows");
     Input data = file.slice(c.pos(), bytes, ("storage '" + *key + "'").c_str());
     data.owner.reset();  // legacy storages are not aligned: copied
     c.take(bytes, "a storage");
@@ -151,7 +165,8 @@ Object load_legacy(const Input& file) {
   }
   return object.to_object([&](std::size_t i) {
     auto it = storages.find(object.storages()[i].key);
-    if (it == storages.end()) file.fail(pos, "storage '" + object.storages()[i].key + "' is missing");
+    if (it == storages.end())
+      file.fail(pos, "storage '" + object.storages()[i].key + "' is missing");
     return it->second;
   });
 }
@@ -223,15 +238,16 @@ TreeTensor load_state_dict(const std::string& path, const LoadOptions& options) 
 namespace {
 // The zip archive torch.save writes (records stored, 64-byte aligned), through `f`.
 void write_archive(std::FILE* f, const std::string& data, const std::vector<at::Tensor>& storages) {
-  caffe2::serialize::PyTorchStreamWriter writer(
-      [f](const void* p, std::size_t n) { return n ? std::fwrite(p, 1, n, f) : 0; });  // p may be null when n is 0
-    writer.writeRecord("data.pkl", data.data(), data.size());
-    writer.writeRecord("byteorder", "little", 6);
-    for (std::size_t i = 0; i < storages.size(); ++i) {
-      const at::Tensor bytes = storage_bytes(storages[i]);
-      writer.writeRecord("data/" + std::to_string(i), bytes.data_ptr(), bytes.numel());
-    }
-    writer.writeEndOfFile();
+  caffe2::serialize::PyTorchStreamWriter writer([f](const void* p, std::size_t n) {
+    return n ? std::fwrite(p, 1, n, f) : 0;
+  });  // p may be null when n is 0
+  writer.writeRecord("data.pkl", data.data(), data.size());
+  writer.writeRecord("byteorder", "little", 6);
+  for (std::size_t i = 0; i < storages.size(); ++i) {
+    const at::Tensor bytes = storage_bytes(storages[i]);
+    writer.writeRecord("data/" + std::to_string(i), bytes.data_ptr(), bytes.numel());
+  }
+  writer.writeEndOfFile();
 }
 }  // namespace
 

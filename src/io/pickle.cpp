@@ -43,22 +43,40 @@ const std::unordered_map<std::string, Allowed>& allowlist() {
       (*t)[std::string(b) + ".bytes"] = {Global::bytes};
     }
     const std::pair<const char*, c10::ScalarType> storages[] = {
-        {"Float", c10::kFloat},   {"Double", c10::kDouble},        {"Half", c10::kHalf},
-        {"BFloat16", c10::kBFloat16}, {"Long", c10::kLong},        {"Int", c10::kInt},
-        {"Short", c10::kShort},   {"Char", c10::kChar},            {"Byte", c10::kByte},
-        {"Bool", c10::kBool},     {"ComplexFloat", c10::kComplexFloat},
+        {"Float", c10::kFloat},
+        {"Double", c10::kDouble},
+        {"Half", c10::kHalf},
+        {"BFloat16", c10::kBFloat16},
+        {"Long", c10::kLong},
+        {"Int", c10::kInt},
+        {"Short", c10::kShort},
+        {"Char", c10::kChar},
+        {"Byte", c10::kByte},
+        {"Bool", c10::kBool},
+        {"ComplexFloat", c10::kComplexFloat},
         {"ComplexDouble", c10::kComplexDouble}};
     for (const auto& [name, dtype] : storages)
       (*t)[std::string("torch.") + name + "Storage"] = {Global::storage_class, dtype};
-    const std::pair<const char*, c10::ScalarType> dtypes[] = {
-        {"float32", c10::kFloat},   {"float", c10::kFloat},          {"float64", c10::kDouble},
-        {"double", c10::kDouble},   {"float16", c10::kHalf},         {"half", c10::kHalf},
-        {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong},         {"long", c10::kLong},
-        {"int32", c10::kInt},       {"int", c10::kInt},              {"int16", c10::kShort},
-        {"short", c10::kShort},     {"int8", c10::kChar},            {"uint8", c10::kByte},
-        {"bool", c10::kBool},       {"complex64", c10::kComplexFloat},
-        {"cfloat", c10::kComplexFloat}, {"complex128", c10::kComplexDouble},
-        {"cdouble", c10::kComplexDouble}};
+    const std::pair<const char*, c10::ScalarType> dtypes[] = {{"float32", c10::kFloat},
+                                                              {"float", c10::kFloat},
+                                                              {"float64", c10::kDouble},
+                                                              {"double", c10::kDouble},
+                                                              {"float16", c10::kHalf},
+                                                              {"half", c10::kHalf},
+                                                              {"bfloat16", c10::kBFloat16},
+                                                              {"int64", c10::kLong},
+                                                              {"long", c10::kLong},
+                                                              {"int32", c10::kInt},
+                                                              {"int", c10::kInt},
+                                                              {"int16", c10::kShort},
+                                                              {"short", c10::kShort},
+                                                              {"int8", c10::kChar},
+                                                              {"uint8", c10::kByte},
+                                                              {"bool", c10::kBool},
+                                                              {"complex64", c10::kComplexFloat},
+                                                              {"cfloat", c10::kComplexFloat},
+                                                              {"complex128", c10::kComplexDouble},
+                                                              {"cdouble", c10::kComplexDouble}};
     for (const auto& [name, dtype] : dtypes)
       (*t)[std::string("torch.") + name] = {Global::dtype, dtype};
     return t;
@@ -101,7 +119,8 @@ class Reader {
 
   void push(std::uint32_t i) { stack_.push_back(i); }
   std::uint32_t pop(const char* for_what) {
-    if (stack_.size() <= floor()) in_.fail_at(op_at_, std::string("stack underflow at ") + for_what);
+    if (stack_.size() <= floor())
+      in_.fail_at(op_at_, std::string("stack underflow at ") + for_what);
     const std::uint32_t v = stack_.back();
     stack_.pop_back();
     return v;
@@ -117,7 +136,8 @@ class Reader {
     return items;
   }
   std::uint32_t& top(const char* for_what) {
-    if (stack_.size() <= floor()) in_.fail_at(op_at_, std::string("stack underflow at ") + for_what);
+    if (stack_.size() <= floor())
+      in_.fail_at(op_at_, std::string("stack underflow at ") + for_what);
     return stack_.back();
   }
 
@@ -184,13 +204,15 @@ class Reader {
   }
 
   void set_items(std::uint32_t dict, const std::vector<std::uint32_t>& kv) {
-    Node& d = expect(dict, {Kind::dict, Kind::ordered_dict}, "SETITEM(S) on a value that is not a dict");
+    Node& d =
+        expect(dict, {Kind::dict, Kind::ordered_dict}, "SETITEM(S) on a value that is not a dict");
     if (kv.size() % 2) in_.fail_at(op_at_, "SETITEMS with an odd number of values");
     d.items.insert(d.items.end(), kv.begin(), kv.end());
   }
   void append(std::uint32_t list, const std::vector<std::uint32_t>& items, Kind kind) {
-    Node& l = expect(list, {kind}, kind == Kind::list ? "APPEND(S) on a value that is not a list"
-                                                     : "ADDITEMS on a value that is not a set");
+    Node& l = expect(list, {kind},
+                     kind == Kind::list ? "APPEND(S) on a value that is not a list"
+                                        : "ADDITEMS on a value that is not a set");
     if (l.flag) in_.fail_at(op_at_, "ADDITEMS on a set made from a list");
     l.items.insert(l.items.end(), items.begin(), items.end());
   }
@@ -227,10 +249,17 @@ bool Reader::step() {
       if (v > 5) in_.fail_at(op_at_, "pickle protocol " + std::to_string(v) + " (at most 5)");
       break;
     }
-    case 0x95: in_.le(8, "a FRAME length"); break;  // FRAME: framing only
-    case '.': return true;                           // STOP
-    case '(': marks_.push_back(stack_.size()); break;
-    case ')': push(add(Kind::tuple)); break;
+    case 0x95:
+      in_.le(8, "a FRAME length");
+      break;  // FRAME: framing only
+    case '.':
+      return true;  // STOP
+    case '(':
+      marks_.push_back(stack_.size());
+      break;
+    case ')':
+      push(add(Kind::tuple));
+      break;
     case 't': {
       Node n;
       n.kind = Kind::tuple;
@@ -238,7 +267,9 @@ bool Reader::step() {
       push(add(std::move(n)));
       break;
     }
-    case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+    case 0x85:
+    case 0x86:
+    case 0x87: {  // TUPLE1..3
       Node n;
       n.kind = Kind::tuple;
       n.items.resize(op - 0x84);
@@ -246,9 +277,15 @@ bool Reader::step() {
       push(add(std::move(n)));
       break;
     }
-    case ']': push(add(Kind::list)); break;
-    case '}': push(add(Kind::dict)); break;
-    case 0x8f: push(add(Kind::set)); break;  // EMPTY_SET
+    case ']':
+      push(add(Kind::list));
+      break;
+    case '}':
+      push(add(Kind::dict));
+      break;
+    case 0x8f:
+      push(add(Kind::set));
+      break;  // EMPTY_SET
     case 'a': {
       const std::uint32_t v = pop("APPEND");
       append(top("APPEND"), {v}, Kind::list);
@@ -274,15 +311,33 @@ bool Reader::step() {
       set_items(top("SETITEMS"), kv);
       break;
     }
-    case 'q': memo_put(in_.u8("a BINPUT key")); break;
-    case 'r': memo_put(in_.le(4, "a LONG_BINPUT key")); break;
-    case 0x94: memo_put(memo_.size()); break;  // MEMOIZE
-    case 'h': memo_get(in_.u8("a BINGET key")); break;
-    case 'j': memo_get(in_.le(4, "a LONG_BINGET key")); break;
-    case 'J': push(int_node(static_cast<std::int32_t>(in_.le(4, "a BININT")))); break;
-    case 'K': push(int_node(in_.u8("a BININT1"))); break;
-    case 'M': push(int_node(static_cast<std::int64_t>(in_.le(2, "a BININT2")))); break;
-    case 0x8a: push(int_node(long1())); break;
+    case 'q':
+      memo_put(in_.u8("a BINPUT key"));
+      break;
+    case 'r':
+      memo_put(in_.le(4, "a LONG_BINPUT key"));
+      break;
+    case 0x94:
+      memo_put(memo_.size());
+      break;  // MEMOIZE
+    case 'h':
+      memo_get(in_.u8("a BINGET key"));
+      break;
+    case 'j':
+      memo_get(in_.le(4, "a LONG_BINGET key"));
+      break;
+    case 'J':
+      push(int_node(static_cast<std::int32_t>(in_.le(4, "a BININT"))));
+      break;
+    case 'K':
+      push(int_node(in_.u8("a BININT1")));
+      break;
+    case 'M':
+      push(int_node(static_cast<std::int64_t>(in_.le(2, "a BININT2"))));
+      break;
+    case 0x8a:
+      push(int_node(long1()));
+      break;
     case 'G': {
       Node n;
       n.kind = Kind::floating;
@@ -290,12 +345,24 @@ bool Reader::step() {
       push(add(std::move(n)));
       break;
     }
-    case 'X': push(str_node(Kind::str, in_.take(in_.le(4, "a BINUNICODE length"), "a BINUNICODE string"))); break;
-    case 0x8c: push(str_node(Kind::str, in_.take(in_.u8("a SHORT_BINUNICODE length"), "a SHORT_BINUNICODE string"))); break;
-    case 'B': push(str_node(Kind::bytes, in_.take(in_.le(4, "a BINBYTES length"), "BINBYTES"))); break;
-    case 'C': push(str_node(Kind::bytes, in_.take(in_.u8("a SHORT_BINBYTES length"), "SHORT_BINBYTES"))); break;
-    case 'N': push(add(Kind::none)); break;
-    case 0x88: case 0x89: {
+    case 'X':
+      push(str_node(Kind::str, in_.take(in_.le(4, "a BINUNICODE length"), "a BINUNICODE string")));
+      break;
+    case 0x8c:
+      push(str_node(Kind::str,
+                    in_.take(in_.u8("a SHORT_BINUNICODE length"), "a SHORT_BINUNICODE string")));
+      break;
+    case 'B':
+      push(str_node(Kind::bytes, in_.take(in_.le(4, "a BINBYTES length"), "BINBYTES")));
+      break;
+    case 'C':
+      push(str_node(Kind::bytes, in_.take(in_.u8("a SHORT_BINBYTES length"), "SHORT_BINBYTES")));
+      break;
+    case 'N':
+      push(add(Kind::none));
+      break;
+    case 0x88:
+    case 0x89: {
       Node n;
       n.kind = Kind::boolean;
       n.flag = op == 0x88;
@@ -315,7 +382,9 @@ bool Reader::step() {
       global(node(module).s, node(name).s);
       break;
     }
-    case 'R': reduce(); break;
+    case 'R':
+      reduce();
+      break;
     case 'b': {  // BUILD: the state of an OrderedDict (its _metadata) or a Parameter is dropped
       pop("BUILD");
       Node& target = node(top("BUILD"));
@@ -323,10 +392,12 @@ bool Reader::step() {
         in_.fail_at(op_at_, "BUILD on a value that is not an OrderedDict or a Parameter");
       break;
     }
-    case 'Q': persistent_id(); break;
+    case 'Q':
+      persistent_id();
+      break;
     default:
-      in_.fail_at(op_at_, "opcode " + opcode_name(op) +
-                              " is not allowed (only what torch.save writes)");
+      in_.fail_at(op_at_,
+                  "opcode " + opcode_name(op) + " is not allowed (only what torch.save writes)");
   }
   return false;
 }
@@ -384,7 +455,8 @@ std::uint32_t Reader::rebuild_tensor(const Node& args, bool v3) {
     in_.fail_at(op_at_, std::string(v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2") + " with " +
                             std::to_string(args.items.size()) + " arguments (" +
                             std::to_string(want) + " expected)");
-  const Node& storage = expect(args.items[0], {Kind::storage}, "a tensor whose storage is not a storage");
+  const Node& storage =
+      expect(args.items[0], {Kind::storage}, "a tensor whose storage is not a storage");
   const Node& offset = node(args.items[1]);
   const Node& grad = node(args.items[4]);
   if (offset.kind != Kind::integer || grad.kind != Kind::boolean)
@@ -397,7 +469,8 @@ std::uint32_t Reader::rebuild_tensor(const Node& args, bool v3) {
   t.re = static_cast<double>(storage.i);  // storage index
   t.size = ints_of(out_, node(args.items[2]), in_, op_at_, "a tensor's size");
   t.stride = ints_of(out_, node(args.items[3]), in_, op_at_, "a tensor's stride");
-  if (v3) t.dtype = expect(args.items[6], {Kind::dtype}, "_rebuild_tensor_v3 without a dtype").dtype;
+  if (v3)
+    t.dtype = expect(args.items[6], {Kind::dtype}, "_rebuild_tensor_v3 without a dtype").dtype;
   if (t.size.size() != t.stride.size())
     in_.fail_at(op_at_, "a tensor with " + std::to_string(t.size.size()) + " sizes and " +
                             std::to_string(t.stride.size()) + " strides");
@@ -441,13 +514,15 @@ void Reader::reduce() {
       return;
     }
     case Global::size: {  // torch.Size(tuple) is that tuple (shared, not copied)
-      if (arg(0).kind != Kind::tuple) in_.fail_at(op_at_, "torch.Size of a value that is not a tuple");
+      if (arg(0).kind != Kind::tuple)
+        in_.fail_at(op_at_, "torch.Size of a value that is not a tuple");
       push(arg_index(0));
       return;
     }
     case Global::device: {
       Node& type = arg(0);
-      if (type.kind != Kind::str) in_.fail_at(op_at_, "torch.device of a value that is not a string");
+      if (type.kind != Kind::str)
+        in_.fail_at(op_at_, "torch.device of a value that is not a string");
       Node d;
       d.kind = Kind::device;
       d.s = type.s;
@@ -469,7 +544,8 @@ void Reader::reduce() {
         if (c < 0x80) {
           b.s += static_cast<char>(c);
         } else if ((c == 0xc2 || c == 0xc3) && k + 1 < text.size()) {
-          b.s += static_cast<char>(((c & 0x03) << 6) | (static_cast<std::uint8_t>(text[++k]) & 0x3f));
+          b.s +=
+              static_cast<char>(((c & 0x03) << 6) | (static_cast<std::uint8_t>(text[++k]) & 0x3f));
         } else {
           in_.fail_at(op_at_, "_codecs.encode of text that is not latin1");
         }
@@ -482,7 +558,8 @@ void Reader::reduce() {
       s.kind = Kind::set;
       if (n_args != 0) {
         const Node& l = arg(0);
-        if (l.kind != Kind::list && l.kind != Kind::tuple) in_.fail_at(op_at_, "set() of a non-list");
+        if (l.kind != Kind::list && l.kind != Kind::tuple)
+          in_.fail_at(op_at_, "set() of a non-list");
         s.flag = true;
         s.i = arg_index(0);
       }
@@ -533,40 +610,53 @@ class Converter {
   [[noreturn]] void fail(const tree::Path& path, const std::string& what) const {
     std::string where = path.describe();
     if (path.size() > 12) {  // a deep path (a cycle, a nesting bomb): its first keys suffice
-      where = tree::Path(std::vector<std::string>(path.begin(), path.begin() + 12)).describe() + ". ... (" +
-              std::to_string(path.size()) + " keys)";
+      where = tree::Path(std::vector<std::string>(path.begin(), path.begin() + 12)).describe() +
+              ". ... (" + std::to_string(path.size()) + " keys)";
     }
     throw IoError(u_.name, std::nullopt, "at '" + where + "': " + what);
   }
 
   tree::Tree<Value> convert(std::uint32_t i, tree::Path& path, Object& out, int depth) {
-    if (depth > kMaxDepth) fail(path, "nesting deeper than " + std::to_string(kMaxDepth) + " (or a cycle)");
+    if (depth > kMaxDepth)
+      fail(path, "nesting deeper than " + std::to_string(kMaxDepth) + " (or a cycle)");
     if (++converted_ > budget())
       fail(path, "the pickle refers to its objects more than " + std::to_string(budget()) +
                      " times in all (shared objects repeated, e.g. a memo bomb)");
     const Node& n = u_.nodes[i];
     switch (n.kind) {
-      case Kind::none: return Value(std::monostate{});
-      case Kind::boolean: return Value(n.flag);
-      case Kind::integer: return Value(n.i);
-      case Kind::floating: return Value(n.re);
-      case Kind::complex: return Value(std::complex<double>(n.re, n.im));
-      case Kind::str: return Value(n.s);
-      case Kind::bytes: return Value(io::Bytes{n.s});
-      case Kind::dtype: return Value(n.dtype);
-      case Kind::device: return Value(device(n.s, path));
+      case Kind::none:
+        return Value(std::monostate{});
+      case Kind::boolean:
+        return Value(n.flag);
+      case Kind::integer:
+        return Value(n.i);
+      case Kind::floating:
+        return Value(n.re);
+      case Kind::complex:
+        return Value(std::complex<double>(n.re, n.im));
+      case Kind::str:
+        return Value(n.s);
+      case Kind::bytes:
+        return Value(io::Bytes{n.s});
+      case Kind::dtype:
+        return Value(n.dtype);
+      case Kind::device:
+        return Value(device(n.s, path));
       case Kind::tensor: {
         if (n.parameter) out.parameters.insert(path);
         return Value(tensor(n, path));
       }
       case Kind::dict:
-      case Kind::ordered_dict: return dict(n, path, out, depth);
+      case Kind::ordered_dict:
+        return dict(n, path, out, depth);
       case Kind::tuple:
       case Kind::list:
-      case Kind::set: return sequence(n, path, out, depth);
+      case Kind::set:
+        return sequence(n, path, out, depth);
       case Kind::global:
-      case Kind::storage: fail(path, "a bare " + (n.kind == Kind::global ? "'" + n.s + "'" : std::string("storage")) +
-                                         " is not a value treetensor loads");
+      case Kind::storage:
+        fail(path, "a bare " + (n.kind == Kind::global ? "'" + n.s + "'" : std::string("storage")) +
+                       " is not a value treetensor loads");
     }
     fail(path, "unknown value");
   }
@@ -591,15 +681,17 @@ class Converter {
     try {
       return tree::Tree<Value>::from_children(std::move(children));
     } catch (const std::invalid_argument& e) {
-      fail(path, std::string(e.what()) + " (the same key twice, or an int and a str that read alike)");
+      fail(path,
+           std::string(e.what()) + " (the same key twice, or an int and a str that read alike)");
     }
   }
 
   tree::Tree<Value> sequence(const Node& n, tree::Path& path, Object& out, int depth) {
-    out.kinds[path] = n.kind == Kind::tuple ? Container::tuple
+    out.kinds[path] = n.kind == Kind::tuple  ? Container::tuple
                       : n.kind == Kind::list ? Container::list
                                              : Container::set;
-    const auto& items = n.flag ? u_.nodes[static_cast<std::size_t>(n.i)].items : n.items;  // set(list)
+    const auto& items =
+        n.flag ? u_.nodes[static_cast<std::size_t>(n.i)].items : n.items;  // set(list)
     tree::Tree<Value>::Children children;
     for (std::size_t k = 0; k < items.size(); ++k) {
       path.push_back(std::to_string(k));
@@ -723,14 +815,18 @@ class Writer {
     switch (kind) {
       case Container::dict:
       case Container::ordered_dict: {
-        if (kind == Container::dict) op('}');
-        else empty_ordered_dict();
+        if (kind == Container::dict)
+          op('}');
+        else
+          empty_ordered_dict();
         if (t.size() == 0) return;
         op('(');
         for (const auto& [key, child] : t.children()) {
           path.push_back(key);
-          if (object_.int_keys.count(path)) integer(int_key(key, path));
-          else str(key);
+          if (object_.int_keys.count(path))
+            integer(int_key(key, path));
+          else
+            str(key);
           value(child, path);
           path.pop_back();
         }
@@ -749,7 +845,8 @@ class Writer {
           if (!child)
             throw std::invalid_argument("save: the " + std::string(container_name(kind)) + " at '" +
                                         path.describe() + "' has no item " + std::to_string(k) +
-                                        " (its keys must be 0.." + std::to_string(t.size() - 1) + ")");
+                                        " (its keys must be 0.." + std::to_string(t.size() - 1) +
+                                        ")");
           value(*child, path);
           path.pop_back();
         }
@@ -822,24 +919,39 @@ class Writer {
 
   static std::string dtype_name(at::ScalarType t) {
     switch (t) {
-      case at::kFloat: return "float32";
-      case at::kDouble: return "float64";
-      case at::kHalf: return "float16";
-      case at::kBFloat16: return "bfloat16";
-      case at::kLong: return "int64";
-      case at::kInt: return "int32";
-      case at::kShort: return "int16";
-      case at::kChar: return "int8";
-      case at::kByte: return "uint8";
-      case at::kBool: return "bool";
-      case at::kComplexFloat: return "complex64";
-      case at::kComplexDouble: return "complex128";
-      default: throw std::invalid_argument(std::string("save: dtype ") + c10::toString(t) + " has no torch name");
+      case at::kFloat:
+        return "float32";
+      case at::kDouble:
+        return "float64";
+      case at::kHalf:
+        return "float16";
+      case at::kBFloat16:
+        return "bfloat16";
+      case at::kLong:
+        return "int64";
+      case at::kInt:
+        return "int32";
+      case at::kShort:
+        return "int16";
+      case at::kChar:
+        return "int8";
+      case at::kByte:
+        return "uint8";
+      case at::kBool:
+        return "bool";
+      case at::kComplexFloat:
+        return "complex64";
+      case at::kComplexDouble:
+        return "complex128";
+      default:
+        throw std::invalid_argument(std::string("save: dtype ") + c10::toString(t) +
+                                    " has no torch name");
     }
   }
 
   void tensor(const at::Tensor& t, const tree::Path& path) {
-    if (!t.defined()) throw std::invalid_argument("save: the tensor at '" + path.describe() + "' is undefined");
+    if (!t.defined())
+      throw std::invalid_argument("save: the tensor at '" + path.describe() + "' is undefined");
     const bool parameter = object_.parameters.count(path) > 0;
     if (parameter) global("torch._utils", "_rebuild_parameter");
     if (parameter) op('(');
@@ -852,10 +964,11 @@ class Writer {
       storages_.push_back(t);
       paths_.push_back(path);
     } else if (storages_[it->second].scalar_type() != t.scalar_type()) {
-      throw std::invalid_argument(
-          "save: '" + paths_[it->second].describe() + "' (" + c10::toString(storages_[it->second].scalar_type()) +
-          ") and '" + path.describe() + "' (" + c10::toString(t.scalar_type()) +
-          ") view the same data as different dtypes, which a torch.save file cannot hold (as torch.save)");
+      throw std::invalid_argument("save: '" + paths_[it->second].describe() + "' (" +
+                                  c10::toString(storages_[it->second].scalar_type()) + ") and '" +
+                                  path.describe() + "' (" + c10::toString(t.scalar_type()) +
+                                  ") view the same data as different dtypes, which a torch.save "
+                                  "file cannot hold (as torch.save)");
     }
     const std::uint64_t item = t.element_size();
     op('(');
@@ -904,18 +1017,30 @@ std::string pickle(const Object& object, std::vector<at::Tensor>& storages) {
 
 std::string storage_class(c10::ScalarType dtype) {
   switch (dtype) {
-    case c10::kFloat: return "FloatStorage";
-    case c10::kDouble: return "DoubleStorage";
-    case c10::kHalf: return "HalfStorage";
-    case c10::kBFloat16: return "BFloat16Storage";
-    case c10::kLong: return "LongStorage";
-    case c10::kInt: return "IntStorage";
-    case c10::kShort: return "ShortStorage";
-    case c10::kChar: return "CharStorage";
-    case c10::kByte: return "ByteStorage";
-    case c10::kBool: return "BoolStorage";
-    case c10::kComplexFloat: return "ComplexFloatStorage";
-    case c10::kComplexDouble: return "ComplexDoubleStorage";
+    case c10::kFloat:
+      return "FloatStorage";
+    case c10::kDouble:
+      return "DoubleStorage";
+    case c10::kHalf:
+      return "HalfStorage";
+    case c10::kBFloat16:
+      return "BFloat16Storage";
+    case c10::kLong:
+      return "LongStorage";
+    case c10::kInt:
+      return "IntStorage";
+    case c10::kShort:
+      return "ShortStorage";
+    case c10::kChar:
+      return "CharStorage";
+    case c10::kByte:
+      return "ByteStorage";
+    case c10::kBool:
+      return "BoolStorage";
+    case c10::kComplexFloat:
+      return "ComplexFloatStorage";
+    case c10::kComplexDouble:
+      return "ComplexDoubleStorage";
     default:
       throw std::invalid_argument(std::string("save: no torch storage class for dtype ") +
                                   c10::toString(dtype));

@@ -24,21 +24,47 @@ namespace treetensor::io::detail {
 
 /// A storage that a pickle refers to through a persistent id.
 struct StorageRef {
-  std::string key;            ///< record name (zip: data/<key>) or legacy storage key
-  c10::ScalarType dtype;      ///< from the storage class (or v3's dtype argument)
-  std::uint64_t numel = 0;    ///< elements, as the persistent id says
-  std::string location;       ///< "cpu", "cuda:0", ...
+  std::string key;          ///< record name (zip: data/<key>) or legacy storage key
+  c10::ScalarType dtype;    ///< from the storage class (or v3's dtype argument)
+  std::uint64_t numel = 0;  ///< elements, as the persistent id says
+  std::string location;     ///< "cpu", "cuda:0", ...
 };
 
 enum class Kind : std::uint8_t {
-  none, boolean, integer, floating, complex, str, bytes, tuple, list, dict, ordered_dict, set,
-  global, dtype, device, storage, tensor
+  none,
+  boolean,
+  integer,
+  floating,
+  complex,
+  str,
+  bytes,
+  tuple,
+  list,
+  dict,
+  ordered_dict,
+  set,
+  global,
+  dtype,
+  device,
+  storage,
+  tensor
 };
 
 // What an allowlisted global is, when called (REDUCE) or used as a value.
 enum class Global : std::uint8_t {
-  ordered_dict, rebuild_v2, rebuild_v3, rebuild_parameter, rebuild_parameter_state, storage_class,
-  size, device, dtype, codecs_encode, set, complex, bytes
+  ordered_dict,
+  rebuild_v2,
+  rebuild_v3,
+  rebuild_parameter,
+  rebuild_parameter_state,
+  storage_class,
+  size,
+  device,
+  dtype,
+  codecs_encode,
+  set,
+  complex,
+  bytes
 };
 
 /// One Python object of an unpickled stream (an arena entry).
@@ -50,8 +76,8 @@ struct PyNode {
   c10::ScalarType dtype = c10::kFloat;  // dtype value, storage class, tensor dtype
   std::int64_t i = 0;                   // int; tensor: storage offset; storage: index
   double re = 0, im = 0;
-  std::string s;                        // str, bytes, global name, device text
-  std::vector<std::uint32_t> items;     // tuple/list/set; dict: key, value, key, value, ...
+  std::string s;                     // str, bytes, global name, device text
+  std::vector<std::uint32_t> items;  // tuple/list/set; dict: key, value, key, value, ...
   std::vector<std::int64_t> size, stride;
 };
 
@@ -67,7 +93,7 @@ class Unpickled {
   std::vector<PyNode> nodes;  // the arena; index 0 unused
   std::uint32_t root = 0;
   std::vector<StorageRef> storages_;
-  std::string name;          // file, for messages
+  std::string name;  // file, for messages
 };
 
 /// Reads one pickle starting at `start`; `end` receives the offset after its STOP.

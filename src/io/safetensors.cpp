@@ -25,10 +25,10 @@ struct DtypeName {
   const char* name;
   c10::ScalarType dtype;
 };
-constexpr DtypeName kDtypes[] = {{"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf},
-                                 {"BF16", c10::kBFloat16}, {"I64", c10::kLong}, {"I32", c10::kInt},
-                                 {"I16", c10::kShort}, {"I8", c10::kChar}, {"U8", c10::kByte},
-                                 {"BOOL", c10::kBool}};
+constexpr DtypeName kDtypes[] = {
+    {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf},  {"BF16", c10::kBFloat16},
+    {"I64", c10::kLong},   {"I32", c10::kInt},   {"I16", c10::kShort}, {"I8", c10::kChar},
+    {"U8", c10::kByte},    {"BOOL", c10::kBool}};
 constexpr const char* kUnsupported[] = {"F8_E4M3", "F8_E5M2", "U16", "U32", "U64"};
 
 struct Entry {
@@ -90,7 +90,8 @@ c10::ScalarType dtype_of(const Input& file, const std::string& name, const json&
   for (const auto& [n, t] : kDtypes)
     if (text == n) return t;
   for (const char* n : kUnsupported)
-    if (text == n) file.fail(8, "tensor '" + name + "': dtype " + text + " has no LibTorch 1.13 type");
+    if (text == n)
+      file.fail(8, "tensor '" + name + "': dtype " + text + " has no LibTorch 1.13 type");
   file.fail(8, "tensor '" + name + "': unknown dtype '" + text + "'");
 }
 
@@ -113,7 +114,8 @@ std::vector<Entry> entries_of(const Input& file, const json& header,
     Entry e{name, dtype_of(file, name, info["dtype"]), {}, 0, 0};
     if (!info["shape"].is_array()) bad("shape is not a list");
     for (const auto& d : info["shape"]) {
-      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > std::uint64_t(INT64_MAX)) bad("a dimension is not a non-negative integer");
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > std::uint64_t(INT64_MAX))
+        bad("a dimension is not a non-negative integer");
       e.shape.push_back(d.get<std::int64_t>());
     }
     const auto& offsets = info["data_offsets"];
@@ -125,7 +127,8 @@ std::vector<Entry> entries_of(const Input& file, const json& header,
     if (e.end < e.begin) bad("data_offsets end before they begin");
     std::uint64_t bytes = c10::elementSize(e.dtype);
     for (auto d : e.shape)
-      if (!detail::mul_ok(bytes, static_cast<std::uint64_t>(d), bytes)) bad("its byte size overflows");
+      if (!detail::mul_ok(bytes, static_cast<std::uint64_t>(d), bytes))
+        bad("its byte size overflows");
     if (bytes != e.end - e.begin)
       file.fail(8, "tensor '" + name + "': " + std::to_string(e.end - e.begin) +
                        " bytes in data_offsets, its dtype and shape need " + std::to_string(bytes));
@@ -136,8 +139,9 @@ std::vector<Entry> entries_of(const Input& file, const json& header,
 
 // Offsets must tile the data exactly: from 0, no gap, no overlap, to the end of the file.
 void check_layout(const Input& file, std::vector<Entry>& entries, std::uint64_t data_at) {
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   std::uint64_t expected = 0;
   for (const auto& e : entries) {
     if (e.begin != expected)
@@ -148,7 +152,8 @@ void check_layout(const Input& file, std::vector<Entry>& entries, std::uint64_t 
     expected = e.end;
   }
   if (data_at + expected != file.size)
-    file.fail(data_at + expected, "the tensors use " + std::to_string(expected) + " bytes of data, the file holds " +
+    file.fail(data_at + expected, "the tensors use " + std::to_string(expected) +
+                                      " bytes of data, the file holds " +
                                       std::to_string(file.size - data_at));
 }
 
@@ -222,7 +227,8 @@ void save_safetensors(const std::string& path, const TensorTree& tensors,
     std::fwrite(length, 1, 8, f);
     std::fwrite(text.data(), 1, text.size(), f);
     for (const auto& x : data)
-      if (x.nbytes() > 0) std::fwrite(x.data_ptr(), 1, x.nbytes(), f);  // an empty tensor's pointer may be null
+      if (x.nbytes() > 0)
+        std::fwrite(x.data_ptr(), 1, x.nbytes(), f);  // an empty tensor's pointer may be null
   });
 }
 

@@ -80,7 +80,8 @@ void zip64_extra(Cursor extra, std::uint64_t& size, std::uint64_t& csize, std::u
 
 Input record(const Input& b, Cursor& c, std::string& name) {
   const std::uint64_t at = c.pos();
-  if (c.le(4, "a central directory entry") != kCentral) c.fail_at(at, "not a central directory entry");
+  if (c.le(4, "a central directory entry") != kCentral)
+    c.fail_at(at, "not a central directory entry");
   c.take(6, "versions and flags");
   const auto method = c.le(2, "the compression method");
   c.take(8, "time and CRC");

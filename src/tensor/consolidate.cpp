@@ -23,7 +23,8 @@ Layout layout_of(const std::vector<const at::Tensor*>& leaves) {
   Layout l;
   for (const at::Tensor* x : leaves) {
     const Group key{x->scalar_type(), x->device()};
-    const auto g = static_cast<std::size_t>(std::find(l.groups.begin(), l.groups.end(), key) - l.groups.begin());
+    const auto g = static_cast<std::size_t>(std::find(l.groups.begin(), l.groups.end(), key) -
+                                            l.groups.begin());
     if (g == l.groups.size()) {  // a new group (there are few: a linear search)
       l.groups.push_back(key);
       l.total.push_back(0);
@@ -42,7 +43,8 @@ std::vector<const at::Tensor*> defined_leaves(const TensorTree& t) {
   const auto flat = tree::flatten_refs(t);
   for (std::size_t i = 0; i < flat.leaves.size(); ++i)
     if (!flat.leaves[i]->defined())
-      throw std::invalid_argument("consolidate: leaf '" + flat.spec.paths()[i].describe() + "' is undefined");
+      throw std::invalid_argument("consolidate: leaf '" + flat.spec.paths()[i].describe() +
+                                  "' is undefined");
   return flat.leaves;
 }
 
@@ -67,7 +69,8 @@ std::vector<ConsolidatedGroup> consolidated_groups(const TensorTree& t) {
       g.buffer = at::empty({0}, x.options().requires_grad(false));
       g.buffer.set_(x.storage(), 0, {l.total[l.group[i]]}, {1});
     }
-    if (!x.storage().is_alias_of(g.buffer.storage()) || x.storage_offset() != l.offset[i]) return {};
+    if (!x.storage().is_alias_of(g.buffer.storage()) || x.storage_offset() != l.offset[i])
+      return {};
     g.ranges.emplace_back(l.offset[i], x.numel());
   }
   return out;
@@ -79,7 +82,8 @@ TreeTensor consolidate(const TensorTree& t) {
   const Layout l = layout_of(leaves);
   std::vector<at::Tensor> buffers;
   for (std::size_t g = 0; g < l.groups.size(); ++g)
-    buffers.push_back(at::zeros({l.total[g]}, at::TensorOptions().dtype(l.groups[g].first).device(l.groups[g].second)));
+    buffers.push_back(at::zeros(
+        {l.total[g]}, at::TensorOptions().dtype(l.groups[g].first).device(l.groups[g].second)));
   std::vector<at::Tensor> views;
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const at::Tensor& x = *leaves[i];

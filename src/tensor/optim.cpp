@@ -9,8 +9,8 @@
 #include <string>
 
 #include "tensor/optim_kernels.hpp"
-#include "treetensor/runtime/dispatch.hpp"
 #include "treetensor/asyncs/operands.hpp"
+#include "treetensor/runtime/dispatch.hpp"
 #include "treetensor/tensor/consolidate.hpp"
 #include "treetensor/tensor/dispatch.hpp"
 #include "treetensor/tensor/ops.hpp"
@@ -127,7 +127,8 @@ void bump_versions(const TensorTree& t) {
 }
 
 // The groups of every tree when all are consolidated with one layout, else empty.
-std::vector<std::vector<ConsolidatedGroup>> common_layout(std::initializer_list<const TensorTree*> trees) {
+std::vector<std::vector<ConsolidatedGroup>> common_layout(
+    std::initializer_list<const TensorTree*> trees) {
   std::vector<std::vector<ConsolidatedGroup>> out;
   for (const TensorTree* t : trees) {
     out.push_back(consolidated_groups(*t));
@@ -135,7 +136,8 @@ std::vector<std::vector<ConsolidatedGroup>> common_layout(std::initializer_list<
     const auto& g = out.back();
     if (g.empty() || g.size() != first.size()) return {};
     for (std::size_t k = 0; k < g.size(); ++k)
-      if (g[k].ranges != first[k].ranges || g[k].buffer.scalar_type() != first[k].buffer.scalar_type() ||
+      if (g[k].ranges != first[k].ranges ||
+          g[k].buffer.scalar_type() != first[k].buffer.scalar_type() ||
           g[k].buffer.device() != first[k].buffer.device())
         return {};
   }
@@ -188,14 +190,22 @@ void await_buffers(const std::vector<std::vector<ConsolidatedGroup>>& layout, st
   asyncs::await_operands(reads, writes);
 }
 
-void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
-                      TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& o,
-                      TreeTensor* max_exp_avg_sq, bool decoupled) {
+void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grads,
+                      TreeTensor& exp_avg, TreeTensor& exp_avg_sq, int64_t step,
+                      const AdamOptions& o, TreeTensor* max_exp_avg_sq, bool decoupled) {
   const Corrections c = corrections(o, step);
   if (o.amsgrad() && !max_exp_avg_sq)
     throw std::invalid_argument(std::string(op) + ": amsgrad needs a max_exp_avg_sq tree");
-  detail::AdamScalars s{o.beta1(), o.beta2(), o.eps(), o.weight_decay(), c.step_size, c.bias2_sqrt,
-                        1 - o.lr() * o.weight_decay(), decoupled, o.amsgrad(), o.maximize()};
+  detail::AdamScalars s{o.beta1(),
+                        o.beta2(),
+                        o.eps(),
+                        o.weight_decay(),
+                        c.step_size,
+                        c.bias2_sqrt,
+                        1 - o.lr() * o.weight_decay(),
+                        decoupled,
+                        o.amsgrad(),
+                        o.maximize()};
   at::NoGradGuard no_grad;
   TreeTensor& vmax = o.amsgrad() ? *max_exp_avg_sq : exp_avg_sq;  // unused without amsgrad
   const auto layout = common_layout({&params, &exp_avg, &exp_avg_sq, &vmax, &grads});
@@ -205,10 +215,11 @@ void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grad
       ready = ready && detail::kernel_ready({&layout[0][g].buffer, &layout[4][g].buffer});
     if (ready) {
       await_buffers(layout, 4);
-      run_over_buffers(op, layout[0], o.amsgrad() ? 36 : 28, [&](std::size_t g, int64_t b, int64_t e) {
-        detail::adam_kernel(layout[0][g].buffer, layout[4][g].buffer, layout[1][g].buffer,
-                            layout[2][g].buffer, layout[3][g].buffer, s, b, e);
-      });
+      run_over_buffers(
+          op, layout[0], o.amsgrad() ? 36 : 28, [&](std::size_t g, int64_t b, int64_t e) {
+            detail::adam_kernel(layout[0][g].buffer, layout[4][g].buffer, layout[1][g].buffer,
+                                layout[2][g].buffer, layout[3][g].buffer, s, b, e);
+          });
       for (const TensorTree* t : {&params, &exp_avg, &exp_avg_sq, &vmax}) bump_versions(*t);
       return;
     }
@@ -241,23 +252,25 @@ void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grad
 void adam_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
                            TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& o,
                            TreeTensor* max_exp_avg_sq) {
-  adam_single_pass("adam_step_single_pass", params, grads, exp_avg, exp_avg_sq, step, o, max_exp_avg_sq,
-                   false);
+  adam_single_pass("adam_step_single_pass", params, grads, exp_avg, exp_avg_sq, step, o,
+                   max_exp_avg_sq, false);
 }
 
 void adamw_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
                             TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& o,
                             TreeTensor* max_exp_avg_sq) {
-  adam_single_pass("adamw_step_single_pass", params, grads, exp_avg, exp_avg_sq, step, o, max_exp_avg_sq,
-                   true);
+  adam_single_pass("adamw_step_single_pass", params, grads, exp_avg, exp_avg_sq, step, o,
+                   max_exp_avg_sq, true);
 }
 
 void sgd_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTensor& momentum_buffer,
                           int64_t step, const SgdOptions& o) {
   o.validate();
-  if (step < 1) throw std::invalid_argument("sgd_step_single_pass: step must be >= 1, got " + std::to_string(step));
-  const detail::SgdScalars s{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov(),
-                             o.maximize(), step == 1};
+  if (step < 1)
+    throw std::invalid_argument("sgd_step_single_pass: step must be >= 1, got " +
+                                std::to_string(step));
+  const detail::SgdScalars s{o.lr(),       o.momentum(), o.dampening(), o.weight_decay(),
+                             o.nesterov(), o.maximize(), step == 1};
   at::NoGradGuard no_grad;
   const bool momentum = o.momentum() != 0;
   TreeTensor& buf = momentum ? momentum_buffer : params;  // unused without momentum

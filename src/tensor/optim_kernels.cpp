@@ -6,12 +6,12 @@
 
 namespace treetensor::detail {
 
-#define TREETENSOR_DECLARE_KERNELS(isa)                                                          \
-  namespace isa {                                                                                 \
-  void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,   \
-                   const at::Tensor&, const AdamScalars&, int64_t, int64_t);                      \
-  void sgd_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const SgdScalars&,    \
-                  int64_t, int64_t);                                                              \
+#define TREETENSOR_DECLARE_KERNELS(isa)                                                        \
+  namespace isa {                                                                              \
+  void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, \
+                   const at::Tensor&, const AdamScalars&, int64_t, int64_t);                   \
+  void sgd_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const SgdScalars&,  \
+                  int64_t, int64_t);                                                           \
   }
 TREETENSOR_DECLARE_KERNELS(isa_default)
 #if defined(__x86_64__)
@@ -38,8 +38,8 @@ void adam_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, 
   isa_default::adam_kernel(p, g, m, v, vmax, s, begin, end);
 }
 
-void sgd_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf, const SgdScalars& s,
-                int64_t begin, int64_t end) {
+void sgd_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf,
+                const SgdScalars& s, int64_t begin, int64_t end) {
 #if defined(__x86_64__)
   if (has_avx2()) return isa_avx2::sgd_kernel(p, g, buf, s, begin, end);
 #endif
@@ -52,8 +52,8 @@ bool kernel_ready(std::initializer_list<const at::Tensor*> tensors) {
   if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16)
     return false;
   for (const at::Tensor* t : tensors)
-    if (!t->defined() || !t->is_contiguous() || t->scalar_type() != dtype || !t->device().is_cpu() ||
-        t->numel() != first.numel())
+    if (!t->defined() || !t->is_contiguous() || t->scalar_type() != dtype ||
+        !t->device().is_cpu() || t->numel() != first.numel())
       return false;
   return true;
 }

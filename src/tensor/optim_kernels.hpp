@@ -38,8 +38,8 @@ void adam_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, 
 /// Elements [begin, end) of contiguous, same-dtype p, g and momentum buffer (undefined when
 /// momentum is 0): one SGD step in place on p and the buffer (the first step sets the buffer
 /// to the gradient, as torch.optim.SGD's clone does).
-void sgd_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf, const SgdScalars& s,
-                int64_t begin, int64_t end);
+void sgd_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf,
+                const SgdScalars& s, int64_t begin, int64_t end);
 
 /// Whether the kernels take these tensors as they are: defined, contiguous, one dtype of
 /// float32/float64/float16/bfloat16, one device (CPU), equal numel.

@@ -52,9 +52,18 @@ struct AdamMath {
   bool decoupled, amsgrad, maximize;
 
   explicit AdamMath(const AdamScalars& s)
-      : b1(C(s.beta1)), c1(C(1 - s.beta1)), b2(C(s.beta2)), c2(C(1 - s.beta2)), wd(C(s.weight_decay)),
-        neg_step(C(-s.step_size)), bias2_sqrt(C(s.bias2_sqrt)), eps(C(s.eps)), decay(C(s.decay_factor)),
-        decoupled(s.decoupled), amsgrad(s.amsgrad), maximize(s.maximize) {}
+      : b1(C(s.beta1)),
+        c1(C(1 - s.beta1)),
+        b2(C(s.beta2)),
+        c2(C(1 - s.beta2)),
+        wd(C(s.weight_decay)),
+        neg_step(C(-s.step_size)),
+        bias2_sqrt(C(s.bias2_sqrt)),
+        eps(C(s.eps)),
+        decay(C(s.decay_factor)),
+        decoupled(s.decoupled),
+        amsgrad(s.amsgrad),
+        maximize(s.maximize) {}
 
   template <class W>
   void operator()(W& p, W g, W& m, W& v, W& vmax) const {
@@ -80,8 +89,13 @@ struct SgdMath {
   bool nesterov, maximize, first;
 
   explicit SgdMath(const SgdScalars& s)
-      : neg_lr(C(-s.lr)), momentum(C(s.momentum)), keep(C(1 - s.dampening)), wd(C(s.weight_decay)),
-        nesterov(s.nesterov), maximize(s.maximize), first(s.first_step) {}
+      : neg_lr(C(-s.lr)),
+        momentum(C(s.momentum)),
+        keep(C(1 - s.dampening)),
+        wd(C(s.weight_decay)),
+        nesterov(s.nesterov),
+        maximize(s.maximize),
+        first(s.first_step) {}
 
   template <class W>
   void operator()(W& p, W g, W& buf, bool has_buf) const {
@@ -107,7 +121,8 @@ void for_elements(int64_t begin, int64_t end, F&& vector_step, auto&& scalar_ste
 }
 
 template <class T, class C>
-void adam_typed(T* p, const T* g, T* m, T* v, T* vmax, const AdamScalars& s, int64_t begin, int64_t end) {
+void adam_typed(T* p, const T* g, T* m, T* v, T* vmax, const AdamScalars& s, int64_t begin,
+                int64_t end) {
   using V = at::vec::Vectorized<C>;
   const AdamMath<C> math(s);
   auto vec = [&](int64_t i) {
@@ -162,12 +177,17 @@ T* ptr(const at::Tensor& t) {
 template <class F>
 void by_dtype(at::ScalarType dtype, F&& f) {
   switch (dtype) {
-    case at::kFloat: return f.template operator()<float, float>();
-    case at::kDouble: return f.template operator()<double, double>();
-    case at::kHalf: return f.template operator()<c10::Half, float>();
-    case at::kBFloat16: return f.template operator()<c10::BFloat16, float>();
+    case at::kFloat:
+      return f.template operator()<float, float>();
+    case at::kDouble:
+      return f.template operator()<double, double>();
+    case at::kHalf:
+      return f.template operator()<c10::Half, float>();
+    case at::kBFloat16:
+      return f.template operator()<c10::BFloat16, float>();
     default:
-      throw std::invalid_argument(std::string("single-pass optimizer: dtype ") + c10::toString(dtype) +
+      throw std::invalid_argument(std::string("single-pass optimizer: dtype ") +
+                                  c10::toString(dtype) +
                                   " (float32, float64, float16 or bfloat16 expected)");
   }
 }
@@ -177,13 +197,13 @@ void by_dtype(at::ScalarType dtype, F&& f) {
 void adam_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
                  const at::Tensor& vmax, const AdamScalars& s, int64_t begin, int64_t end) {
   by_dtype(p.scalar_type(), [&]<class T, class C>() {
-    adam_typed<T, C>(ptr<T>(p), ptr<T>(g), ptr<T>(m), ptr<T>(v), s.amsgrad ? ptr<T>(vmax) : nullptr, s,
-                     begin, end);
+    adam_typed<T, C>(ptr<T>(p), ptr<T>(g), ptr<T>(m), ptr<T>(v), s.amsgrad ? ptr<T>(vmax) : nullptr,
+                     s, begin, end);
   });
 }
 
-void sgd_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf, const SgdScalars& s,
-                int64_t begin, int64_t end) {
+void sgd_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf,
+                const SgdScalars& s, int64_t begin, int64_t end) {
   by_dtype(p.scalar_type(), [&]<class T, class C>() {
     sgd_typed<T, C>(ptr<T>(p), ptr<T>(g), s.momentum != 0 ? ptr<T>(buf) : nullptr, s, begin, end);
   });

@@ -21,10 +21,14 @@ void require_floating(const char* what, c10::ScalarType dtype) {
 
 double denorm_min(c10::ScalarType dtype) {
   switch (dtype) {
-    case c10::kDouble: return std::numeric_limits<double>::denorm_min();
-    case c10::kHalf: return std::ldexp(1.0, -24);
-    case c10::kBFloat16: return std::ldexp(1.0, -133);
-    default: return std::numeric_limits<float>::denorm_min();
+    case c10::kDouble:
+      return std::numeric_limits<double>::denorm_min();
+    case c10::kHalf:
+      return std::ldexp(1.0, -24);
+    case c10::kBFloat16:
+      return std::ldexp(1.0, -133);
+    default:
+      return std::numeric_limits<float>::denorm_min();
   }
 }
 
@@ -37,10 +41,14 @@ bool same_bits(const at::Tensor& got, const at::Tensor& ref) {
 
 double unit_roundoff(c10::ScalarType dtype) {
   switch (dtype) {
-    case c10::kFloat: return std::ldexp(1.0, -24);
-    case c10::kDouble: return std::ldexp(1.0, -53);
-    case c10::kHalf: return std::ldexp(1.0, -11);
-    case c10::kBFloat16: return std::ldexp(1.0, -8);
+    case c10::kFloat:
+      return std::ldexp(1.0, -24);
+    case c10::kDouble:
+      return std::ldexp(1.0, -53);
+    case c10::kHalf:
+      return std::ldexp(1.0, -11);
+    case c10::kBFloat16:
+      return std::ldexp(1.0, -8);
     default:
       throw std::invalid_argument(std::string("unit_roundoff: needs float32, float64, float16 or "
                                               "bfloat16, got ") +
@@ -118,7 +126,9 @@ at::Tensor adam_step_bound(const AdamStepInputs& in) {
   require_floating("adam_step_bound", dtype);
   const double u = unit_roundoff(accumulate_type(dtype));
   // Scalars as the kernels see them (cast to the compute type), values in float64.
-  auto c = [&](double x) { return at::scalar_tensor(x, at::kDouble).to(accumulate_type(dtype)).item<double>(); };
+  auto c = [&](double x) {
+    return at::scalar_tensor(x, at::kDouble).to(accumulate_type(dtype)).item<double>();
+  };
   auto d = [](const at::Tensor& t) { return t.detach().to(at::kDouble); };
   struct T {
     at::Tensor v, e;
@@ -155,8 +165,8 @@ Agreement compare_matmul(const at::Tensor& got, const at::Tensor& ref, const at:
                          const at::Tensor& b) {
   const at::Tensor bound = matmul_bound(a, b, got.scalar_type());
   if (!bound.sizes().equals(got.sizes()))
-    throw std::invalid_argument(c10::str("compare_matmul: the result is ", got.sizes(),
-                                         ", matmul gives ", bound.sizes()));
+    throw std::invalid_argument(
+        c10::str("compare_matmul: the result is ", got.sizes(), ", matmul gives ", bound.sizes()));
   return compare_within(got, ref, bound);
 }
 

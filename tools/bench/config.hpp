@@ -62,7 +62,8 @@ struct Config {
   bool progress = true;                  ///< progress line on stderr
   bool caching_allocator = false;        ///< install treetensor's caching CPU allocator
   std::string command_line;              ///< argv joined, recorded in the JSON
-  std::string perturb_row;  ///< --perturb-row: a strategy whose results are made to fail verification
+  std::string
+      perturb_row;  ///< --perturb-row: a strategy whose results are made to fail verification
 };
 
 /// Parses argv into a Config, applying the CPU or CUDA defaults for what was not given.

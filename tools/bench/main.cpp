@@ -28,8 +28,8 @@ std::string headline(const tb::Config& cfg) {
     return fmt::format("treetensor-bench seed: {} leaves of S1xS2 @ S2xS3, {} on {}; {}",
                        cfg.leaves, tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
   return fmt::format("treetensor-bench optimizer: Adam step over {}, {} on {}; {}",
-                     cfg.checkpoint.empty() ? cfg.model : cfg.checkpoint,
-                     tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
+                     cfg.checkpoint.empty() ? cfg.model : cfg.checkpoint, tb::dtype_name(cfg.dtype),
+                     cfg.device.str(), timing);
 }
 
 // Which CPU allocator served the run, read after it (the environment variable installs the

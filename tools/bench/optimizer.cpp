@@ -87,7 +87,8 @@ ModelShapes load_model(const std::string& path) {
 // dotted paths, starting from their stored values.
 ModelShapes load_checkpoint(const std::string& path) {
   const bool safetensors = std::filesystem::path(path).extension() == ".safetensors";
-  const TreeTensor tensors = safetensors ? io::load_safetensors(path).tensors : io::load_tensors(path);
+  const TreeTensor tensors =
+      safetensors ? io::load_safetensors(path).tensors : io::load_tensors(path);
   ModelShapes m;
   m.name = std::filesystem::path(path).filename().string();
   const auto flat = tree::flatten(tensors);
@@ -158,8 +159,9 @@ AdamState make_state(const ModelShapes& model, const Config& cfg) {
   for (std::size_t i = 0; i < model.trainable.size(); ++i) {
     const auto& t = model.trainable[i];
     s.keys.push_back(t.key);
-    s.p.push_back(model.values.empty() ? make(t.shape, 0.05, false)
-                                       : model.values[i].detach().to(cfg.device, cfg.dtype).clone());
+    s.p.push_back(model.values.empty()
+                      ? make(t.shape, 0.05, false)
+                      : model.values[i].detach().to(cfg.device, cfg.dtype).clone());
     s.g.push_back(make(t.shape, 1e-2, false));
     s.m.push_back(make(t.shape, 1e-3, false));
     s.v.push_back(make(t.shape, 1e-5, true));  // a second moment is never negative
@@ -213,36 +215,45 @@ void adam_tree(AdamState& s, std::int64_t step, const AdamSettings& o, runtime::
 // The single-pass kernel over the consolidated buffers (state must be consolidated()), its
 // pieces spread over lanes as stream(automatic) decides.
 void adam_flat(AdamState& s, std::int64_t step, const AdamSettings& o) {
-  const auto options = treetensor::AdamOptions().lr(o.lr).betas(o.beta1, o.beta2).eps(o.eps).weight_decay(o.weight_decay);
+  const auto options = treetensor::AdamOptions()
+                           .lr(o.lr)
+                           .betas(o.beta1, o.beta2)
+                           .eps(o.eps)
+                           .weight_decay(o.weight_decay);
   runtime::StreamGuard guard(runtime::StreamMode::of(runtime::automatic));
-  treetensor::adam_step_single_pass(s.trees.params, s.trees.grads, s.trees.exp_avg, s.trees.exp_avg_sq, step,
-                                    options);
+  treetensor::adam_step_single_pass(s.trees.params, s.trees.grads, s.trees.exp_avg,
+                                    s.trees.exp_avg_sq, step, options);
 }
 
 // The memory-bandwidth floor of one Adam step: one streaming pass reading p, g, m, v (16 bytes
 // per float32 element) and writing p, m, v (12 bytes), over the same consolidated buffers and
 // pieces, spread over lanes as adam_flat is.
 void bandwidth_floor(AdamState& s, std::int64_t, const AdamSettings&) {
-  const auto p = treetensor::consolidated_groups(s.trees.params), g = treetensor::consolidated_groups(s.trees.grads),
-             m = treetensor::consolidated_groups(s.trees.exp_avg), v = treetensor::consolidated_groups(s.trees.exp_avg_sq);
+  const auto p = treetensor::consolidated_groups(s.trees.params),
+             g = treetensor::consolidated_groups(s.trees.grads),
+             m = treetensor::consolidated_groups(s.trees.exp_avg),
+             v = treetensor::consolidated_groups(s.trees.exp_avg_sq);
   runtime::StreamGuard guard(runtime::StreamMode::of(runtime::automatic));
   for (std::size_t k = 0; k < p.size(); ++k) {
     const int64_t n = p[k].buffer.numel(), piece = 1 << 18;
     const std::size_t pieces = std::size_t((n + piece - 1) / piece);
     auto run = [&](std::size_t i) {
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p[k].buffer.scalar_type(), "bandwidth_floor", [&] {
-        scalar_t *pp = p[k].buffer.data_ptr<scalar_t>(), *mp = m[k].buffer.data_ptr<scalar_t>(),
-                 *vp = v[k].buffer.data_ptr<scalar_t>();
-        const scalar_t* gp = g[k].buffer.data_ptr<scalar_t>();
-        for (int64_t j = int64_t(i) * piece, end = std::min(n, j + piece); j < end; ++j) {
-          pp[j] += gp[j];
-          mp[j] += gp[j];
-          vp[j] += gp[j];
-        }
-      });
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kHalf, at::kBFloat16, p[k].buffer.scalar_type(), "bandwidth_floor", [&] {
+            scalar_t *pp = p[k].buffer.data_ptr<scalar_t>(), *mp = m[k].buffer.data_ptr<scalar_t>(),
+                     *vp = v[k].buffer.data_ptr<scalar_t>();
+            const scalar_t* gp = g[k].buffer.data_ptr<scalar_t>();
+            for (int64_t j = int64_t(i) * piece, end = std::min(n, j + piece); j < end; ++j) {
+              pp[j] += gp[j];
+              mp[j] += gp[j];
+              vp[j] += gp[j];
+            }
+          });
     };
     auto label = [](std::size_t i) { return "piece " + std::to_string(i); };
-    auto cost = [&](std::size_t) { return runtime::LeafCost{double(3 * piece), 28.0 * double(piece)}; };
+    auto cost = [&](std::size_t) {
+      return runtime::LeafCost{double(3 * piece), 28.0 * double(piece)};
+    };
     runtime::LeafCall call;
     call.op = "bandwidth_floor";
     call.leaves = pieces;
@@ -284,7 +295,8 @@ constexpr std::int64_t kVerifyStep = 5;  // a step past the first, so bias corre
 }  // namespace
 
 WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
-  const ModelShapes model = cfg.checkpoint.empty() ? load_model(cfg.model_path) : load_checkpoint(cfg.checkpoint);
+  const ModelShapes model =
+      cfg.checkpoint.empty() ? load_model(cfg.model_path) : load_checkpoint(cfg.checkpoint);
   const std::string stage = fmt::format("optimizer {} ({} tensors, {} elements)", model.name,
                                         model.trainable.size(), model.elements);
   progress.update(stage, "making the four trees");
@@ -311,9 +323,10 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
       [&](const std::string& key, const at::Tensor& got, const at::Tensor& want) {
         if (current != "flat") return rounding::compare_bitwise(got, want);
         const std::size_t i = index.at(key);
-        const rounding::AdamStepInputs in{state.p[i], state.g[i], state.m[i], state.v[i], cfg.adam.lr,
-                                          cfg.adam.beta1, cfg.adam.beta2, cfg.adam.eps,
-                                          cfg.adam.weight_decay, kVerifyStep};
+        const rounding::AdamStepInputs in{state.p[i],     state.g[i],   state.m[i],
+                                          state.v[i],     cfg.adam.lr,  cfg.adam.beta1,
+                                          cfg.adam.beta2, cfg.adam.eps, cfg.adam.weight_decay,
+                                          kVerifyStep};
         return rounding::compare_within(got, want, rounding::adam_step_bound(in));
       },
       cfg.perturb_row);
@@ -324,8 +337,9 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
     step(trial, kVerifyStep);
     verification.check(name, reference, params_by_key(trial), reference.size());
   }
-  out.notes.push_back("limit: one streaming pass, 16 bytes read and 12 written per element, no Adam "
-                      "arithmetic (the memory-bandwidth floor; nothing to verify)");
+  out.notes.push_back(
+      "limit: one streaming pass, 16 bytes read and 12 written per element, no Adam "
+      "arithmetic (the memory-bandwidth floor; nothing to verify)");
   out.all_verified = verification.all_passed();
   out.notes.push_back(verification.note());
 

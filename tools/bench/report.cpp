@@ -5,11 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 namespace treetensor::bench {
@@ -188,7 +188,8 @@ std::optional<std::string> write_plot(const std::string& path, const std::vector
   std::vector<Record> verified;
   std::copy_if(records.begin(), records.end(), std::back_inserter(verified),
                [](const Record& r) { return r.verified; });
-  if (verified.empty()) return "no plot: no row was verified, so there is nothing to draw in " + path;
+  if (verified.empty())
+    return "no plot: no row was verified, so there is nothing to draw in " + path;
   draw_plot(path, verified, title, size_name, xlabel, term);
   return std::nullopt;
 }

@@ -43,8 +43,9 @@ void write_json(const std::string& path, const nlohmann::json& config,
 /// @throws std::runtime_error naming the flag and the path when it cannot be written.
 void check_output_path(const std::string& flag, const std::string& path);
 
-/// Draws speed-up against native versus size (verified rows only), one line per strategy, into `path` (PNG) with
-/// gnuplot; with a single size (an optimizer run), one labelled bar per strategy instead.
+/// Draws speed-up against native versus size (verified rows only), one line per strategy, into
+/// `path` (PNG) with gnuplot; with a single size (an optimizer run), one labelled bar per strategy
+/// instead.
 /// @param size_name  what a size is ("S", "model"), for the bar chart's axis label.
 /// @param xlabel     the line chart's x-axis label. When gnuplot (or a PNG terminal) is missing,
 /// writes nothing and returns a message saying how to install it; returns std::nullopt on success.

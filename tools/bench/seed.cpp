@@ -128,9 +128,10 @@ Comparator matmul_comparator(const SeedInputs& in) {
   return [&in, bounds](const std::string& key, const at::Tensor& got, const at::Tensor& want) {
     auto it = bounds->find(key);
     if (it == bounds->end())
-      it = bounds->emplace(key, rounding::matmul_bound(in.a.at(key), in.b.at(key),
-                                                       want.scalar_type()))
-               .first;
+      it =
+          bounds
+              ->emplace(key, rounding::matmul_bound(in.a.at(key), in.b.at(key), want.scalar_type()))
+              .first;
     return rounding::compare_within(got, want, it->second);
   };
 }

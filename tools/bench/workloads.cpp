@@ -51,8 +51,7 @@ void Verification::check(const std::string& strategy, const TensorMap& want, Ten
       continue;
     }
     const rounding::Agreement a = compare_(key, g, w->second);
-    if (!a.holds())
-      why = "'" + key + "': " + a.describe();
+    if (!a.holds()) why = "'" + key + "': " + a.describe();
     worst = std::max(worst, a.worst_ratio);
     bitwise = bitwise && a.bitwise;
   }

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "config.hpp"
-#include "treetensor/tensor/rounding.hpp"
 #include "report.hpp"
 #include "timing.hpp"
+#include "treetensor/tensor/rounding.hpp"
 
 namespace treetensor::bench {
 

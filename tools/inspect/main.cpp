@@ -1,14 +1,14 @@
 // treetensor-inspect FILE: what a checkpoint file (.pt / .pth from torch.save, or .safetensors)
 // holds, in treetensor's tree layout — dtype, shape and bytes per tensor, the type (and short
 // value) of every other leaf, totals — never a tensor's values. --json for scripts.
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <map>
 #include <iostream>
+#include <map>
 
 #include "treetensor/io/checkpoint.hpp"
 #include "treetensor/io/safetensors.hpp"
@@ -26,7 +26,8 @@ struct Totals {
 
 std::string shape_text(const at::Tensor& t) {
   std::string s = "[";
-  for (std::size_t d = 0; d < t.sizes().size(); ++d) s += (d ? ", " : "") + std::to_string(t.sizes()[d]);
+  for (std::size_t d = 0; d < t.sizes().size(); ++d)
+    s += (d ? ", " : "") + std::to_string(t.sizes()[d]);
   return s + "]";
 }
 
@@ -35,21 +36,30 @@ std::string other_text(const io::Value& v) {
   return std::visit(
       [](const auto& x) -> std::string {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, std::monostate>) return "None";
-        else if constexpr (std::is_same_v<T, bool>) return x ? "True" : "False";
-        else if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, double>) return fmt::format("{}", x);
-        else if constexpr (std::is_same_v<T, std::complex<double>>) return fmt::format("({}{:+}j)", x.real(), x.imag());
+        if constexpr (std::is_same_v<T, std::monostate>)
+          return "None";
+        else if constexpr (std::is_same_v<T, bool>)
+          return x ? "True" : "False";
+        else if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, double>)
+          return fmt::format("{}", x);
+        else if constexpr (std::is_same_v<T, std::complex<double>>)
+          return fmt::format("({}{:+}j)", x.real(), x.imag());
         else if constexpr (std::is_same_v<T, std::string>)
           return x.size() <= 40 ? "'" + x + "'" : fmt::format("str of {} bytes", x.size());
-        else if constexpr (std::is_same_v<T, io::Bytes>) return fmt::format("{} bytes", x.data.size());
-        else if constexpr (std::is_same_v<T, at::ScalarType>) return c10::toString(x);
-        else if constexpr (std::is_same_v<T, at::Device>) return "'" + x.str() + "'";
-        else return "";
+        else if constexpr (std::is_same_v<T, io::Bytes>)
+          return fmt::format("{} bytes", x.data.size());
+        else if constexpr (std::is_same_v<T, at::ScalarType>)
+          return c10::toString(x);
+        else if constexpr (std::is_same_v<T, at::Device>)
+          return "'" + x.str() + "'";
+        else
+          return "";
       },
       v);
 }
 
-std::string leaf_text(const io::Object& o, const tr::Path& path, const io::Value& v, Totals& totals) {
+std::string leaf_text(const io::Object& o, const tr::Path& path, const io::Value& v,
+                      Totals& totals) {
   if (const auto* t = std::get_if<at::Tensor>(&v)) {
     ++totals.tensors;
     totals.elements += t->numel();
@@ -84,15 +94,19 @@ void collect_json(const io::Object& o, const tr::Tree<io::Value>& node, tr::Path
   if (node.is_leaf()) {
     json keys(path.keys());
     if (const auto* t = std::get_if<at::Tensor>(&node.leaf()))
-      out["tensors"].push_back({{"path", keys}, {"dtype", c10::toString(t->scalar_type())},
-                                {"shape", t->sizes().vec()}, {"bytes", t->nbytes()},
+      out["tensors"].push_back({{"path", keys},
+                                {"dtype", c10::toString(t->scalar_type())},
+                                {"shape", t->sizes().vec()},
+                                {"bytes", t->nbytes()},
                                 {"parameter", o.parameters.count(path) > 0}});
     else
-      out["others"].push_back({{"path", keys}, {"type", io::value_type_name(node.leaf())},
+      out["others"].push_back({{"path", keys},
+                               {"type", io::value_type_name(node.leaf())},
                                {"value", other_text(node.leaf())}});
     return;
   }
-  out["containers"].push_back({{"path", json(path.keys())}, {"kind", io::container_name(o.kind(path))}});
+  out["containers"].push_back(
+      {{"path", json(path.keys())}, {"kind", io::container_name(o.kind(path))}});
   for (const auto& [key, child] : node.children()) {
     path.push_back(key);
     collect_json(o, child, path, out);
@@ -100,7 +114,8 @@ void collect_json(const io::Object& o, const tr::Tree<io::Value>& node, tr::Path
   }
 }
 
-io::Object read(const std::string& file, std::string& format, std::map<std::string, std::string>& metadata) {
+io::Object read(const std::string& file, std::string& format,
+                std::map<std::string, std::string>& metadata) {
   if (std::filesystem::path(file).extension() == ".safetensors") {
     format = "safetensors";
     auto st = io::load_safetensors(file);
@@ -119,8 +134,12 @@ int run(const std::string& file, bool as_json) {
   Totals totals;
   tr::Path path;
   if (as_json) {
-    json out = {{"file", file}, {"format", format}, {"file_bytes", file_bytes},
-                {"tensors", json::array()}, {"others", json::array()}, {"containers", json::array()}};
+    json out = {{"file", file},
+                {"format", format},
+                {"file_bytes", file_bytes},
+                {"tensors", json::array()},
+                {"others", json::array()},
+                {"containers", json::array()}};
     collect_json(o, o.tree, path, out);
     for (const auto& t : out["tensors"]) {
       ++totals.tensors;
@@ -137,8 +156,9 @@ int run(const std::string& file, bool as_json) {
     std::cout << leaf_text(o, path, o.tree.leaf(), totals);
   else
     print_node(o, o.tree, path, "", totals);
-  std::cout << fmt::format("\ntotal: {} tensors, {} elements, {} bytes of tensor data; {} other leaves\n",
-                           totals.tensors, totals.elements, totals.bytes, totals.others);
+  std::cout << fmt::format(
+      "\ntotal: {} tensors, {} elements, {} bytes of tensor data; {} other leaves\n",
+      totals.tensors, totals.elements, totals.bytes, totals.others);
   for (const auto& [k, v] : metadata) std::cout << "metadata: " << k << " = " << v << "\n";
   return 0;
 }
@@ -146,11 +166,13 @@ int run(const std::string& file, bool as_json) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"treetensor-inspect: the tree of a checkpoint file (torch.save .pt/.pth, or .safetensors): "
-               "dtype, shape and bytes per tensor, never the values"};
+  CLI::App app{
+      "treetensor-inspect: the tree of a checkpoint file (torch.save .pt/.pth, or .safetensors): "
+      "dtype, shape and bytes per tensor, never the values"};
   std::string file;
   bool as_json = false;
-  app.add_option("FILE", file, "a torch.save file (zip or legacy format) or a .safetensors file")->required();
+  app.add_option("FILE", file, "a torch.save file (zip or legacy format) or a .safetensors file")
+      ->required();
   app.add_flag("--json", as_json, "one JSON object: tensors, other leaves, containers, totals");
   CLI11_PARSE(app, argc, argv);
   try {

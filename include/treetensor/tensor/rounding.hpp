@@ -38,10 +38,10 @@ double gamma(std::int64_t n, c10::ScalarType dtype);
 
 /// How a result agrees with its reference.
 struct Agreement {
-  bool bitwise = false;        ///< same shape, dtype and bits everywhere (NaN == NaN)
-  double worst_ratio = 0;      ///< max over elements of |got - ref| / bound (0 when bitwise)
+  bool bitwise = false;           ///< same shape, dtype and bits everywhere (NaN == NaN)
+  double worst_ratio = 0;         ///< max over elements of |got - ref| / bound (0 when bitwise)
   std::int64_t worst_index = -1;  ///< flat index of that element, -1 when bitwise
-  std::string mismatch;        ///< non-empty when shapes or dtypes differ (then nothing holds)
+  std::string mismatch;           ///< non-empty when shapes or dtypes differ (then nothing holds)
   /// Whether every element is within its bound.
   bool holds() const { return mismatch.empty() && worst_ratio <= 1.0; }
   /// "bitwise equal", "0.031 of the rounding bound", "5.2 times the rounding bound at

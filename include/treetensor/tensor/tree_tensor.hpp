@@ -102,11 +102,11 @@ class TreeTensor : public TensorTree {
 
   // ---- methods generated from the op table (see the free functions of the same name) ----
 #define TREETENSOR_DECLARE_UNARY_INPLACE(name, ...) \
-  TreeTensor name() const;                     \
+  TreeTensor name() const;                          \
   TreeTensor& name##_();
 #define TREETENSOR_DECLARE_UNARY(name, ...) TreeTensor name() const;
 #define TREETENSOR_DECLARE_BINARY_SCALAR(name, ...) \
-  TreeTensor name(const Operand& other) const; \
+  TreeTensor name(const Operand& other) const;      \
   TreeTensor& name##_(const Operand& other);
 #define TREETENSOR_DECLARE_BINARY_TENSOR(name, ...) TreeTensor name(const Operand& other) const;
   TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DECLARE_UNARY_INPLACE)
@@ -210,7 +210,8 @@ inline constexpr std::size_t kListedOutliers = 8;
 /// 'b' holds 3, 'c.x' holds 5" (at most 8 outliers listed). The majority is the most common
 /// value; a tie goes to the one met first in flatten order.
 template <class T>
-std::string disagreement(const std::vector<const T*>& values, const std::vector<tree::Path>& paths) {
+std::string disagreement(const std::vector<const T*>& values,
+                         const std::vector<tree::Path>& paths) {
   std::vector<std::pair<const T*, std::size_t>> counts;  // distinct values, first-seen order
   for (const T* v : values) {
     auto same = [&](const auto& c) { return *c.first == *v; };
