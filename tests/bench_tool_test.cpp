@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "run_command.hpp"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,23 +22,11 @@ using nlohmann::json;
 
 namespace {
 
-struct Outcome {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
+using Outcome = tt_test::CommandResult;
 
 // Runs the tool through the shell; `prefix` goes before it (e.g. "PATH=... ").
 Outcome run_bench_with_prefix(const std::string& prefix, const std::string& args) {
-  const std::string cmd = prefix + std::string(TREETENSOR_BENCH_EXE) + " " + args + " 2>&1";
-  Outcome out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  std::array<char, 4096> buf;
-  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;)
-    out.output.append(buf.data(), n);
-  const int raw = pclose(p);
-  out.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  return out;
+  return tt_test::run_command(prefix + std::string(TREETENSOR_BENCH_EXE) + " " + args + " 2>&1");
 }
 
 Outcome run_bench(const std::string& args) {

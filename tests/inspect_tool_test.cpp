@@ -3,22 +3,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <fstream>
 #include <string>
 
+#include "run_command.hpp"
+
 namespace {
 
-std::pair<int, std::string> inspect(const std::string& args) {
-  const std::string cmd = std::string(TREETENSOR_INSPECT_EXE) + " " + args + " 2>&1";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  for (std::size_t n; p && (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+tt_test::CommandResult inspect(const std::string& args) {
+  return tt_test::run_command(std::string(TREETENSOR_INSPECT_EXE) + " " + args + " 2>&1");
 }
 
 std::string fixture(const std::string& name) {

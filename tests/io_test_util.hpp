@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "run_command.hpp"
 #include "treetensor/io/checkpoint.hpp"
 
 namespace io_test {
@@ -30,16 +31,9 @@ inline json expectation(const std::string& name) {
 }
 
 /// Runs tests/io/fixtures.py with `args`; returns its exit status and output.
-inline std::pair<int, std::string> python(const std::string& args) {
-  const std::string cmd = "/usr/bin/python3 " + std::string(TREETENSOR_SOURCE_DIR) +
-                          "/tests/io/fixtures.py " + args + " 2>&1";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+inline tt_test::CommandResult python(const std::string& args) {
+  return tt_test::run_command("/usr/bin/python3 " + std::string(TREETENSOR_SOURCE_DIR) +
+                              "/tests/io/fixtures.py " + args + " 2>&1");
 }
 
 inline tr::Path path_of(const json& keys) {

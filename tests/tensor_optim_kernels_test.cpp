@@ -295,12 +295,30 @@ TEST_P(OptimKernels, PerLeafAndConsolidatedPathsAreBitwiseEqual) {
   ASSERT_TRUE(tt::is_consolidated(p2)) << "updated in place: still one buffer";
   expect_same(p2, p1);
   expect_same(x2, x1);
-  // A non-contiguous leaf takes the at:: path; values agree with the kernel's to rounding.
-  TreeTensor q = params_tree(at::kFloat);
+  // A non-contiguous leaf takes the at:: path: the other leaves are the kernel's bits, that one
+  // agrees with the kernel's step to the Adam step's rounding bound.
+  TreeTensor q = params_tree(at::kFloat), r = params_tree(at::kFloat);
+  const at::Tensor before = q.at("e.w").leaf().clone();
   q.at("e.w").leaf() = q.at("e.w").leaf().t().contiguous().t();
   ASSERT_FALSE(q.at("e.w").leaf().is_contiguous());
-  TreeTensor qm = tt::zeros_like(p1), qv = tt::zeros_like(p1);
-  EXPECT_NO_THROW(tt::adam_step_single_pass(q, grads[0], qm, qv, 1, tt::AdamOptions()));
+  TreeTensor qm = tt::zeros_like(p1), qv = tt::zeros_like(p1), rm = tt::zeros_like(p1),
+             rv = tt::zeros_like(p1);
+  tt::adam_step_single_pass(q, grads[0], qm, qv, 1, tt::AdamOptions());
+  tt::adam_step_single_pass(r, grads[0], rm, rv, 1, tt::AdamOptions());
+  for (const char* key : {"a", "b", "c", "d"}) expect_same(q.at(key), r.at(key));
+  const tt::rounding::AdamStepInputs in{before,
+                                        grads[0].at("e.w").leaf(),
+                                        at::zeros_like(before),
+                                        at::zeros_like(before),
+                                        1e-3,
+                                        0.9,
+                                        0.999,
+                                        1e-8,
+                                        0,
+                                        1};
+  const auto agreement = tt::rounding::compare_within(q.at("e.w").leaf(), r.at("e.w").leaf(),
+                                                      tt::rounding::adam_step_bound(in));
+  EXPECT_TRUE(agreement.holds()) << agreement.describe();
 }
 
 TEST_P(OptimKernels, ErrorsAreClear) {

@@ -126,7 +126,8 @@ void bump_versions(const TensorTree& t) {
   for (const at::Tensor* x : tree::flatten_refs(t).leaves) x->unsafeGetTensorImpl()->bump_version();
 }
 
-// The groups of every tree when all are consolidated with one layout, else empty.
+// The groups of every tree when all are consolidated with one layout whose buffers the
+// kernels take (dtype, device), else empty: then the per-leaf path runs.
 std::vector<std::vector<ConsolidatedGroup>> common_layout(
     std::initializer_list<const TensorTree*> trees) {
   std::vector<std::vector<ConsolidatedGroup>> out;
@@ -138,7 +139,7 @@ std::vector<std::vector<ConsolidatedGroup>> common_layout(
     for (std::size_t k = 0; k < g.size(); ++k)
       if (g[k].ranges != first[k].ranges ||
           g[k].buffer.scalar_type() != first[k].buffer.scalar_type() ||
-          g[k].buffer.device() != first[k].buffer.device())
+          g[k].buffer.device() != first[k].buffer.device() || !detail::kernel_ready({&g[k].buffer}))
         return {};
   }
   return out;
@@ -210,19 +211,14 @@ void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grad
   TreeTensor& vmax = o.amsgrad() ? *max_exp_avg_sq : exp_avg_sq;  // unused without amsgrad
   const auto layout = common_layout({&params, &exp_avg, &exp_avg_sq, &vmax, &grads});
   if (!layout.empty()) {
-    bool ready = true;
-    for (std::size_t g = 0; g < layout[0].size(); ++g)
-      ready = ready && detail::kernel_ready({&layout[0][g].buffer, &layout[4][g].buffer});
-    if (ready) {
-      await_buffers(layout, 4);
-      run_over_buffers(
-          op, layout[0], o.amsgrad() ? 36 : 28, [&](std::size_t g, int64_t b, int64_t e) {
-            detail::adam_kernel(layout[0][g].buffer, layout[4][g].buffer, layout[1][g].buffer,
-                                layout[2][g].buffer, layout[3][g].buffer, s, b, e);
-          });
-      for (const TensorTree* t : {&params, &exp_avg, &exp_avg_sq, &vmax}) bump_versions(*t);
-      return;
-    }
+    await_buffers(layout, 4);
+    run_over_buffers(
+        op, layout[0], o.amsgrad() ? 36 : 28, [&](std::size_t g, int64_t b, int64_t e) {
+          detail::adam_kernel(layout[0][g].buffer, layout[4][g].buffer, layout[1][g].buffer,
+                              layout[2][g].buffer, layout[3][g].buffer, s, b, e);
+        });
+    for (const TensorTree* t : {&params, &exp_avg, &exp_avg_sq, &vmax}) bump_versions(*t);
+    return;
   }
   auto leaf = [&](const detail::LeafArgs& a) {
     const at::Tensor &p = a.t(0), &m = a.t(1), &v = a.t(2), &vm = a.t(3), &g = a.t(4);
@@ -276,20 +272,15 @@ void sgd_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTenso
   TreeTensor& buf = momentum ? momentum_buffer : params;  // unused without momentum
   const auto layout = common_layout({&params, &buf, &grads});
   if (!layout.empty()) {
-    bool ready = true;
-    for (std::size_t g = 0; g < layout[0].size(); ++g)
-      ready = ready && detail::kernel_ready({&layout[0][g].buffer, &layout[2][g].buffer});
-    if (ready) {
-      await_buffers(layout, 2);
-      run_over_buffers("sgd_step_single_pass", layout[0], momentum ? 20 : 12,
-                       [&](std::size_t g, int64_t b, int64_t e) {
-                         detail::sgd_kernel(layout[0][g].buffer, layout[2][g].buffer,
-                                            momentum ? layout[1][g].buffer : at::Tensor(), s, b, e);
-                       });
-      bump_versions(params);
-      if (momentum) bump_versions(buf);
-      return;
-    }
+    await_buffers(layout, 2);
+    run_over_buffers("sgd_step_single_pass", layout[0], momentum ? 20 : 12,
+                     [&](std::size_t g, int64_t b, int64_t e) {
+                       detail::sgd_kernel(layout[0][g].buffer, layout[2][g].buffer,
+                                          momentum ? layout[1][g].buffer : at::Tensor(), s, b, e);
+                     });
+    bump_versions(params);
+    if (momentum) bump_versions(buf);
+    return;
   }
   auto leaf = [&](const detail::LeafArgs& a) {
     const at::Tensor &p = a.t(0), &b = a.t(1), &g = a.t(2);
