@@ -32,10 +32,10 @@ cmake -S . -B "$build" -G Ninja "${args[@]}" >/dev/null
 case "$sanitize" in
   thread)
     # The concurrency tests: the runtime (lanes, dispatch) and the asyncs threads.
-    targets=$(ninja -C "$build" -t targets all | sed -n 's/^\(\(runtime\|asyncs\)_[a-z0-9_]*test\): .*/\1/p' | sort -u)
+    targets=$(ninja -C "$build" -t targets all | sed -n 's/^\(\(runtime\|asyncs\|tree_deferred\)_[a-z0-9_]*test\): .*/\1/p' | sort -u)
     [ -n "$targets" ] || { echo "test.sh: no runtime/asyncs test targets found" >&2; exit 1; }
     cmake --build "$build" -j"$jobs" --target $targets
-    ctest_args+=(-L '^(runtime|asyncs)')
+    ctest_args+=(-L '^(runtime|asyncs|tree_deferred)')
     export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
     ;;
   address)

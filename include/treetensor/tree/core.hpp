@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -100,12 +102,49 @@ class Tree {
   using Entry = std::pair<std::string, Tree>;
   using Children = std::vector<Entry>;
 
+  /// What a deferred tree is made from (see deferred()): make() builds the tree on first
+  /// access. It must not throw except std::bad_alloc (it runs inside noexcept accessors).
+  class Source {
+   public:
+    virtual ~Source() = default;
+    virtual Tree make() const = 0;
+  };
+
   /// The empty tree (an internal node without children).
   Tree() = default;
-  Tree(const Tree&) = default;
+  Tree(const Tree& other) : node_(other.node_of_copy()), lazy_(other.lazy_copy()) {}
   Tree(Tree&&) = default;
-  Tree& operator=(const Tree&) = default;
+  Tree& operator=(const Tree& other) {
+    if (this != &other) *this = Tree(other);
+    return *this;
+  }
   Tree& operator=(Tree&&) = default;
+
+  /// A tree whose content is made by `source` on first access (any accessor, copy of a made
+  /// tree, walk) and cached; until then it costs one allocation, whatever its size. The
+  /// source stays attached as a property of the value: source() returns it until the tree is
+  /// mutated through a non-const accessor, insert, erase or assignment, and copies carry it.
+  /// Used by consolidated tree tensors (DESIGN.md §12), whose leaf tensors are views made
+  /// only when someone looks at them.
+  /// Thread safety: concurrent const use of one deferred tree makes it exactly once.
+  static Tree deferred(std::shared_ptr<const Source> source) {
+    Tree t;
+    t.lazy_ = std::make_unique<Lazy>(std::move(source));
+    return t;
+  }
+  /// `value` with `source` attached as its property (see deferred()); nothing is deferred.
+  static Tree tagged(Tree value, std::shared_ptr<const Source> source) {
+    value.node();
+    value.lazy_ = std::make_unique<Lazy>(std::move(source));
+    value.lazy_->made.store(true, std::memory_order_relaxed);
+    return value;
+  }
+  /// The source attached by deferred() or tagged(), or nullptr (never had one, or mutated).
+  const Source* source() const noexcept { return lazy_ ? lazy_->source.get() : nullptr; }
+  /// Whether this is a deferred tree not made yet (its content has never been looked at).
+  bool is_deferred() const noexcept {
+    return lazy_ && !lazy_->made.load(std::memory_order_acquire);
+  }
   /// Destroys the tree. Recursion is bounded (kRecursionLimit levels, then an explicit
   /// worklist), so a tree of any depth is safe.
   ~Tree() {
@@ -142,7 +181,7 @@ class Tree {
   }
 
   // ---- structure ----------------------------------------------------------------------
-  bool is_leaf() const noexcept { return node_.index() == 1; }
+  bool is_leaf() const noexcept { return node().index() == 1; }
   /// An internal node without children.
   bool empty() const noexcept { return !is_leaf() && std::get<0>(node_).empty(); }
   /// Number of children (0 for a leaf).
@@ -158,7 +197,10 @@ class Tree {
       throw_not_leaf();
     return *std::get_if<1>(&node_);
   }
-  T& leaf() { return const_cast<T&>(std::as_const(*this).leaf()); }
+  T& leaf() {
+    drop_source();
+    return const_cast<T&>(std::as_const(*this).leaf());
+  }
 
   /// The sorted (key, subtree) pairs. Throws StructureError on a leaf.
   const Children& children() const {
@@ -166,7 +208,10 @@ class Tree {
       throw_leaf_has_no_children();
     return *std::get_if<0>(&node_);
   }
-  Children& children() { return const_cast<Children&>(std::as_const(*this).children()); }
+  Children& children() {
+    drop_source();
+    return const_cast<Children&>(std::as_const(*this).children());
+  }
 
   auto begin() const { return children().begin(); }
   auto end() const { return children().end(); }
@@ -186,7 +231,10 @@ class Tree {
     trail.path = std::move(walked);
     return *child;
   }
-  Tree& operator[](std::string_view key) { return const_cast<Tree&>(std::as_const(*this)[key]); }
+  Tree& operator[](std::string_view key) {
+    drop_source();
+    return const_cast<Tree&>(std::as_const(*this)[key]);
+  }
 
   /// The node at a dotted path ("x.c") or key sequence (Path{"x", "c"}); the empty path is
   /// this node. Throws KeyError naming the path and the keys available where it stopped.
@@ -204,7 +252,10 @@ class Tree {
     return *node;
   }
   const Tree& at(std::string_view dotted) const { return at(Path::parse(dotted)); }
-  Tree& at(const Path& path) { return const_cast<Tree&>(std::as_const(*this).at(path)); }
+  Tree& at(const Path& path) {
+    drop_source();
+    return const_cast<Tree&>(std::as_const(*this).at(path));
+  }
   Tree& at(std::string_view dotted) { return at(Path::parse(dotted)); }
 
   /// Whether a node exists at the path (dotted or key sequence).
@@ -237,7 +288,7 @@ class Tree {
 
   /// Structural and leaf equality (same keys, same shape, leaves equal with T's ==).
   friend bool operator==(const Tree& a, const Tree& b) requires std::equality_comparable<T> {
-    return a.node_ == b.node_;
+    return a.node() == b.node();
   }
 
  private:
@@ -272,7 +323,7 @@ class Tree {
   }
 
   const Tree* find_child(std::string_view key) const {
-    if (is_leaf()) return nullptr;
+    if (is_leaf()) return nullptr;  // makes a deferred node
     const auto& c = std::get<0>(node_);
     auto it = std::lower_bound(c.begin(), c.end(), key,
                                [](const Entry& e, std::string_view k) { return e.first < k; });
@@ -334,7 +385,47 @@ class Tree {
     }
   }
 
-  std::variant<Children, T> node_;
+  // A deferred tree's source and whether node_ has been made from it (deferred()).
+  struct Lazy {
+    explicit Lazy(std::shared_ptr<const Source> s) : source(std::move(s)) {}
+    std::shared_ptr<const Source> source;
+    std::once_flag once;
+    std::atomic<bool> made{false};
+  };
+
+  // node_, made first when this is a deferred tree. Every read of node_ goes through here.
+  const std::variant<Children, T>& node() const noexcept {
+    if (lazy_ && !lazy_->made.load(std::memory_order_acquire)) [[unlikely]]
+      make();
+    return node_;
+  }
+  [[gnu::noinline]] void make() const noexcept {
+    std::call_once(lazy_->once, [this] {
+      node_ = std::move(lazy_->source->make().node_);
+      lazy_->made.store(true, std::memory_order_release);
+    });
+  }
+  // A copy takes the content when it has been made, else the source alone (made again on the
+  // copy's first access): a concurrent first access of `this` is never read half-done.
+  std::variant<Children, T> node_of_copy() const {
+    if (lazy_ && !lazy_->made.load(std::memory_order_acquire)) return Children{};
+    return node_;
+  }
+  std::unique_ptr<Lazy> lazy_copy() const {
+    if (!lazy_) return nullptr;
+    auto l = std::make_unique<Lazy>(lazy_->source);
+    l->made.store(lazy_->made.load(std::memory_order_acquire), std::memory_order_relaxed);
+    return l;
+  }
+  // A mutation: make the content, then forget the source (the value no longer is its image).
+  void drop_source() noexcept {
+    if (!lazy_) return;
+    node();
+    lazy_.reset();
+  }
+
+  mutable std::variant<Children, T> node_;
+  std::unique_ptr<Lazy> lazy_;
 };
 
 // ---- out-of-line members ------------------------------------------------------------------
@@ -358,7 +449,7 @@ std::size_t Tree<T>::depth() const {
     }
     const Tree& child = (f.it++)->second;
     d = std::max(d, stack.size());
-    if (const auto* c = std::get_if<0>(&child.node_))
+    if (const auto* c = std::get_if<0>(&child.node()))
       stack.push({c->data(), c->data() + c->size()});
   }
   return d;
@@ -372,7 +463,7 @@ std::size_t Tree<T>::leaf_count() const {
   while (!stack.empty()) {
     const Tree* node = stack.back();
     stack.pop();
-    if (const auto* c = std::get_if<0>(&node->node_))
+    if (const auto* c = std::get_if<0>(&node->node()))
       for (const auto& e : *c) stack.push(&e.second);
     else
       ++n;
@@ -386,6 +477,7 @@ Tree<T>& Tree<T>::insert(const Path& path, Tree value) {
   Tree* node = this;
   Path walked;
   for (std::size_t i = 0; i < path.size(); ++i) {
+    node->drop_source();
     if (node->is_leaf())
       throw KeyError(
           path, {},
@@ -409,9 +501,15 @@ template <class T>
 bool Tree<T>::erase(const Path& path) {
   if (path.empty()) return false;
   Path parent_path(std::vector<std::string>(path.begin(), path.end() - 1));
-  const Tree* parent = find(parent_path);
-  if (!parent || parent->is_leaf()) return false;
-  auto& c = std::get<0>(const_cast<Tree*>(parent)->node_);
+  Tree* parent = this;  // every node on the way stops being its source's image
+  for (const auto& key : parent_path) {
+    parent->drop_source();
+    parent = const_cast<Tree*>(parent->find_child(key));
+    if (!parent) return false;
+  }
+  if (parent->is_leaf()) return false;
+  parent->drop_source();
+  auto& c = std::get<0>(parent->node_);
   auto it = std::lower_bound(c.begin(), c.end(), path.keys().back(),
                              [](const Entry& e, const std::string& k) { return e.first < k; });
   if (it == c.end() || it->first != path.keys().back()) return false;
@@ -443,7 +541,7 @@ std::vector<Path> Tree<T>::paths() const {
     }
     const auto& [key, child] = *f.it++;
     prefix.push_back(key);
-    if (const auto* c = std::get_if<0>(&child.node_)) {
+    if (const auto* c = std::get_if<0>(&child.node())) {
       stack.push({c->data(), c->data() + c->size()});
     } else {
       out.emplace_back(prefix);
