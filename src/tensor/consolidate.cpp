@@ -1,9 +1,11 @@
-// Consolidation: one buffer per (dtype, device) group (consolidate.hpp; DESIGN.md §12).
+// Consolidation: one buffer per (dtype, device) group, carried as a property of the tree value
+// (consolidate.hpp; DESIGN.md §12).
 #include "treetensor/tensor/consolidate.hpp"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 namespace treetensor {
@@ -11,36 +13,34 @@ namespace {
 
 using Group = std::pair<at::ScalarType, at::Device>;
 
-// Leaf i's element offset in its group's buffer, and each group's total elements.
-struct Layout {
-  std::vector<Group> groups;       // first-appearance order
-  std::vector<std::size_t> group;  // per leaf
-  std::vector<int64_t> offset;     // per leaf, elements
-  std::vector<int64_t> total;      // per group, elements
-};
-
-Layout layout_of(const std::vector<const at::Tensor*>& leaves) {
-  Layout l;
+// Group ids in order of first appearance of each (dtype, device).
+std::vector<std::size_t> group_ids(const std::vector<const at::Tensor*>& leaves,
+                                   std::vector<Group>& groups) {
+  std::vector<std::size_t> ids;
+  ids.reserve(leaves.size());
   for (const at::Tensor* x : leaves) {
     const Group key{x->scalar_type(), x->device()};
-    const auto g = static_cast<std::size_t>(std::find(l.groups.begin(), l.groups.end(), key) -
-                                            l.groups.begin());
-    if (g == l.groups.size()) {  // a new group (there are few: a linear search)
-      l.groups.push_back(key);
-      l.total.push_back(0);
-    }
-    const int64_t align = std::max<int64_t>(1, kConsolidateAlignment / int64_t(x->element_size()));
-    int64_t& end = l.total[g];
-    end = (end + align - 1) / align * align;
-    l.group.push_back(g);
-    l.offset.push_back(end);
-    end += x->numel();
+    auto it = std::find(groups.begin(), groups.end(), key);  // few groups: a linear search
+    if (it == groups.end()) it = groups.insert(groups.end(), key);
+    ids.push_back(static_cast<std::size_t>(it - groups.begin()));
   }
-  return l;
+  return ids;
 }
 
-std::vector<const at::Tensor*> defined_leaves(const TensorTree& t) {
-  const auto flat = tree::flatten_refs(t);
+std::shared_ptr<const ConsolidatedLayout> layout_of(const tree::TreeSpec& spec,
+                                                    const std::vector<const at::Tensor*>& leaves,
+                                                    std::vector<Group>& groups) {
+  const auto ids = group_ids(leaves, groups);
+  std::vector<at::IntArrayRef> sizes;
+  std::vector<int64_t> item;
+  for (const at::Tensor* x : leaves) {
+    sizes.push_back(x->sizes());
+    item.push_back(static_cast<int64_t>(x->element_size()));
+  }
+  return std::make_shared<const ConsolidatedLayout>(spec, ids, sizes, item);
+}
+
+std::vector<const at::Tensor*> defined_leaves(const tree::Flat<const at::Tensor*>& flat) {
   for (std::size_t i = 0; i < flat.leaves.size(); ++i)
     if (!flat.leaves[i]->defined())
       throw std::invalid_argument("consolidate: leaf '" + flat.spec.paths()[i].describe() +
@@ -48,55 +48,170 @@ std::vector<const at::Tensor*> defined_leaves(const TensorTree& t) {
   return flat.leaves;
 }
 
-}  // namespace
-
-bool is_consolidated(const TensorTree& t) {
-  return !consolidated_groups(t).empty() || t.leaf_count() == 0;
+std::vector<int64_t> row_major_strides(at::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t s = 1;
+  for (std::size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = s;
+    s *= std::max<int64_t>(sizes[d], 1);
+  }
+  return strides;
 }
 
+// The buffers the leaves already lie in as `layout` places them, or empty (O(leaves)).
+std::vector<at::Tensor> buffers_in_place(const ConsolidatedLayout& layout,
+                                         const std::vector<const at::Tensor*>& leaves) {
+  std::vector<at::Tensor> buffers(layout.groups());
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const at::Tensor& x = *leaves[i];
+    if (!x.defined() || !x.is_contiguous() || !x.has_storage()) return {};
+    at::Tensor& b = buffers[layout.group(i)];
+    if (!b.defined()) {
+      const int64_t numel = layout.group_numel(layout.group(i));
+      if (int64_t(x.storage().nbytes()) != numel * int64_t(x.element_size())) return {};
+      b = at::empty({0}, x.options().requires_grad(false));
+      b.set_(x.storage(), 0, {numel}, {1});
+    }
+    if (!x.storage().is_alias_of(b.storage()) || x.storage_offset() != layout.offset(i)) return {};
+  }
+  return buffers;
+}
+
+}  // namespace
+
+// ---- ConsolidatedLayout --------------------------------------------------------------------
+
+ConsolidatedLayout::ConsolidatedLayout(tree::TreeSpec spec, const std::vector<std::size_t>& group,
+                                       const std::vector<at::IntArrayRef>& sizes,
+                                       const std::vector<int64_t>& element_size)
+    : spec_(std::move(spec)), group_(group) {
+  const std::size_t n = group.size();
+  offset_.reserve(n);
+  numel_.reserve(n);
+  dims_begin_.reserve(n + 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (group[i] >= group_numel_.size()) group_numel_.resize(group[i] + 1, 0);
+    const int64_t align = std::max<int64_t>(1, kConsolidateAlignment / element_size[i]);
+    int64_t& end = group_numel_[group[i]];
+    const int64_t start = (end + align - 1) / align * align;
+    dense_ = dense_ && start == end;
+    int64_t numel = 1;
+    for (int64_t s : sizes[i]) numel *= s;
+    has_scalar_leaf_ = has_scalar_leaf_ || sizes[i].empty();
+    offset_.push_back(start);
+    numel_.push_back(numel);
+    dims_begin_.push_back(sizes_.size());
+    sizes_.insert(sizes_.end(), sizes[i].begin(), sizes[i].end());
+    end = start + numel;
+    total_numel_ += numel;
+  }
+  dims_begin_.push_back(sizes_.size());
+  masks_.resize(group_numel_.size());
+}
+
+at::IntArrayRef ConsolidatedLayout::sizes(std::size_t leaf) const {
+  return at::IntArrayRef(sizes_.data() + dims_begin_[leaf],
+                         dims_begin_[leaf + 1] - dims_begin_[leaf]);
+}
+
+at::Tensor ConsolidatedLayout::mask(std::size_t g, at::Device device) const {
+  std::lock_guard<std::mutex> lock(mask_mutex_);
+  if (!masks_[g].defined()) {
+    at::Tensor m = at::zeros({group_numel_[g]}, at::kBool);
+    auto* p = m.data_ptr<bool>();
+    for (std::size_t i = 0; i < group_.size(); ++i)
+      if (group_[i] == g) std::memset(p + offset_[i], 1, static_cast<std::size_t>(numel_[i]));
+    masks_[g] = std::move(m);
+  }
+  return masks_[g].to(device);
+}
+
+bool operator==(const ConsolidatedLayout& a, const ConsolidatedLayout& b) {
+  return &a == &b || (a.group_ == b.group_ && a.offset_ == b.offset_ && a.sizes_ == b.sizes_ &&
+                      a.dims_begin_ == b.dims_begin_ && a.spec_ == b.spec_);
+}
+
+// ---- ConsolidatedTree ------------------------------------------------------------------------
+
+at::Tensor ConsolidatedTree::leaf_view(std::size_t leaf) const {
+  const at::Tensor& b = buffers_[layout_->group(leaf)];
+  const at::IntArrayRef sizes = layout_->sizes(leaf);
+  return b.as_strided(sizes, row_major_strides(sizes), b.storage_offset() + layout_->offset(leaf));
+}
+
+TensorTree ConsolidatedTree::make() const {
+  std::vector<at::Tensor> leaves;
+  leaves.reserve(layout_->leaves());
+  for (std::size_t i = 0; i < layout_->leaves(); ++i) leaves.push_back(leaf_view(i));
+  return tree::unflatten(layout_->spec(), std::move(leaves));
+}
+
+const ConsolidatedTree* consolidated_source(const TensorTree& t) noexcept {
+  return dynamic_cast<const ConsolidatedTree*>(t.source());
+}
+
+TreeTensor consolidated_tree(std::shared_ptr<const ConsolidatedLayout> layout,
+                             std::vector<at::Tensor> buffers) {
+  return TensorTree::deferred(
+      std::make_shared<const ConsolidatedTree>(std::move(layout), std::move(buffers)));
+}
+
+// ---- consolidate ---------------------------------------------------------------------------
+
+bool is_consolidated(const TensorTree& t) {
+  return consolidated_source(t) != nullptr || t.empty();
+}
+
+namespace {
+std::vector<ConsolidatedGroup> groups_of(const ConsolidatedTree& c) {
+  const ConsolidatedLayout& l = c.layout();
+  std::vector<ConsolidatedGroup> out(l.groups());
+  for (std::size_t g = 0; g < l.groups(); ++g) out[g].buffer = c.buffers()[g];
+  for (std::size_t i = 0; i < l.leaves(); ++i)
+    out[l.group(i)].ranges.emplace_back(l.offset(i), l.numel(i));
+  return out;
+}
+}  // namespace
+
 std::vector<ConsolidatedGroup> consolidated_groups(const TensorTree& t) {
+  if (const ConsolidatedTree* c = consolidated_source(t)) return groups_of(*c);
   const auto flat = tree::flatten_refs(t);
   for (const at::Tensor* x : flat.leaves)
-    if (!x->defined() || !x->is_contiguous()) return {};
-  const Layout l = layout_of(flat.leaves);
-  std::vector<ConsolidatedGroup> out(l.groups.size());
-  for (std::size_t i = 0; i < flat.leaves.size(); ++i) {
-    const at::Tensor& x = *flat.leaves[i];
-    ConsolidatedGroup& g = out[l.group[i]];
-    if (!g.buffer.defined()) {
-      const int64_t bytes = l.total[l.group[i]] * int64_t(x.element_size());
-      if (int64_t(x.storage().nbytes()) != bytes) return {};
-      g.buffer = at::empty({0}, x.options().requires_grad(false));
-      g.buffer.set_(x.storage(), 0, {l.total[l.group[i]]}, {1});
-    }
-    if (!x.storage().is_alias_of(g.buffer.storage()) || x.storage_offset() != l.offset[i])
-      return {};
-    g.ranges.emplace_back(l.offset[i], x.numel());
-  }
-  return out;
+    if (!x->defined()) return {};
+  std::vector<Group> groups;
+  auto layout = layout_of(flat.spec, flat.leaves, groups);
+  auto buffers = buffers_in_place(*layout, flat.leaves);
+  if (buffers.empty()) return {};
+  return groups_of(ConsolidatedTree(std::move(layout), std::move(buffers)));
 }
 
 TreeTensor consolidate(const TensorTree& t) {
-  const auto leaves = defined_leaves(t);
-  if (is_consolidated(t)) return TreeTensor(t);
-  const Layout l = layout_of(leaves);
+  if (consolidated_source(t)) return TreeTensor(t);
+  const auto flat = tree::flatten_refs(t);
+  const auto leaves = defined_leaves(flat);
+  std::vector<Group> groups;
+  auto layout = layout_of(flat.spec, leaves, groups);
+  if (auto in_place = buffers_in_place(*layout, leaves); !in_place.empty() || leaves.empty())
+    return TensorTree::tagged(
+        t, std::make_shared<const ConsolidatedTree>(std::move(layout), std::move(in_place)));
   std::vector<at::Tensor> buffers;
-  for (std::size_t g = 0; g < l.groups.size(); ++g)
-    buffers.push_back(at::zeros(
-        {l.total[g]}, at::TensorOptions().dtype(l.groups[g].first).device(l.groups[g].second)));
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    buffers.push_back(at::zeros({layout->group_numel(g)},
+                                at::TensorOptions().dtype(groups[g].first).device(groups[g].second)));
+  auto source = std::make_shared<const ConsolidatedTree>(std::move(layout), std::move(buffers));
   std::vector<at::Tensor> views;
+  views.reserve(leaves.size());
   for (std::size_t i = 0; i < leaves.size(); ++i) {
-    const at::Tensor& x = *leaves[i];
-    at::Tensor v = buffers[l.group[i]].narrow(0, l.offset[i], x.numel()).view(x.sizes());
+    at::Tensor v = source->leaf_view(i);
     {
       at::NoGradGuard no_grad;
-      v.copy_(x);
+      v.copy_(*leaves[i]);
     }
     v = v.detach();  // a fresh leaf: no history, so later in-place updates are allowed
-    if (x.requires_grad()) v.requires_grad_(true);
+    if (leaves[i]->requires_grad()) v.requires_grad_(true);
     views.push_back(std::move(v));
   }
-  return tree::unflatten(tree::flatten_refs(t).spec, views);
+  return TensorTree::tagged(tree::unflatten(flat.spec, std::move(views)), std::move(source));
 }
 
 }  // namespace treetensor

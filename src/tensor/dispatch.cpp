@@ -25,6 +25,8 @@
 #include "treetensor/tree/internal_error.hpp"
 #include "treetensor/tree/zip_rules.hpp"
 
+#include "tensor/flat.hpp"
+
 namespace treetensor::detail {
 namespace {
 
@@ -374,6 +376,8 @@ bool FusedArgs::foreach_compatible() const {
 }
 
 TreeTensor map_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafFn f, FusedFn fused) {
+  if (o.elementwise)
+    if (auto flat = flat_map(o, args, f)) return std::move(*flat);
   Zip z(o, args);
   TreeTensor result;
   z.run(&result);
@@ -439,6 +443,7 @@ void update_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate
                    FusedUpdate fused) {
   if (args.empty() || !args[0].is_tree())
     throw std::invalid_argument(std::string(o.op) + ": the first argument must be a tree");
+  if (o.elementwise && flat_update(o, args, f)) return;
   CallOptions strict = o;  // an in-place target keeps its own structure
   strict.zip = ZipOptions{};
   strict.missing = nullptr;

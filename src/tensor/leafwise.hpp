@@ -12,17 +12,32 @@ namespace treetensor::detail {
 
 /// f(leaf) on every leaf of t, through the runtime.
 template <class F>
-TreeTensor map1(std::string_view op, const TensorTree& t, F&& f) {
+TreeTensor map1(const CallOptions& o, const TensorTree& t, F&& f) {
   const Operand args[] = {Operand(t)};
-  return map_leaves(CallOptions{op}, args, [&](const LeafArgs& x) { return f(x.t(0)); });
+  return map_leaves(o, args, [&](const LeafArgs& x) { return f(x.t(0)); });
+}
+template <class F>
+TreeTensor map1(std::string_view op, const TensorTree& t, F&& f) {
+  return map1(CallOptions{op}, t, std::forward<F>(f));
 }
 
 /// f(leaf) for its side effect on every leaf of t (in place), through the runtime.
 template <class F>
-TreeTensor& update1(std::string_view op, TreeTensor& t, F&& f) {
+TreeTensor& update1(const CallOptions& o, TreeTensor& t, F&& f) {
   const Operand args[] = {Operand(t)};
-  update_leaves(CallOptions{op}, args, [&](const LeafArgs& x) { f(x.t(0)); });
+  update_leaves(o, args, [&](const LeafArgs& x) { f(x.t(0)); });
   return t;
+}
+template <class F>
+TreeTensor& update1(std::string_view op, TreeTensor& t, F&& f) {
+  return update1(CallOptions{op}, t, std::forward<F>(f));
+}
+
+/// Options of an elementwise, shape-preserving op (it may run flat on consolidated trees).
+inline CallOptions elementwise(std::string_view op) {
+  CallOptions o{op};
+  o.elementwise = true;
+  return o;
 }
 
 /// f(leaf) -> several tensors on every leaf of t; result k is the tree of the k-th tensors.

@@ -13,6 +13,7 @@ namespace treetensor {
 namespace {
 
 using detail::CallOptions;
+using detail::elementwise;
 using detail::FusedArgs;
 using detail::LeafArgs;
 using detail::map1;
@@ -37,30 +38,38 @@ struct ForeachUnary {
   }()
 #define TREETENSOR_FUSED_UNARY_none(n) static_cast<const ForeachUnary*>(nullptr)
 
+// Unary table ops are elementwise, except detach: it changes each leaf's autograd state, not
+// its data, so it must reach every leaf.
+CallOptions unary_options(std::string_view op) {
+  CallOptions o = elementwise(op);
+  o.elementwise = op != "detach" && op != "detach_";
+  return o;
+}
+
 TreeTensor unary_map(std::string_view op, const TensorTree& t, Kernel1 k, const ForeachUnary* fe) {
   const Operand args[] = {Operand(t)};
   auto leaf = [k](const LeafArgs& x) { return k(x.t(0)); };
-  if (!fe) return detail::map_leaves(CallOptions{op}, args, leaf);
+  if (!fe) return detail::map_leaves(unary_options(op), args, leaf);
   auto fused = [fe](const FusedArgs& a, std::vector<at::Tensor>& out) {
     if (!a.foreach_compatible()) return false;
     out = fe->map(a.column(0));
     return true;
   };
-  return detail::map_leaves(CallOptions{op}, args, leaf, fused);
+  return detail::map_leaves(unary_options(op), args, leaf, fused);
 }
 
 TreeTensor& unary_update(std::string_view op, TreeTensor& t, Update1 k, const ForeachUnary* fe) {
   const Operand args[] = {Operand(t)};
   auto leaf = [k](const LeafArgs& x) { k(x.t(0)); };
   if (!fe) {
-    detail::update_leaves(CallOptions{op}, args, leaf);
+    detail::update_leaves(unary_options(op), args, leaf);
   } else {
     auto fused = [fe](const FusedArgs& a) {
       if (!a.foreach_compatible()) return false;
       fe->update(a.column(0));
       return true;
     };
-    detail::update_leaves(CallOptions{op}, args, leaf, fused);
+    detail::update_leaves(unary_options(op), args, leaf, fused);
   }
   return t;
 }
@@ -73,7 +82,7 @@ using UpdateTS = void (*)(const at::Tensor&, const at::Scalar&);
 
 // A scalar first operand enters as a wrapped-number tensor (torch's `2 - t` does the same).
 CallOptions binary_options(std::string_view op, const Operand& a) {
-  CallOptions o{op};
+  CallOptions o = elementwise(op);
   o.wrap_scalars = a.kind() == Operand::Kind::scalar;
   return o;
 }
@@ -114,7 +123,7 @@ TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, K
 
 TreeTensor binary_tensor_map(std::string_view op, const Operand& a, const Operand& b, KernelTT tt) {
   const Operand args[] = {a, b};
-  CallOptions o{op};
+  CallOptions o = elementwise(op);
   o.wrap_scalars = true;
   return detail::map_leaves(o, args, [tt](const LeafArgs& x) { return tt(x.t(0), x.t(1)); });
 }
@@ -126,7 +135,7 @@ TreeTensor& binary_update(std::string_view op, TreeTensor& a, const Operand& b, 
     x.is_scalar(1) ? ts(x.t(0), x.s(1)) : tt(x.t(0), x.t(1));
   };
   if (!fe) {
-    detail::update_leaves(CallOptions{op}, args, leaf);
+    detail::update_leaves(elementwise(op), args, leaf);
     return a;
   }
   auto fused = [fe](const FusedArgs& f) {
@@ -135,7 +144,7 @@ TreeTensor& binary_update(std::string_view op, TreeTensor& a, const Operand& b, 
                            : fe->update_ls(f.column(0), f.operand(1).scalar());
     return true;
   };
-  detail::update_leaves(CallOptions{op}, args, leaf, fused);
+  detail::update_leaves(elementwise(op), args, leaf, fused);
   return a;
 }
 
@@ -211,7 +220,7 @@ TreeTensor& alpha_update(const AlphaOp& op, TreeTensor& a, const Operand& b,
     op.update_ls(f.column(0), f.operand(1).scalar());
     return true;
   };
-  detail::update_leaves(CallOptions{op.inplace_name}, args, leaf, fused);
+  detail::update_leaves(elementwise(op.inplace_name), args, leaf, fused);
   return a;
 }
 
@@ -353,10 +362,10 @@ TreeTensor& sub_(TreeTensor& a, const Operand& b, const at::Scalar& alpha) {
 
 TreeTensor clamp(const TensorTree& t, c10::optional<at::Scalar> min,
                  c10::optional<at::Scalar> max) {
-  return map1("clamp", t, [&](const at::Tensor& x) { return at::clamp(x, min, max); });
+  return map1(elementwise("clamp"), t, [&](const at::Tensor& x) { return at::clamp(x, min, max); });
 }
 TreeTensor& clamp_(TreeTensor& t, c10::optional<at::Scalar> min, c10::optional<at::Scalar> max) {
-  return update1("clamp_", t, [&](const at::Tensor& x) { x.clamp_(min, max); });
+  return update1(elementwise("clamp_"), t, [&](const at::Tensor& x) { x.clamp_(min, max); });
 }
 
 namespace {
@@ -365,7 +374,7 @@ template <class Leaf, class Foreach>
 TreeTensor& pointwise3_(std::string_view op, TreeTensor& self, const Operand& t1, const Operand& t2,
                         Leaf leaf_fn, Foreach foreach_fn) {
   const Operand args[] = {Operand(self), t1, t2};
-  CallOptions o{op};
+  CallOptions o = elementwise(op);
   o.wrap_scalars = true;
   auto leaf = [&](const LeafArgs& x) { leaf_fn(x.t(0), x.t(1), x.t(2)); };
   auto fused = [&](const FusedArgs& f) {
@@ -405,7 +414,7 @@ TreeTensor& addcdiv_(TreeTensor& self, const Operand& t1, const Operand& t2,
 TreeTensor addcmul(const Operand& self, const Operand& t1, const Operand& t2,
                    const at::Scalar& value) {
   const Operand args[] = {self, t1, t2};
-  CallOptions o{"addcmul"};
+  CallOptions o = elementwise("addcmul");
   o.wrap_scalars = true;
   return detail::map_leaves(
       o, args, [&](const LeafArgs& x) { return at::addcmul(x.t(0), x.t(1), x.t(2), value); });
@@ -414,7 +423,7 @@ TreeTensor addcmul(const Operand& self, const Operand& t1, const Operand& t2,
 TreeTensor addcdiv(const Operand& self, const Operand& t1, const Operand& t2,
                    const at::Scalar& value) {
   const Operand args[] = {self, t1, t2};
-  CallOptions o{"addcdiv"};
+  CallOptions o = elementwise("addcdiv");
   o.wrap_scalars = true;
   return detail::map_leaves(
       o, args, [&](const LeafArgs& x) { return at::addcdiv(x.t(0), x.t(1), x.t(2), value); });
@@ -422,7 +431,7 @@ TreeTensor addcdiv(const Operand& self, const Operand& t1, const Operand& t2,
 
 TreeTensor lerp(const Operand& self, const Operand& end, const at::Scalar& weight) {
   const Operand args[] = {self, end};
-  CallOptions o{"lerp"};
+  CallOptions o = elementwise("lerp");
   o.wrap_scalars = true;
   return detail::map_leaves(o, args,
                             [&](const LeafArgs& x) { return at::lerp(x.t(0), x.t(1), weight); });
@@ -430,7 +439,7 @@ TreeTensor lerp(const Operand& self, const Operand& end, const at::Scalar& weigh
 
 TreeTensor& lerp_(TreeTensor& self, const Operand& end, const at::Scalar& weight) {
   const Operand args[] = {Operand(self), end};
-  CallOptions o{"lerp_"};
+  CallOptions o = elementwise("lerp_");
   o.wrap_scalars = true;
   detail::update_leaves(o, args, [&](const LeafArgs& x) { x.t(0).lerp_(x.t(1), weight); });
   return self;
@@ -438,7 +447,7 @@ TreeTensor& lerp_(TreeTensor& self, const Operand& end, const at::Scalar& weight
 
 TreeTensor& copy_(TreeTensor& self, const Operand& src) {
   const Operand args[] = {Operand(self), src};
-  CallOptions o{"copy_"};
+  CallOptions o = elementwise("copy_");
   o.wrap_scalars = true;
   detail::update_leaves(o, args, [](const LeafArgs& x) { x.t(0).copy_(x.t(1)); });
   return self;
@@ -452,12 +461,12 @@ TreeTensor& zero_(TreeTensor& t) {
     return true;
   };
   detail::update_leaves(
-      CallOptions{"zero_"}, args, [](const LeafArgs& x) { x.t(0).zero_(); }, fused);
+      elementwise("zero_"), args, [](const LeafArgs& x) { x.t(0).zero_(); }, fused);
   return t;
 }
 
 TreeTensor& fill_(TreeTensor& t, const at::Scalar& value) {
-  return update1("fill_", t, [&](const at::Tensor& x) { x.fill_(value); });
+  return update1(elementwise("fill_"), t, [&](const at::Tensor& x) { x.fill_(value); });
 }
 
 TreeTensor& requires_grad_(TreeTensor& t, bool requires_grad) {
@@ -468,7 +477,7 @@ TreeTensor& requires_grad_(TreeTensor& t, bool requires_grad) {
 // ---- comparison --------------------------------------------------------------------------------
 TreeTensor isclose(const Operand& a, const Operand& b, double rtol, double atol, bool equal_nan) {
   const Operand args[] = {a, b};
-  CallOptions o{"isclose"};
+  CallOptions o = elementwise("isclose");
   o.wrap_scalars = true;
   return detail::map_leaves(o, args, [&](const LeafArgs& x) {
     return at::isclose(x.t(0), x.t(1), rtol, atol, equal_nan);
@@ -551,7 +560,7 @@ TreeTensor index_select(const TensorTree& t, int64_t dim, const Operand& index) 
 
 TreeTensor where(const Operand& cond, const Operand& a, const Operand& b) {
   const Operand args[] = {cond, a, b};
-  CallOptions o{"where"};
+  CallOptions o = elementwise("where");
   o.wrap_scalars = true;
   return detail::map_leaves(o, args,
                             [](const LeafArgs& x) { return at::where(x.t(0), x.t(1), x.t(2)); });

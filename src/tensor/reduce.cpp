@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/flat.hpp"
 #include "tensor/leafwise.hpp"
 
 namespace treetensor {
@@ -16,10 +17,17 @@ namespace {
 using detail::map1;
 using detail::multi1;
 
-// Leaf results in flatten order.
+// Leaf results in flatten order; on a consolidated tree (flat.hpp), one result per buffer
+// group over its leaf elements instead (every reduction here combines partials of any split).
 template <class F>
 std::vector<at::Tensor> partials(std::string_view op, const TensorTree& t, F&& f) {
   if (t.empty()) return {};
+  if (const ConsolidatedTree* c = detail::flat_reducible(t)) {
+    std::vector<at::Tensor> out;
+    for (std::size_t g = 0; g < c->buffers().size(); ++g)
+      out.push_back(f(detail::leaf_elements(*c, g)));
+    return out;
+  }
   return tree::flatten(map1(op, t, f)).leaves;
 }
 
@@ -34,12 +42,19 @@ at::Tensor stacked(std::vector<at::Tensor> parts) {
 }
 
 int64_t total_numel(const TensorTree& t) {
+  if (const ConsolidatedTree* c = consolidated_source(t)) return c->layout().total_numel();
   int64_t n = 0;
   for (const at::Tensor* x : tree::flatten_refs(t).leaves) n += x->numel();
   return n;
 }
 
 void require_floating(std::string_view op, const TensorTree& t) {
+  if (const ConsolidatedTree* c = consolidated_source(t)) {  // the leaves have the buffers' dtypes
+    bool floating = true;
+    for (const at::Tensor& b : c->buffers())
+      floating = floating && (at::isFloatingType(b.scalar_type()) || at::isComplexType(b.scalar_type()));
+    if (floating) return;
+  }
   const auto flat = tree::flatten_refs(t);
   for (std::size_t i = 0; i < flat.leaves.size(); ++i)
     if (!at::isFloatingType(flat.leaves[i]->scalar_type()) &&

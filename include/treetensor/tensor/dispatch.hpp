@@ -89,10 +89,21 @@ struct CallOptions {
   /// optimizer step writes its parameter and state trees). Operand tracking and the aliasing
   /// rule treat these as written, the rest as read.
   std::size_t written = 1;
+  /// The leaf function is elementwise and shape-preserving (each output element depends only
+  /// on the operands' elements at its position): on consolidated trees of one layout it may
+  /// then run once per buffer instead of once per leaf (flat execution, DESIGN.md §12).
+  bool elementwise = false;
 };
 
 /// Runs `f` on every leaf of the zipped arguments and returns the tree of its results, with
 /// the zipped structure (strict: the arguments' common structure).
+/// Flat execution (under every stream mode): when o.elementwise, every tree argument is
+/// consolidated with one layout, tensor arguments are 0-d (none when a leaf is 0-d), every
+/// buffer is floating, complex or bool, and no operand needs a gradient while grad mode is on,
+/// `f` runs once per buffer group instead (LeafArgs::leaf() is then the group) and the result
+/// is a consolidated tree of that layout whose leaves are made on first access. The values are
+/// those of the per-leaf loop, bitwise (the same kernel over the same elements). If a flat
+/// call throws, the call runs per leaf, so errors name the leaf path as always.
 /// @throws tree::StructureError when the trees do not zip (names the path, the argument
 ///         positions and both key sets); std::invalid_argument when no argument is a tree;
 ///         whatever a leaf job throws, with the op and leaf path added (runtime::run).

@@ -112,7 +112,7 @@ class Tree {
 
   /// The empty tree (an internal node without children).
   Tree() = default;
-  Tree(const Tree& other) : node_(other.node_of_copy()), lazy_(other.lazy_copy()) {}
+  Tree(const Tree& other) : Tree(other, other.lazy_state()) {}
   Tree(Tree&&) = default;
   Tree& operator=(const Tree& other) {
     if (this != &other) *this = Tree(other);
@@ -406,16 +406,18 @@ class Tree {
     });
   }
   // A copy takes the content when it has been made, else the source alone (made again on the
-  // copy's first access): a concurrent first access of `this` is never read half-done.
-  std::variant<Children, T> node_of_copy() const {
-    if (lazy_ && !lazy_->made.load(std::memory_order_acquire)) return Children{};
-    return node_;
+  // copy's first access). The state is read once, so a concurrent first access of the original
+  // is never seen half-done.
+  enum class LazyState { none, pending, made };
+  LazyState lazy_state() const noexcept {
+    if (!lazy_) return LazyState::none;
+    return lazy_->made.load(std::memory_order_acquire) ? LazyState::made : LazyState::pending;
   }
-  std::unique_ptr<Lazy> lazy_copy() const {
-    if (!lazy_) return nullptr;
-    auto l = std::make_unique<Lazy>(lazy_->source);
-    l->made.store(lazy_->made.load(std::memory_order_acquire), std::memory_order_relaxed);
-    return l;
+  Tree(const Tree& other, LazyState state)
+      : node_(state == LazyState::pending ? std::variant<Children, T>() : other.node_) {
+    if (state == LazyState::none) return;
+    lazy_ = std::make_unique<Lazy>(other.lazy_->source);
+    lazy_->made.store(state == LazyState::made, std::memory_order_relaxed);
   }
   // A mutation: make the content, then forget the source (the value no longer is its image).
   void drop_source() noexcept {
