@@ -5,11 +5,14 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 
 #include "tensor/leafwise.hpp"
+#include "treetensor/tensor/consolidate.hpp"
 
 namespace treetensor {
 namespace {
@@ -289,6 +292,134 @@ TreeTensor from_ivalue(const c10::IValue& value) {
 
 c10::IValue to_ivalue(const TensorTree& t) {
   return to_ivalue_at(t);
+}
+
+// ---- consolidated construction (DESIGN.md §12) ------------------------------------------------
+namespace {
+
+using MakeBuffer = std::function<at::Tensor(int64_t numel, const at::TensorOptions&)>;
+
+void check_shape(const Shape& s, const Path& path) {
+  for (int64_t d : s)
+    if (d < 0)
+      throw std::invalid_argument("consolidated construction: leaf '" + path.describe() +
+                                  "' has a negative dimension " + std::to_string(d));
+}
+
+// Leaves with autograd must be fresh leaves that every copy shares: made now.
+TreeTensor finish(TreeTensor t, const at::TensorOptions& options) {
+  if (!options.requires_grad()) return t;
+  const ConsolidatedTree* c = consolidated_source(t);
+  auto flat = tree::flatten(t);
+  for (auto& v : flat.leaves) v = v.detach().requires_grad_(true);
+  auto source = std::make_shared<const ConsolidatedTree>(c->layout_ptr(), c->buffers());
+  return TensorTree::tagged(tree::unflatten(flat.spec, std::move(flat.leaves)), std::move(source));
+}
+
+TreeTensor consolidated_shapes(const ShapeTree& shapes, at::TensorOptions options,
+                               const MakeBuffer& make) {
+  const auto flat = tree::flatten_refs(shapes);
+  const std::size_t n = flat.leaves.size();
+  if (n == 0) return TreeTensor(tree::unflatten(flat.spec, std::vector<at::Tensor>{}));
+  const auto paths = flat.spec.paths();
+  std::vector<at::IntArrayRef> sizes;
+  for (std::size_t i = 0; i < n; ++i) {
+    check_shape(*flat.leaves[i], paths[i]);
+    sizes.emplace_back(*flat.leaves[i]);
+  }
+  const auto opts = at::TensorOptions(at::typeMetaToScalarType(options.dtype()))
+                        .device(options.device());
+  const auto item = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(opts.dtype())));
+  auto layout = std::make_shared<const ConsolidatedLayout>(flat.spec, std::vector<std::size_t>(n, 0),
+                                                           sizes, std::vector<int64_t>(n, item));
+  at::Tensor buffer = make(layout->group_numel(0), opts);
+  return finish(consolidated_tree(std::move(layout), {std::move(buffer)}), options);
+}
+
+TreeTensor consolidated_like(const TensorTree& t, at::TensorOptions options,
+                             const MakeBuffer& make) {
+  const ConsolidatedTree* c = consolidated_source(t);
+  if (c && !options.has_dtype() && !options.has_device()) {
+    std::vector<at::Tensor> buffers;
+    for (std::size_t g = 0; g < c->buffers().size(); ++g)
+      buffers.push_back(make(c->layout().group_numel(g),
+                             at::TensorOptions(c->buffers()[g].scalar_type())
+                                 .device(c->buffers()[g].device())));
+    return finish(consolidated_tree(c->layout_ptr(), std::move(buffers)), options);
+  }
+  // Any other tree: the layout consolidate() would give the new leaves.
+  const TreeTensor shaped = like("consolidated_like", t, options, [](const at::Tensor& x,
+                                                                     at::TensorOptions o) {
+    return at::empty({0}, x.options().merge_in(o));  // dtype and device of the new leaf
+  });
+  const auto flat = tree::flatten(t), types = tree::flatten(shaped);
+  const std::size_t n = flat.leaves.size();
+  if (n == 0) return TreeTensor(tree::unflatten(flat.spec, std::vector<at::Tensor>{}));
+  std::vector<std::pair<at::ScalarType, at::Device>> groups;
+  std::vector<std::size_t> ids;
+  std::vector<at::IntArrayRef> sizes;
+  std::vector<int64_t> item;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::pair<at::ScalarType, at::Device> key{types.leaves[i].scalar_type(),
+                                                    types.leaves[i].device()};
+    auto it = std::find(groups.begin(), groups.end(), key);
+    if (it == groups.end()) it = groups.insert(groups.end(), key);
+    ids.push_back(static_cast<std::size_t>(it - groups.begin()));
+    sizes.push_back(flat.leaves[i].sizes());
+    item.push_back(static_cast<int64_t>(types.leaves[i].element_size()));
+  }
+  auto layout = std::make_shared<const ConsolidatedLayout>(flat.spec, ids, sizes, item);
+  std::vector<at::Tensor> buffers;
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    buffers.push_back(make(layout->group_numel(g),
+                           at::TensorOptions(groups[g].first).device(groups[g].second)));
+  return finish(consolidated_tree(std::move(layout), std::move(buffers)), options);
+}
+
+MakeBuffer filled(const at::Scalar& v) {
+  return [v](int64_t n, const at::TensorOptions& o) { return at::full({n}, v, o); };
+}
+const MakeBuffer kEmpty = [](int64_t n, const at::TensorOptions& o) { return at::empty({n}, o); };
+const MakeBuffer kRandn = [](int64_t n, const at::TensorOptions& o) { return at::randn({n}, o); };
+const MakeBuffer kRand = [](int64_t n, const at::TensorOptions& o) { return at::rand({n}, o); };
+
+}  // namespace
+
+TreeTensor zeros(const ShapeTree& s, at::TensorOptions o, Consolidated) {
+  return consolidated_shapes(s, o, filled(0));
+}
+TreeTensor ones(const ShapeTree& s, at::TensorOptions o, Consolidated) {
+  return consolidated_shapes(s, o, filled(1));
+}
+TreeTensor empty(const ShapeTree& s, at::TensorOptions o, Consolidated) {
+  return consolidated_shapes(s, o, kEmpty);
+}
+TreeTensor full(const ShapeTree& s, const at::Scalar& v, at::TensorOptions o, Consolidated) {
+  return consolidated_shapes(s, o, filled(v));
+}
+TreeTensor randn(const ShapeTree& s, at::TensorOptions o, Consolidated) {
+  return consolidated_shapes(s, o, kRandn);
+}
+TreeTensor rand(const ShapeTree& s, at::TensorOptions o, Consolidated) {
+  return consolidated_shapes(s, o, kRand);
+}
+TreeTensor zeros_like(const TensorTree& t, at::TensorOptions o, Consolidated) {
+  return consolidated_like(t, o, filled(0));
+}
+TreeTensor ones_like(const TensorTree& t, at::TensorOptions o, Consolidated) {
+  return consolidated_like(t, o, filled(1));
+}
+TreeTensor empty_like(const TensorTree& t, at::TensorOptions o, Consolidated) {
+  return consolidated_like(t, o, kEmpty);
+}
+TreeTensor full_like(const TensorTree& t, const at::Scalar& v, at::TensorOptions o, Consolidated) {
+  return consolidated_like(t, o, filled(v));
+}
+TreeTensor randn_like(const TensorTree& t, at::TensorOptions o, Consolidated) {
+  return consolidated_like(t, o, kRandn);
+}
+TreeTensor rand_like(const TensorTree& t, at::TensorOptions o, Consolidated) {
+  return consolidated_like(t, o, kRand);
 }
 
 }  // namespace treetensor

@@ -46,6 +46,36 @@ TreeTensor rand(const ShapeTree& shapes, at::TensorOptions options = {});
 TreeTensor randint(int64_t low, int64_t high, const ShapeTree& shapes,
                    at::TensorOptions options = at::TensorOptions(at::kLong));
 
+/// Tag of the consolidated construction overloads below.
+struct Consolidated {
+  explicit constexpr Consolidated() = default;
+};
+inline constexpr Consolidated consolidated{};
+
+/// Consolidated construction (DESIGN.md §12): the same trees as the overloads above, built as
+/// one buffer per (dtype, device) laid out as consolidate() lays it out, with one at:: call
+/// per buffer, and their leaves made on first access. E.g. `zeros(shapes, {}, consolidated)`.
+/// The *_like forms of a consolidated tree (options without dtype or device) share its
+/// layout, so flat ops between the two need no layout comparison.
+/// Random values: one at::randn / at::rand over each buffer from the default generator, so
+/// they repeat after at::manual_seed but differ from the per-leaf overloads' values.
+/// With options.requires_grad() the leaves are made at once (fresh autograd leaves).
+/// @throws as the at:: function (e.g. a negative dimension, named with the leaf path).
+TreeTensor zeros(const ShapeTree& shapes, at::TensorOptions options, Consolidated);
+TreeTensor ones(const ShapeTree& shapes, at::TensorOptions options, Consolidated);
+TreeTensor empty(const ShapeTree& shapes, at::TensorOptions options, Consolidated);
+TreeTensor full(const ShapeTree& shapes, const at::Scalar& value, at::TensorOptions options,
+                Consolidated);
+TreeTensor randn(const ShapeTree& shapes, at::TensorOptions options, Consolidated);
+TreeTensor rand(const ShapeTree& shapes, at::TensorOptions options, Consolidated);
+TreeTensor zeros_like(const TensorTree& t, at::TensorOptions options, Consolidated);
+TreeTensor ones_like(const TensorTree& t, at::TensorOptions options, Consolidated);
+TreeTensor empty_like(const TensorTree& t, at::TensorOptions options, Consolidated);
+TreeTensor full_like(const TensorTree& t, const at::Scalar& value, at::TensorOptions options,
+                     Consolidated);
+TreeTensor randn_like(const TensorTree& t, at::TensorOptions options, Consolidated);
+TreeTensor rand_like(const TensorTree& t, at::TensorOptions options, Consolidated);
+
 /// Leaf i holds at::arange(end_i): e.g. arange({{"a", 3}, {"b", 2.5}}).
 TreeTensor arange(const tree::Tree<at::Scalar>& ends, at::TensorOptions options = {});
 
