@@ -240,9 +240,35 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       ->capture_default_str();
   opt->footer(kOptimizerRows);
 
+  CLI::App* ew = app.add_subcommand(
+      "elementwise",
+      "N leaves x E elements: add and (x*2+y).sigmoid_(), per leaf against flat execution on "
+      "consolidated trees");
+  add_common(*ew, cfg, dtype, device);
+  ew->add_option("--leaves", cfg.elementwise_leaves, "grid of N, comma-separated")
+      ->delimiter(',')
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  ew->add_option("--elements", cfg.elementwise_elements, "grid of E, comma-separated")
+      ->delimiter(',')
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  ew->add_option("--budget", cfg.elementwise_budget_s,
+                 "seconds per (N, E, op) for the automatic T (without -T)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  ew->footer(
+      "Rows:\n  native     a std::map loop of at:: calls, as a hand-written LibTorch program\n"
+      "  linear, stream, auto   the tree op per leaf under stream(1), stream(M), automatic\n"
+      "  flat       consolidated trees: one ATen call per buffer; result leaves not made\n"
+      "  flat+read  flat, then every result leaf made (and read) once\n"
+      "  one-call   one ATen call over a tensor of all N*E elements: the floor");
+
   try {
     app.parse(argc, argv);
-    cfg.workload = seed->parsed() ? Workload::seed : Workload::optimizer;
+    cfg.workload = seed->parsed()  ? Workload::seed
+                   : ew->parsed() ? Workload::elementwise
+                                  : Workload::optimizer;
     cfg.dtype = kDtypes.at(dtype);
     try {
       cfg.device = c10::Device(device);
@@ -250,7 +276,7 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       throw CLI::ValidationError("--device", "expected cpu, cuda or cuda:K, got '" + device + "'");
     }
     const bool cuda = cfg.device.is_cuda();
-    CLI::App* sub = seed->parsed() ? seed : opt;
+    CLI::App* sub = seed->parsed() ? seed : ew->parsed() ? ew : opt;
     if (sub->get_option("--reps")->count() == 0 && cuda) cfg.reps = 50;
     if (sub->get_option("--warmup")->count() == 0 && cuda) cfg.warmup = 5;
     if (cfg.reps == 0 && cfg.warmup == 0)
@@ -269,7 +295,7 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
         throw CLI::ValidationError("--lanes", "M (" + std::to_string(cfg.lanes) +
                                                   ") must not exceed N (" +
                                                   std::to_string(cfg.leaves) + ")");
-    } else if (cfg.checkpoint.empty()) {
+    } else if (cfg.workload == Workload::optimizer && cfg.checkpoint.empty()) {
       cfg.model_path = resolve_model(cfg.model);
     }
   } catch (const CLI::ParseError& e) {

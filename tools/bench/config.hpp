@@ -32,7 +32,7 @@ struct AdamSettings {
   double weight_decay = 1e-2;
 };
 
-enum class Workload { seed, optimizer };
+enum class Workload { seed, optimizer, elementwise };
 
 inline constexpr std::size_t kAutoRepsMin = 10, kAutoRepsMax = 100;
 
@@ -57,6 +57,9 @@ struct Config {
   std::string model_path;          ///< resolved path of the model file
   std::string checkpoint;          ///< optimizer: a checkpoint file instead of a model
   AdamSettings adam;
+  std::vector<std::size_t> elementwise_leaves = {200, 2000};      ///< elementwise: N grid
+  std::vector<std::int64_t> elementwise_elements = {4, 256, 65536};  ///< elementwise: E grid
+  double elementwise_budget_s = 1.0;  ///< elementwise: automatic-T budget per (N, E, op)
   std::optional<std::string> json_path;  ///< --json FILE
   std::optional<std::string> plot_path;  ///< --plot FILE.png
   bool progress = true;                  ///< progress line on stderr

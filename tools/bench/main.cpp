@@ -16,6 +16,18 @@ namespace tb = treetensor::bench;
 
 namespace {
 
+const char* workload_name(tb::Workload w) {
+  switch (w) {
+    case tb::Workload::seed:
+      return "seed";
+    case tb::Workload::optimizer:
+      return "optimizer";
+    case tb::Workload::elementwise:
+      return "elementwise";
+  }
+  return "?";
+}
+
 std::string headline(const tb::Config& cfg) {
   const std::string reps = cfg.reps
                                ? std::to_string(cfg.reps)
@@ -27,6 +39,10 @@ std::string headline(const tb::Config& cfg) {
   if (cfg.workload == tb::Workload::seed)
     return fmt::format("treetensor-bench seed: {} leaves of S1xS2 @ S2xS3, {} on {}; {}",
                        cfg.leaves, tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
+  if (cfg.workload == tb::Workload::elementwise)
+    return fmt::format("treetensor-bench elementwise: N leaves x E elements, add and "
+                       "(x*2+y).sigmoid_(), {} on {}; {}",
+                       tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
   return fmt::format("treetensor-bench optimizer: Adam step over {}, {} on {}; {}",
                      cfg.checkpoint.empty() ? cfg.model : cfg.checkpoint, tb::dtype_name(cfg.dtype),
                      cfg.device.str(), timing);
@@ -44,7 +60,7 @@ std::string allocator_note() {
 nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine,
                            const tb::WorkloadResult& result) {
   nlohmann::json j = {
-      {"workload", cfg.workload == tb::Workload::seed ? "seed" : "optimizer"},
+      {"workload", workload_name(cfg.workload)},
       {"lanes", cfg.lanes},
       {"reps", cfg.reps ? nlohmann::json(cfg.reps) : nlohmann::json("auto")},
       {"rep_budget_s", cfg.reps ? nlohmann::json() : nlohmann::json(cfg.rep_budget_s)},
@@ -92,13 +108,15 @@ int run(const tb::Config& cfg) {
   std::cout << headline(cfg) << "\n" << machine.describe() << std::flush;
   tb::Progress progress(cfg.progress);
   const bool seed = cfg.workload == tb::Workload::seed;
-  const tb::WorkloadResult result =
-      seed ? tb::run_seed(cfg, progress) : tb::run_optimizer(cfg, progress);
+  const bool elementwise = cfg.workload == tb::Workload::elementwise;
+  const tb::WorkloadResult result = seed          ? tb::run_seed(cfg, progress)
+                                    : elementwise ? tb::run_elementwise(cfg, progress)
+                                                  : tb::run_optimizer(cfg, progress);
 
   for (const auto& note : result.notes) std::cout << "verification: " << note << "\n";
   std::cout << "allocator: " << allocator_note() << "\n";
   std::cout << "\n";
-  tb::print_table(std::cout, result.records, seed ? "S" : "model");
+  tb::print_table(std::cout, result.records, seed ? "S" : elementwise ? "NxE op" : "model");
   std::cout << std::flush;
 
   if (cfg.json_path) {
@@ -110,7 +128,9 @@ int run(const tb::Config& cfg) {
                               machine.cpu + ", " + std::to_string(machine.cores) +
                               " cores, LibTorch " + machine.torch_version + ", " +
                               machine.date.substr(0, 10);
-    const std::string xlabel = seed ? "leaf size S (each leaf: S x 2S @ 2S x 4S)" : "model";
+    const std::string xlabel = seed          ? "leaf size S (each leaf: S x 2S @ 2S x 4S)"
+                               : elementwise ? "N leaves x E elements, op"
+                                             : "model";
     if (auto missing =
             tb::write_plot(*cfg.plot_path, result.records, title, seed ? "S =" : "model", xlabel))
       std::cout << *missing << "\n";

@@ -54,7 +54,7 @@ std::string png_terminal() {
 }  // namespace
 
 nlohmann::json Record::to_json() const {
-  return {{"workload", workload},
+  nlohmann::json j = {{"workload", workload},
           {"strategy", strategy},
           {"size", size},
           {"mean_ms", mean_ms},
@@ -62,6 +62,8 @@ nlohmann::json Record::to_json() const {
           {"gflops", gflops ? nlohmann::json(*gflops) : nlohmann::json()},
           {"speedup_vs_native", verified ? nlohmann::json(speedup_vs_native) : nlohmann::json()},
           {"verified", verified}};
+  j.update(extra);
+  return j;
 }
 
 void print_table(std::ostream& out, const std::vector<Record>& records,

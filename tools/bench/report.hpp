@@ -22,6 +22,7 @@ struct Record {
   double speedup_vs_native = 0;  ///< native mean / this mean (null in the JSON when unverified)
   bool verified = false;         ///< agrees with native before timing (see Verification)
   std::size_t reps = 0;          ///< timed repetitions (table only; in the JSON config)
+  nlohmann::json extra = nlohmann::json::object();  ///< workload fields (elementwise: op, ...)
 
   nlohmann::json to_json() const;
 };

@@ -36,6 +36,12 @@ WorkloadResult run_seed(const Config& cfg, Progress& progress);
 /// @throws std::runtime_error when the model file cannot be read or parsed.
 WorkloadResult run_optimizer(const Config& cfg, Progress& progress);
 
+/// N leaves x E elements over cfg's grids, ops `add` and (x*2+y).sigmoid_(): rows native
+/// (std::map loop), linear, stream, auto (per leaf), flat (consolidated), flat+read (flat, then
+/// every result leaf made once) and one-call (one ATen call over N*E elements, the floor).
+/// Rows are checked against native first (add bitwise; the chain to sigmoid's accuracy).
+WorkloadResult run_elementwise(const Config& cfg, Progress& progress);
+
 /// Throws std::invalid_argument when cfg.device cannot be used by this LibTorch build.
 void check_device(const Config& cfg);
 
