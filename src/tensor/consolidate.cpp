@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace treetensor {
 namespace {
@@ -27,6 +28,32 @@ std::vector<std::size_t> group_ids(const std::vector<const at::Tensor*>& leaves,
   return ids;
 }
 
+// One shared layout per distinct layout in use, so that trees consolidated separately (a model's
+// parameters and its gradients) compare equal by pointer in a flat call, not leaf by leaf.
+class LayoutRegistry {
+ public:
+  std::shared_ptr<const ConsolidatedLayout> intern(std::shared_ptr<const ConsolidatedLayout> l) {
+    const std::size_t h = l->hash();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto [lo, hi] = layouts_.equal_range(h);
+    for (auto it = lo; it != hi; ++it)
+      if (auto known = it->second.lock(); known && *known == *l) return known;
+    if (++inserts_ % 64 == 0) std::erase_if(layouts_, [](const auto& e) { return e.second.expired(); });
+    layouts_.emplace(h, l);
+    return l;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_multimap<std::size_t, std::weak_ptr<const ConsolidatedLayout>> layouts_;
+  std::size_t inserts_ = 0;
+};
+
+LayoutRegistry& registry() {
+  static auto* r = new LayoutRegistry();  // leaked: layouts may die during static destruction
+  return *r;
+}
+
 std::shared_ptr<const ConsolidatedLayout> layout_of(const tree::TreeSpec& spec,
                                                     const std::vector<const at::Tensor*>& leaves,
                                                     std::vector<Group>& groups) {
@@ -37,7 +64,7 @@ std::shared_ptr<const ConsolidatedLayout> layout_of(const tree::TreeSpec& spec,
     sizes.push_back(x->sizes());
     item.push_back(static_cast<int64_t>(x->element_size()));
   }
-  return std::make_shared<const ConsolidatedLayout>(spec, ids, sizes, item);
+  return registry().intern(std::make_shared<const ConsolidatedLayout>(spec, ids, sizes, item));
 }
 
 std::vector<const at::Tensor*> defined_leaves(const tree::Flat<const at::Tensor*>& flat) {
@@ -126,6 +153,14 @@ at::Tensor ConsolidatedLayout::mask(std::size_t g, at::Device device) const {
   return masks_[g].to(device);
 }
 
+std::size_t ConsolidatedLayout::hash() const noexcept {
+  std::size_t h = spec_.hash();
+  auto mix = [&h](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  for (std::size_t i = 0; i < offset_.size(); ++i) mix(std::size_t(offset_[i]) * 31 + group_[i]);
+  for (int64_t s : sizes_) mix(std::size_t(s));
+  return h;
+}
+
 bool operator==(const ConsolidatedLayout& a, const ConsolidatedLayout& b) {
   return &a == &b || (a.group_ == b.group_ && a.offset_ == b.offset_ && a.sizes_ == b.sizes_ &&
                       a.dims_begin_ == b.dims_begin_ && a.spec_ == b.spec_);
@@ -199,15 +234,22 @@ TreeTensor consolidate(const TensorTree& t) {
     buffers.push_back(at::zeros({layout->group_numel(g)},
                                 at::TensorOptions().dtype(groups[g].first).device(groups[g].second)));
   auto source = std::make_shared<const ConsolidatedTree>(std::move(layout), std::move(buffers));
+  bool grad = false;
+  {
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+      source->leaf_view(i).copy_(*leaves[i]);
+      grad = grad || leaves[i]->requires_grad();
+    }
+  }
+  // Without autograd the leaves are made on first access, like a flat result's.
+  if (!grad) return TensorTree::deferred(std::move(source));
+  // Autograd leaves must be fresh leaves (no history, so later in-place updates are allowed)
+  // that every copy of the tree shares: made now.
   std::vector<at::Tensor> views;
   views.reserve(leaves.size());
   for (std::size_t i = 0; i < leaves.size(); ++i) {
-    at::Tensor v = source->leaf_view(i);
-    {
-      at::NoGradGuard no_grad;
-      v.copy_(*leaves[i]);
-    }
-    v = v.detach();  // a fresh leaf: no history, so later in-place updates are allowed
+    at::Tensor v = source->leaf_view(i).detach();
     if (leaves[i]->requires_grad()) v.requires_grad_(true);
     views.push_back(std::move(v));
   }

@@ -29,10 +29,12 @@ const char* workload_name(tb::Workload w) {
 }
 
 std::string headline(const tb::Config& cfg) {
-  const std::string reps = cfg.reps
-                               ? std::to_string(cfg.reps)
-                               : fmt::format("{}..{} (about {:g} s per size)", tb::kAutoRepsMin,
-                                             tb::kAutoRepsMax, cfg.rep_budget_s);
+  const bool ew = cfg.workload == tb::Workload::elementwise;
+  const std::string reps =
+      cfg.reps ? std::to_string(cfg.reps)
+               : fmt::format("{}..{} (about {:g} s per {})", tb::kAutoRepsMin, tb::kAutoRepsMax,
+                             ew ? cfg.elementwise_budget_s : cfg.rep_budget_s,
+                             ew ? "size and op" : "size");
   const std::string timing = fmt::format(
       "M={}, T={} timed repetitions after {} warm-up, strategies interleaved round-robin",
       cfg.lanes, reps, cfg.warmup);

@@ -54,6 +54,8 @@ class ConsolidatedLayout {
   /// A bool mask of group g's buffer, true on leaf elements (made once, then cached).
   at::Tensor mask(std::size_t g, at::Device device) const;
 
+  /// A hash of the structure, groups, offsets and shapes (equal layouts hash equal).
+  std::size_t hash() const noexcept;
   /// Same structure, groups, offsets and shapes (O(leaves) integer compares).
   friend bool operator==(const ConsolidatedLayout& a, const ConsolidatedLayout& b);
 
@@ -99,7 +101,9 @@ TreeTensor consolidated_tree(std::shared_ptr<const ConsolidatedLayout> layout,
 
 /// A copy of `t` whose leaves are contiguous views into one buffer per (dtype, device), in
 /// flatten order, each starting at a multiple of 64 bytes (padding is zero). Leaves keep their
-/// dtype, device, shape and values; requires_grad is kept (the views are fresh leaves).
+/// dtype, device, shape and values; requires_grad is kept (the views are fresh leaves, made at
+/// once); without autograd the views are made on first access. Trees of equal layout share one
+/// layout object (compared by pointer in flat calls).
 /// A consolidated tree is returned as is (O(1)); a tree whose leaves already lie in buffers as
 /// consolidate() lays them out (e.g. one that lost the property to a mutation) gets the
 /// property back without a copy (O(leaves)); otherwise every leaf is copied once.

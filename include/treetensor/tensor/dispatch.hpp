@@ -101,9 +101,14 @@ struct CallOptions {
 /// consolidated with one layout, tensor arguments are 0-d (none when a leaf is 0-d), every
 /// buffer is floating, complex or bool, and no operand needs a gradient while grad mode is on,
 /// `f` runs once per buffer group instead (LeafArgs::leaf() is then the group) and the result
-/// is a consolidated tree of that layout whose leaves are made on first access. The values are
-/// those of the per-leaf loop, bitwise (the same kernel over the same elements). If a flat
-/// call throws, the call runs per leaf, so errors name the leaf path as always.
+/// is a consolidated tree of that layout whose leaves are made on first access. Out of place
+/// on CPU buffers over 32 MiB it runs per leaf unless the mode is fused or treetensor's caching
+/// allocator is installed (a fresh buffer that large is page-faulted in on every call).
+/// Values: bitwise those of the per-leaf loop for correctly rounded ops; for libm-style
+/// functions (exp, sigmoid, sinh, atan2, ...) ATen computes a tensor's last n mod 16 elements
+/// with its scalar form, so a leaf's tail may differ in the last bits (within the functions'
+/// accuracy, 8 ulp; tensor_flat_test). If a flat call throws, the call runs per leaf, so errors
+/// name the leaf path as always.
 /// @throws tree::StructureError when the trees do not zip (names the path, the argument
 ///         positions and both key sets); std::invalid_argument when no argument is a tree;
 ///         whatever a leaf job throws, with the op and leaf path added (runtime::run).
