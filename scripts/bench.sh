@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The README's first command: installs what a fresh Debian 12 machine lacks, builds
-# treetensor-bench (Release, in build-release/), then runs the seed experiment and an Adam step over
-# ResNet-50 on their defaults. Tables go to stdout; JSON and PNG plots to out/.
+# treetensor-bench (Release, in build-release/), then runs the seed experiment, an Adam step over
+# ResNet-50 and the elementwise grid on their defaults. Tables go to stdout; JSON and PNG plots to out/.
 #
-#   bash scripts/bench.sh            # the defaults (about 1-2 minutes on 2 cores)
-#   bash scripts/bench.sh -T 5       # extra flags go to both runs, so only flags both take:
+#   bash scripts/bench.sh            # the defaults (about 2-3 minutes on 2 cores)
+#   bash scripts/bench.sh -T 5       # extra flags go to every run, so only flags both take:
 #                                    # -M -T --warmup --dtype --device --seed --caching-allocator
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +28,9 @@ failed=()
 echo
 "$bench" optimizer --model resnet50 --json out/optimizer.json --plot out/optimizer.png "$@" ||
   failed+=("optimizer (exit $?)")
+echo
+"$bench" elementwise --json out/elementwise.json --plot out/elementwise.png "$@" ||
+  failed+=("elementwise (exit $?)")
 if [ ${#failed[@]} -gt 0 ]; then
   echo "bench.sh: not every row was verified or measured: ${failed[*]}; see the lines above" >&2
   exit 2
