@@ -4,7 +4,7 @@
 # ResNet-50 and the elementwise grid on their defaults. Tables go to stdout; JSON and PNG plots to out/.
 #
 #   bash scripts/bench.sh            # the defaults (about 2-3 minutes on 2 cores)
-#   bash scripts/bench.sh -T 5       # extra flags go to every run, so only flags both take:
+#   bash scripts/bench.sh -T 5       # extra flags go to every run, so only flags all take:
 #                                    # -M -T --warmup --dtype --device --seed --caching-allocator
 set -euo pipefail
 cd "$(dirname "$0")/.."
