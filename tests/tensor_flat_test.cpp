@@ -361,7 +361,6 @@ TEST_P(Flat, ErrorsAreThoseOfThePerLeafPath) {
   expect_same(c, p);  // nothing written
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, Flat, ::testing::ValuesIn(strategies()), strategy_name);
 
 TEST(FlatLayout, ReplacedLeafAndWritesThroughViews) {
   at::manual_seed(3);
@@ -424,3 +423,22 @@ TEST(FlatLayout, ConsolidatedConstruction) {
   EXPECT_TRUE(std::as_const(w).at("b.x").leaf().grad().equal(at::full({7}, 2.0f)));
   EXPECT_THROW(tt::zeros({{"a", {-1}}}, {}, tt::consolidated), std::invalid_argument);
 }
+
+// A buffer over 1 MiB is updated in pieces the runtime may spread over lanes (element ranges);
+// values are those of the per-leaf loop under every strategy.
+TEST_P(Flat, LargeBufferInPlaceRunsInPieces) {
+  const TreeTensor p{{"big", at::randn({300001})}, {"small", at::randn({3, 5})},
+                     {"wide", at::randn({2, 70000})}};
+  const TreeTensor q = like(p);
+  TreeTensor c = tt::consolidate(p);
+  const TreeTensor cq = tt::consolidate(q);
+  c.add_(cq, 0.5);
+  c.mul_(3);
+  expect_same(c, native([](CT x, CT y) { return (x + 0.5 * y) * 3; }, p, q));
+  c.sigmoid_();
+  expect_within_ulps(c, native([](CT x, CT y) { return ((x + 0.5 * y) * 3).sigmoid(); }, p, q));
+  c.copy_(c);  // the target read as its own source: one buffer, still split safely
+  EXPECT_TRUE(tt::is_consolidated(c));
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, Flat, ::testing::ValuesIn(strategies()), strategy_name);

@@ -171,7 +171,11 @@ bool operator==(const ConsolidatedLayout& a, const ConsolidatedLayout& b) {
 at::Tensor ConsolidatedTree::leaf_view(std::size_t leaf) const {
   const at::Tensor& b = buffers_[layout_->group(leaf)];
   const at::IntArrayRef sizes = layout_->sizes(leaf);
-  return b.as_strided(sizes, row_major_strides(sizes), b.storage_offset() + layout_->offset(leaf));
+  // detach(): a leaf is a tensor of its own to autograd (as consolidate() has always made
+  // them), not a view of the buffer, so that detach_() and requires_grad_() work on it; it
+  // still shares the buffer's version counter.
+  return b.as_strided(sizes, row_major_strides(sizes), b.storage_offset() + layout_->offset(leaf))
+      .detach();
 }
 
 TensorTree ConsolidatedTree::make() const {
@@ -249,7 +253,7 @@ TreeTensor consolidate(const TensorTree& t) {
   std::vector<at::Tensor> views;
   views.reserve(leaves.size());
   for (std::size_t i = 0; i < leaves.size(); ++i) {
-    at::Tensor v = source->leaf_view(i).detach();
+    at::Tensor v = source->leaf_view(i);
     if (leaves[i]->requires_grad()) v.requires_grad_(true);
     views.push_back(std::move(v));
   }

@@ -5,6 +5,7 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -100,15 +101,40 @@ std::vector<const ConsolidatedTree*> plan(const CallOptions& o, c10::ArrayRef<Op
   return src;
 }
 
-// The operand rows of every group, as map_leaves' Zip gives them per leaf (one row per group,
-// so groups may run on lanes concurrently).
+// In place, a buffer is updated in pieces of this many bytes (about), so that the runtime can
+// spread a large buffer over lanes by element range (at::parallel_for's threads are one per
+// lane's budget, and one here: ATen's intra-op pool is a single thread on this machine).
+constexpr int64_t kPieceBytes = int64_t{1} << 20;
+
+// One leaf job of a flat call: elements [begin, end) of group g's buffers.
+struct Piece {
+  std::size_t group;
+  int64_t begin, end;
+};
+
+// The operand rows of every piece, as map_leaves' Zip gives them per leaf (one row per piece,
+// so pieces may run on lanes concurrently).
 class Rows {
  public:
   Rows(const CallOptions& o, c10::ArrayRef<Operand> args,
-       const std::vector<const ConsolidatedTree*>& src)
+       const std::vector<const ConsolidatedTree*>& src, bool split)
       : args_(args), src_(src), wrapped_(args.size()) {
+    const ConsolidatedTree* first = nullptr;
     for (const ConsolidatedTree* c : src)
-      if (c) groups_ = c->buffers().size();
+      if (c && !first) first = c;
+    for (std::size_t g = 0; g < first->buffers().size(); ++g) {
+      const at::Tensor& b = first->buffers()[g];
+      const int64_t n = b.numel();
+      int64_t step = n;
+      if (split && !overlaps(g)) {
+        step = std::max<int64_t>(kPieceBytes / int64_t(b.element_size()), 64) / 64 * 64;
+        step = std::max<int64_t>(step, 64);
+      }
+      for (int64_t lo = 0; lo < n || lo == 0; lo += std::max<int64_t>(step, 1)) {
+        pieces_.push_back({g, lo, std::min(n, lo + step)});
+        if (step >= n) break;
+      }
+    }
     std::vector<const at::Tensor*> base(args.size(), &undefined_);
     for (std::size_t k = 0; k < args.size(); ++k) {
       if (args[k].kind() == Operand::Kind::tensor) base[k] = &args[k].tensor();
@@ -117,14 +143,27 @@ class Rows {
         base[k] = &wrapped_[k];
       }
     }
-    rows_.reserve(groups_ * args.size());
-    for (std::size_t g = 0; g < groups_; ++g)
-      for (std::size_t k = 0; k < args.size(); ++k)
-        rows_.push_back(src[k] ? &src[k]->buffers()[g] : base[k]);
+    slices_.reserve(pieces_.size() * args.size());  // rows_ points into it: no reallocation
+    rows_.reserve(pieces_.size() * args.size());
+    for (const Piece& p : pieces_)
+      for (std::size_t k = 0; k < args.size(); ++k) {
+        if (!src[k]) {
+          rows_.push_back(base[k]);
+          continue;
+        }
+        const at::Tensor& b = src[k]->buffers()[p.group];
+        if (p.begin == 0 && p.end == b.numel()) {
+          rows_.push_back(&b);  // the whole buffer: no view made
+        } else {
+          slices_.push_back(b.narrow(0, p.begin, p.end - p.begin));
+          rows_.push_back(&slices_.back());
+        }
+      }
   }
-  std::size_t groups() const noexcept { return groups_; }
-  LeafArgs group(std::size_t g) const {
-    return LeafArgs(rows_.data() + g * args_.size(), args_.data(), g);
+  std::size_t pieces() const noexcept { return pieces_.size(); }
+  const Piece& piece(std::size_t i) const { return pieces_[i]; }
+  LeafArgs row(std::size_t i) const {
+    return LeafArgs(rows_.data() + i * args_.size(), args_.data(), i);
   }
   // Operand tracking (asyncs, DESIGN.md §10) on the buffers, which share the leaves' storage.
   void await(std::size_t written) const {
@@ -140,31 +179,48 @@ class Rows {
   }
 
  private:
+  // Whether group g's target buffer shares memory with another operand's buffer other than
+  // itself: pieces could then read what another piece writes, so the group stays whole.
+  bool overlaps(std::size_t g) const {
+    const at::Tensor& target = src_[0]->buffers()[g];
+    for (std::size_t k = 1; k < args_.size(); ++k) {
+      if (!src_[k]) continue;
+      const at::Tensor& b = src_[k]->buffers()[g];
+      if (b.storage().is_alias_of(target.storage()) &&
+          (b.data_ptr() != target.data_ptr() || b.numel() != target.numel()))
+        return true;
+    }
+    return false;
+  }
+
   c10::ArrayRef<Operand> args_;
   const std::vector<const ConsolidatedTree*>& src_;
   at::Tensor undefined_;
   std::vector<at::Tensor> wrapped_;
+  std::vector<Piece> pieces_;
+  std::vector<at::Tensor> slices_;
   std::vector<const at::Tensor*> rows_;
-  std::size_t groups_ = 0;
 };
 
-std::string group_label(const ConsolidatedTree& c, std::size_t g) {
-  const at::Tensor& b = c.buffers()[g];
-  return "buffer " + std::to_string(g) + " (" + std::string(c10::toString(b.scalar_type())) + ", " +
-         b.device().str() + ")";
+std::string piece_label(const ConsolidatedTree& c, const Piece& p) {
+  const at::Tensor& b = c.buffers()[p.group];
+  return "buffer " + std::to_string(p.group) + " (" + std::string(c10::toString(b.scalar_type())) +
+         ", " + b.device().str() + ") elements [" + std::to_string(p.begin) + ", " +
+         std::to_string(p.end) + ")";
 }
 
-// One leaf call per group through the runtime (so asyncs scopes and the policy see it).
-void run_groups(const CallOptions& o, const Rows& rows, const ConsolidatedTree& layout_src,
-                c10::function_ref<void(std::size_t)> run_group) {
-  auto run = [&](std::size_t g) { run_group(g); };
-  auto label = [&](std::size_t g) { return group_label(layout_src, g); };
-  auto cost = [&](std::size_t g) {
-    const double b = static_cast<double>(layout_src.layout().group_numel(g)) *
-                     static_cast<double>(layout_src.buffers()[g].element_size());
+// One leaf call per piece through the runtime (so asyncs scopes and the policy see it).
+void run_pieces(const CallOptions& o, const Rows& rows, const ConsolidatedTree& layout_src,
+                c10::function_ref<void(std::size_t)> run_piece) {
+  auto run = [&](std::size_t i) { run_piece(i); };
+  auto label = [&](std::size_t i) { return piece_label(layout_src, rows.piece(i)); };
+  auto cost = [&](std::size_t i) {
+    const Piece& p = rows.piece(i);
+    const double b = static_cast<double>(p.end - p.begin) *
+                     static_cast<double>(layout_src.buffers()[p.group].element_size());
     return runtime::LeafCost{b / 4, 2 * b};
   };
-  runtime::LeafCall call{o.op, rows.groups(), run, label, cost};
+  runtime::LeafCall call{o.op, rows.pieces(), run, label, cost};
   call.device = layout_src.buffers()[0].device();
   call.dtype = layout_src.buffers()[0].scalar_type();
   runtime::run(call);
@@ -178,11 +234,11 @@ std::optional<TreeTensor> flat_map(const CallOptions& o, c10::ArrayRef<Operand> 
   const ConsolidatedTree* first = nullptr;
   for (const ConsolidatedTree* c : src)
     if (c && !first) first = c;
-  Rows rows(o, args, src);
+  Rows rows(o, args, src, /*split=*/false);  // one piece per group: one fresh result buffer each
   rows.await(0);
-  std::vector<at::Tensor> out(rows.groups());
+  std::vector<at::Tensor> out(rows.pieces());
   try {
-    run_groups(o, rows, *first, [&](std::size_t g) { out[g] = f(rows.group(g)); });
+    run_pieces(o, rows, *first, [&](std::size_t g) { out[g] = f(rows.row(g)); });
   } catch (...) {
     return std::nullopt;  // the per-leaf path runs it again and names the failing leaf
   }
@@ -197,24 +253,24 @@ bool flat_update(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate f
   if (args.empty() || !args[0].is_tree()) return false;
   const auto src = plan(o, args, /*allocates=*/false);
   if (src.empty()) return false;
-  Rows rows(o, args, src);
+  Rows rows(o, args, src, /*split=*/true);
   rows.await(o.written);
-  std::vector<std::uint8_t> done(rows.groups(), 0);
+  std::vector<std::uint8_t> done(rows.pieces(), 0);
   try {
-    run_groups(o, rows, *src[0], [&](std::size_t g) {
-      f(rows.group(g));
-      done[g] = 1;
+    run_pieces(o, rows, *src[0], [&](std::size_t i) {
+      f(rows.row(i));
+      done[i] = 1;
     });
   } catch (...) {
-    // Floating kernels check their operands before writing: when no group finished, nothing
+    // Floating kernels check their operands before writing: when no piece finished, nothing
     // was written, and the per-leaf path runs it again and names the failing leaf.
     std::string updated;
-    for (std::size_t g = 0; g < done.size(); ++g)
-      if (done[g]) updated += (updated.empty() ? "" : ", ") + std::to_string(g);
+    for (std::size_t i = 0; i < done.size(); ++i)
+      if (done[i]) updated += (updated.empty() ? "" : "; ") + piece_label(*src[0], rows.piece(i));
     if (updated.empty()) return false;
     runtime::rethrow_with_context(std::current_exception(),
-                                  "in-place " + std::string(o.op) + " (flat): buffers {" + updated +
-                                      "} were updated, the others not");
+                                  "in-place " + std::string(o.op) + " (flat): updated " + updated +
+                                      "; the rest not");
   }
   return true;
 }
