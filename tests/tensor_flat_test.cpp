@@ -422,6 +422,12 @@ TEST(FlatLayout, ConsolidatedConstruction) {
   tt::sum(w * 2).backward();
   EXPECT_TRUE(std::as_const(w).at("b.x").leaf().grad().equal(at::full({7}, 2.0f)));
   EXPECT_THROW(tt::zeros({{"a", {-1}}}, {}, tt::consolidated), std::invalid_argument);
+  // to(dtype / device) and clone of a consolidated tree are consolidated (one call per buffer).
+  const TreeTensor d = r.to(at::kDouble);
+  EXPECT_TRUE(d.is_deferred());
+  expect_same(d, native([](CT x) { return x.to(at::kDouble); }, r));
+  EXPECT_TRUE(tt::is_consolidated(r.to(at::Device(at::kCPU))));
+  EXPECT_TRUE(tt::is_consolidated(r.clone()));
 }
 
 // A buffer over 1 MiB is updated in pieces the runtime may spread over lanes (element ranges);

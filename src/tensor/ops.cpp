@@ -512,13 +512,14 @@ TreeTensor dot(const Operand& a, const Operand& b) {
 
 // ---- shape and conversion ----------------------------------------------------------------------
 TreeTensor to(const TensorTree& t, at::TensorOptions options, bool non_blocking, bool copy) {
-  return map1("to", t, [&](const at::Tensor& x) { return x.to(options, non_blocking, copy); });
+  return map1(elementwise("to"), t,
+              [&](const at::Tensor& x) { return x.to(options, non_blocking, copy); });
 }
 TreeTensor to(const TensorTree& t, at::ScalarType dtype) {
-  return map1("to", t, [&](const at::Tensor& x) { return x.to(dtype); });
+  return map1(elementwise("to"), t, [&](const at::Tensor& x) { return x.to(dtype); });
 }
 TreeTensor to(const TensorTree& t, at::Device device) {
-  return map1("to", t, [&](const at::Tensor& x) { return x.to(device); });
+  return map1(elementwise("to"), t, [&](const at::Tensor& x) { return x.to(device); });
 }
 TreeTensor cpu(const TensorTree& t) {
   return map1("cpu", t, [](const at::Tensor& x) { return x.cpu(); });
