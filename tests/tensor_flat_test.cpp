@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "op_cases.hpp"
 #include "tensor_test_util.hpp"
 #include "treetensor/tensor/tensor.hpp"
 
@@ -43,38 +44,6 @@ void expect_flat_result(const TreeTensor& r) {
   EXPECT_TRUE(r.is_deferred());
 }
 
-struct Unary {
-  const char* name;
-  TreeTensor (*tree)(const tt::TensorTree&);
-  TreeTensor& (*tree_)(TreeTensor&);
-  at::Tensor (*leaf)(const at::Tensor&);
-  void (*leaf_)(const at::Tensor&);
-};
-#define TT_UNARY(n, ...)                                                                \
-  Unary{#n, [](const tt::TensorTree& t) { return tt::n(t); },                           \
-        [](TreeTensor& t) -> TreeTensor& { return tt::n##_(t); },                       \
-        [](const at::Tensor& x) { return at::n(x); }, [](const at::Tensor& x) { x.n##_(); }},
-const std::vector<Unary> unary = {TREETENSOR_UNARY_INPLACE_OPS(TT_UNARY)};
-#undef TT_UNARY
-
-struct Binary {
-  const char* name;
-  TreeTensor (*tree)(const tt::Operand&, const tt::Operand&);
-  TreeTensor& (*tree_)(TreeTensor&, const tt::Operand&);
-  at::Tensor (*tt_)(const at::Tensor&, const at::Tensor&);
-  at::Tensor (*ts_)(const at::Tensor&, const at::Scalar&);
-  void (*tt_inplace)(const at::Tensor&, const at::Tensor&);
-};
-#define TT_BINARY(n, ...)                                                                   \
-  Binary{#n,                                                                                \
-         [](const tt::Operand& a, const tt::Operand& b) { return tt::n(a, b); },            \
-         [](TreeTensor& a, const tt::Operand& b) -> TreeTensor& { return tt::n##_(a, b); }, \
-         [](const at::Tensor& x, const at::Tensor& y) { return at::n(x, y); },              \
-         [](const at::Tensor& x, const at::Scalar& y) { return at::n(x, y); },              \
-         [](const at::Tensor& x, const at::Tensor& y) { x.n##_(y); }},
-const std::vector<Binary> binary = {TREETENSOR_BINARY_SCALAR_OPS(TT_BINARY)};
-#undef TT_BINARY
-
 bool integer_only(const std::string& n) {
   return n.rfind("bitwise_", 0) == 0;
 }
@@ -86,9 +55,9 @@ bool integer_only(const std::string& n) {
 // correctly rounded in both forms, hence bitwise equal.
 bool libm_function(const std::string& n) {
   static const std::vector<std::string> names = {
-      "sigmoid", "exp",  "exp2", "expm1", "log",  "log1p", "log2", "log10", "sin",  "cos",
-      "tan",     "tanh", "sinh", "cosh",  "asin", "acos",  "atan", "erf",   "erfc", "erfinv",
-      "rsqrt",   "pow",  "atan2"};
+      "sigmoid", "exp", "exp2", "expm1",  "log",   "log1p", "log2", "log10",
+      "sin",     "cos", "tan",  "tanh",   "sinh",  "cosh",  "asin", "acos",
+      "atan",    "erf", "erfc", "erfinv", "rsqrt", "pow",   "atan2"};
   return std::find(names.begin(), names.end(), n) != names.end();
 }
 
@@ -150,18 +119,18 @@ TreeTensor native3(F&& f, const TensorTree& a, const TensorTree& b, const Tensor
 TEST_P(Flat, UnaryTableIsBitwiseThePerLeafLoop) {
   const TreeTensor p = plain_tree();
   const TreeTensor c = tt::consolidate(p);
-  for (const auto& u : unary) {
+  for (const auto& u : unary_cases) {
     const std::string name = u.name;
     if (integer_only(name)) continue;  // integer buffers stay per leaf
     SCOPED_TRACE(name);
     const TreeTensor r = u.tree(c);
     if (name != "detach") expect_flat_result(r);
-    expect_agrees(name, r, native(u.leaf, p));
+    expect_agrees(name, r, native(u.native, p));
     TreeTensor target = tt::consolidate(p);
     const at::Tensor buffer = tt::consolidated_groups(target)[0].buffer;
     u.tree_(target);
     EXPECT_TRUE(tt::is_consolidated(target));
-    expect_agrees(name, target, native_inplace(p, u.leaf_));
+    expect_agrees(name, target, native_inplace(p, u.native_));
     EXPECT_TRUE(tt::consolidated_groups(target)[0].buffer.is_same(buffer)) << "updated in place";
   }
   for (auto f : {&tt::isfinite, &tt::isnan, &tt::isinf, &tt::signbit, &tt::clone}) {
@@ -177,7 +146,7 @@ TEST_P(Flat, BinaryTableWithTreesScalarsAndZeroDimTensors) {
   const TreeTensor pos = native([](const at::Tensor& x) { return x.abs() + 0.5; }, pa);
   const TreeTensor ca = tt::consolidate(pa), cb = tt::consolidate(pb), cpos = tt::consolidate(pos);
   const at::Tensor zero_d = at::scalar_tensor(1.25, at::kDouble);
-  for (const auto& b : binary) {
+  for (const auto& b : binary_cases) {
     const std::string name = b.name;
     if (integer_only(name)) continue;
     SCOPED_TRACE(name);
@@ -199,7 +168,7 @@ TEST_P(Flat, BinaryTableWithTreesScalarsAndZeroDimTensors) {
     TreeTensor target = tt::consolidate(a);
     b.tree_(target, cb);
     EXPECT_TRUE(tt::is_consolidated(target));
-    expect_agrees(name, target, native_inplace2(a, pb, b.tt_inplace));
+    expect_agrees(name, target, native_inplace2(a, pb, b.inplace_tt));
   }
 }
 
@@ -214,12 +183,12 @@ TEST_P(Flat, TheOtherElementwiseOps) {
   check(tt::sub(a, 3.0, 2), native([](CT x) { return at::sub(x, 3.0, 2); }, pa));
   check(a + b, native([](CT x, CT y) { return x + y; }, pa, pb));
   check(-a, native([](CT x) { return -x; }, pa));
-  for (const auto& [name, f] :
-       std::vector<std::pair<std::string, at::Tensor (*)(CT, CT)>>{
+  for (const auto& [name, f] : std::vector<std::pair<std::string, at::Tensor (*)(CT, CT)>>{
            {"atan2", &at::atan2}, {"maximum", &at::maximum}, {"minimum", &at::minimum}}) {
     SCOPED_TRACE(name);
-    const TreeTensor r = name == "atan2" ? tt::atan2(a, b) : name == "maximum" ? tt::maximum(a, b)
-                                                                               : tt::minimum(a, b);
+    const TreeTensor r = name == "atan2"     ? tt::atan2(a, b)
+                         : name == "maximum" ? tt::maximum(a, b)
+                                             : tt::minimum(a, b);
     expect_flat_result(r);
     expect_agrees(name, r, native(f, pa, pb));
   }
@@ -287,7 +256,7 @@ TEST_P(Flat, TreeReductionsOverBuffers) {
   const TreeTensor p = plain_tree();
   const TreeTensor c = tt::consolidate(p);
   const TreeTensor r = tt::sigmoid(c) - 0.5;  // padding holds sigmoid(0) - 0.5 = 0: harmless
-  const TreeTensor s = c * 3 + 1;               // padding holds 1: must not count
+  const TreeTensor s = c * 3 + 1;             // padding holds 1: must not count
   const TreeTensor ps = native([](CT x) { return x * 3 + 1; }, p);
   // Sums over a different split agree to the summation bound 2·γ_n·Σ|x| (n = all elements).
   double n = 0;
@@ -322,7 +291,8 @@ TEST_P(Flat, FallsBackWhereFlatWouldDiffer) {
     expect_flat_result(w * 3);
   }
   // A 0-d leaf with a 0-d tensor operand: type promotion differs between leaf and buffer.
-  const TreeTensor z = tt::consolidate(TreeTensor{{"s", at::scalar_tensor(2.0f)}, {"v", at::ones({3})}});
+  const TreeTensor z =
+      tt::consolidate(TreeTensor{{"s", at::scalar_tensor(2.0f)}, {"v", at::ones({3})}});
   const at::Tensor d = at::scalar_tensor(0.5, at::kDouble);
   const TreeTensor zd = z * d;
   EXPECT_FALSE(tt::is_consolidated(zd));
@@ -360,7 +330,6 @@ TEST_P(Flat, ErrorsAreThoseOfThePerLeafPath) {
   EXPECT_TRUE(tt::is_consolidated(c));
   expect_same(c, p);  // nothing written
 }
-
 
 TEST(FlatLayout, ReplacedLeafAndWritesThroughViews) {
   at::manual_seed(3);
@@ -433,8 +402,8 @@ TEST(FlatLayout, ConsolidatedConstruction) {
 // A buffer over 1 MiB is updated in pieces the runtime may spread over lanes (element ranges);
 // values are those of the per-leaf loop under every strategy.
 TEST_P(Flat, LargeBufferInPlaceRunsInPieces) {
-  const TreeTensor p{{"big", at::randn({300001})}, {"small", at::randn({3, 5})},
-                     {"wide", at::randn({2, 70000})}};
+  const TreeTensor p{
+      {"big", at::randn({300001})}, {"small", at::randn({3, 5})}, {"wide", at::randn({2, 70000})}};
   const TreeTensor q = like(p);
   TreeTensor c = tt::consolidate(p);
   const TreeTensor cq = tt::consolidate(q);

@@ -38,7 +38,8 @@ class LayoutRegistry {
     auto [lo, hi] = layouts_.equal_range(h);
     for (auto it = lo; it != hi; ++it)
       if (auto known = it->second.lock(); known && *known == *l) return known;
-    if (++inserts_ % 64 == 0) std::erase_if(layouts_, [](const auto& e) { return e.second.expired(); });
+    if (++inserts_ % 64 == 0)
+      std::erase_if(layouts_, [](const auto& e) { return e.second.expired(); });
     layouts_.emplace(h, l);
     return l;
   }
@@ -235,8 +236,9 @@ TreeTensor consolidate(const TensorTree& t) {
         t, std::make_shared<const ConsolidatedTree>(std::move(layout), std::move(in_place)));
   std::vector<at::Tensor> buffers;
   for (std::size_t g = 0; g < groups.size(); ++g)
-    buffers.push_back(at::zeros({layout->group_numel(g)},
-                                at::TensorOptions().dtype(groups[g].first).device(groups[g].second)));
+    buffers.push_back(
+        at::zeros({layout->group_numel(g)},
+                  at::TensorOptions().dtype(groups[g].first).device(groups[g].second)));
   auto source = std::make_shared<const ConsolidatedTree>(std::move(layout), std::move(buffers));
   bool grad = false;
   {

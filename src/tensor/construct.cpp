@@ -327,11 +327,11 @@ TreeTensor consolidated_shapes(const ShapeTree& shapes, at::TensorOptions option
     check_shape(*flat.leaves[i], paths[i]);
     sizes.emplace_back(*flat.leaves[i]);
   }
-  const auto opts = at::TensorOptions(at::typeMetaToScalarType(options.dtype()))
-                        .device(options.device());
+  const auto opts =
+      at::TensorOptions(at::typeMetaToScalarType(options.dtype())).device(options.device());
   const auto item = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(opts.dtype())));
-  auto layout = std::make_shared<const ConsolidatedLayout>(flat.spec, std::vector<std::size_t>(n, 0),
-                                                           sizes, std::vector<int64_t>(n, item));
+  auto layout = std::make_shared<const ConsolidatedLayout>(
+      flat.spec, std::vector<std::size_t>(n, 0), sizes, std::vector<int64_t>(n, item));
   at::Tensor buffer = make(layout->group_numel(0), opts);
   return finish(consolidated_tree(std::move(layout), {std::move(buffer)}), options);
 }
@@ -342,16 +342,16 @@ TreeTensor consolidated_like(const TensorTree& t, at::TensorOptions options,
   if (c && !options.has_dtype() && !options.has_device()) {
     std::vector<at::Tensor> buffers;
     for (std::size_t g = 0; g < c->buffers().size(); ++g)
-      buffers.push_back(make(c->layout().group_numel(g),
-                             at::TensorOptions(c->buffers()[g].scalar_type())
-                                 .device(c->buffers()[g].device())));
+      buffers.push_back(
+          make(c->layout().group_numel(g),
+               at::TensorOptions(c->buffers()[g].scalar_type()).device(c->buffers()[g].device())));
     return finish(consolidated_tree(c->layout_ptr(), std::move(buffers)), options);
   }
   // Any other tree: the layout consolidate() would give the new leaves.
-  const TreeTensor shaped = like("consolidated_like", t, options, [](const at::Tensor& x,
-                                                                     at::TensorOptions o) {
-    return at::empty({0}, x.options().merge_in(o));  // dtype and device of the new leaf
-  });
+  const TreeTensor shaped =
+      like("consolidated_like", t, options, [](const at::Tensor& x, at::TensorOptions o) {
+        return at::empty({0}, x.options().merge_in(o));  // dtype and device of the new leaf
+      });
   const auto flat = tree::flatten(t), types = tree::flatten(shaped);
   const std::size_t n = flat.leaves.size();
   if (n == 0) return TreeTensor(tree::unflatten(flat.spec, std::vector<at::Tensor>{}));
@@ -371,8 +371,8 @@ TreeTensor consolidated_like(const TensorTree& t, at::TensorOptions options,
   auto layout = std::make_shared<const ConsolidatedLayout>(flat.spec, ids, sizes, item);
   std::vector<at::Tensor> buffers;
   for (std::size_t g = 0; g < groups.size(); ++g)
-    buffers.push_back(make(layout->group_numel(g),
-                           at::TensorOptions(groups[g].first).device(groups[g].second)));
+    buffers.push_back(
+        make(layout->group_numel(g), at::TensorOptions(groups[g].first).device(groups[g].second)));
   return finish(consolidated_tree(std::move(layout), std::move(buffers)), options);
 }
 

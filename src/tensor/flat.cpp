@@ -12,8 +12,8 @@
 
 #include "treetensor/asyncs/operands.hpp"
 #include "treetensor/runtime/cpu_allocator.hpp"
-#include "treetensor/runtime/stream.hpp"
 #include "treetensor/runtime/errors.hpp"
+#include "treetensor/runtime/stream.hpp"
 
 namespace treetensor::detail {
 namespace {
@@ -268,9 +268,9 @@ bool flat_update(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate f
     for (std::size_t i = 0; i < done.size(); ++i)
       if (done[i]) updated += (updated.empty() ? "" : "; ") + piece_label(*src[0], rows.piece(i));
     if (updated.empty()) return false;
-    runtime::rethrow_with_context(std::current_exception(),
-                                  "in-place " + std::string(o.op) + " (flat): updated " + updated +
-                                      "; the rest not");
+    runtime::rethrow_with_context(
+        std::current_exception(),
+        "in-place " + std::string(o.op) + " (flat): updated " + updated + "; the rest not");
   }
   return true;
 }

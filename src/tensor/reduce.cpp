@@ -52,7 +52,8 @@ void require_floating(std::string_view op, const TensorTree& t) {
   if (const ConsolidatedTree* c = consolidated_source(t)) {  // the leaves have the buffers' dtypes
     bool floating = true;
     for (const at::Tensor& b : c->buffers())
-      floating = floating && (at::isFloatingType(b.scalar_type()) || at::isComplexType(b.scalar_type()));
+      floating =
+          floating && (at::isFloatingType(b.scalar_type()) || at::isComplexType(b.scalar_type()));
     if (floating) return;
   }
   const auto flat = tree::flatten_refs(t);

@@ -266,7 +266,7 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
 
   try {
     app.parse(argc, argv);
-    cfg.workload = seed->parsed()  ? Workload::seed
+    cfg.workload = seed->parsed() ? Workload::seed
                    : ew->parsed() ? Workload::elementwise
                                   : Workload::optimizer;
     cfg.dtype = kDtypes.at(dtype);

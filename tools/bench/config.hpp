@@ -57,9 +57,9 @@ struct Config {
   std::string model_path;          ///< resolved path of the model file
   std::string checkpoint;          ///< optimizer: a checkpoint file instead of a model
   AdamSettings adam;
-  std::vector<std::size_t> elementwise_leaves = {200, 2000};      ///< elementwise: N grid
+  std::vector<std::size_t> elementwise_leaves = {200, 2000};         ///< elementwise: N grid
   std::vector<std::int64_t> elementwise_elements = {4, 256, 65536};  ///< elementwise: E grid
-  double elementwise_budget_s = 0.5;  ///< elementwise: automatic-T budget per (N, E, op)
+  double elementwise_budget_s = 0.5;     ///< elementwise: automatic-T budget per (N, E, op)
   std::optional<std::string> json_path;  ///< --json FILE
   std::optional<std::string> plot_path;  ///< --plot FILE.png
   bool progress = true;                  ///< progress line on stderr

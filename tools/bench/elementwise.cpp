@@ -23,9 +23,9 @@ namespace rt = treetensor::runtime;
 using Map = std::map<std::string, at::Tensor>;
 
 struct Inputs {
-  Map x, y;          // the native loop's operands
-  TreeTensor tx, ty;  // the same tensors as trees
-  TreeTensor cx, cy;  // consolidated copies (flat)
+  Map x, y;                 // the native loop's operands
+  TreeTensor tx, ty;        // the same tensors as trees
+  TreeTensor cx, cy;        // consolidated copies (flat)
   at::Tensor one_x, one_y;  // one tensor of N·E elements each (the floor)
 };
 
@@ -106,7 +106,8 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
         Map reference;
         for (const auto& [k, x] : in.x) reference[k] = op_tensor(op, x, in.y.at(k));
         Verification verification(
-            size, [&](const std::string&, const at::Tensor& got, const at::Tensor& want) {
+            size,
+            [&](const std::string&, const at::Tensor& got, const at::Tensor& want) {
               return compare(op, got, want);
             },
             cfg.perturb_row);
@@ -132,7 +133,8 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
         std::vector<Candidate> rows;
         rows.push_back({"native",
                         [&, keep_map] {
-                          for (const auto& [k, x] : in.x) (*keep_map)[k] = op_tensor(op, x, in.y.at(k));
+                          for (const auto& [k, x] : in.x)
+                            (*keep_map)[k] = op_tensor(op, x, in.y.at(k));
                         },
                         [keep_map] { keep_map->clear(); }});
         for (const auto& [name, mode] : modes) {
@@ -153,7 +155,8 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
                             *sink += static_cast<double>(l->numel());  // every leaf made once
                         },
                         [keep_tree] { *keep_tree = TreeTensor(); }});
-        rows.push_back({"one-call", [&, keep_one] { *keep_one = op_tensor(op, in.one_x, in.one_y); },
+        rows.push_back({"one-call",
+                        [&, keep_one] { *keep_one = op_tensor(op, in.one_x, in.one_y); },
                         [keep_one] { *keep_one = at::Tensor(); }});
         const RoundRobin measured =
             time_round_robin(rows, plan, device_synchronizer(cfg.device), progress, stage);
@@ -162,11 +165,18 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
         for (std::size_t i = 0; i < rows.size(); ++i) {
           // flat+read runs the verified flat call; one-call is a floor over other data.
           const std::string& name = rows[i].name;
-          const bool verified = name == "native" || name == "one-call" ||
-                                (name == "flat+read" ? verification.passed(3)
-                                                     : verification.passed(i - 1));
-          Record r{"elementwise", name, size, t[i].mean_ms, t[i].std_ms, std::nullopt,
-                   t[0].mean_ms / t[i].mean_ms, verified, measured.reps};
+          const bool verified =
+              name == "native" || name == "one-call" ||
+              (name == "flat+read" ? verification.passed(3) : verification.passed(i - 1));
+          Record r{"elementwise",
+                   name,
+                   size,
+                   t[i].mean_ms,
+                   t[i].std_ms,
+                   std::nullopt,
+                   t[0].mean_ms / t[i].mean_ms,
+                   verified,
+                   measured.reps};
           r.extra = {{"op", op}, {"leaves", n}, {"elements", e}};
           out.records.push_back(std::move(r));
         }

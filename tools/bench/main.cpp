@@ -42,9 +42,10 @@ std::string headline(const tb::Config& cfg) {
     return fmt::format("treetensor-bench seed: {} leaves of S1xS2 @ S2xS3, {} on {}; {}",
                        cfg.leaves, tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
   if (cfg.workload == tb::Workload::elementwise)
-    return fmt::format("treetensor-bench elementwise: N leaves x E elements, add and "
-                       "(x*2+y).sigmoid_(), {} on {}; {}",
-                       tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
+    return fmt::format(
+        "treetensor-bench elementwise: N leaves x E elements, add and "
+        "(x*2+y).sigmoid_(), {} on {}; {}",
+        tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
   return fmt::format("treetensor-bench optimizer: Adam step over {}, {} on {}; {}",
                      cfg.checkpoint.empty() ? cfg.model : cfg.checkpoint, tb::dtype_name(cfg.dtype),
                      cfg.device.str(), timing);

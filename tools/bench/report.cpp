@@ -54,14 +54,15 @@ std::string png_terminal() {
 }  // namespace
 
 nlohmann::json Record::to_json() const {
-  nlohmann::json j = {{"workload", workload},
-          {"strategy", strategy},
-          {"size", size},
-          {"mean_ms", mean_ms},
-          {"std_ms", std_ms},
-          {"gflops", gflops ? nlohmann::json(*gflops) : nlohmann::json()},
-          {"speedup_vs_native", verified ? nlohmann::json(speedup_vs_native) : nlohmann::json()},
-          {"verified", verified}};
+  nlohmann::json j = {
+      {"workload", workload},
+      {"strategy", strategy},
+      {"size", size},
+      {"mean_ms", mean_ms},
+      {"std_ms", std_ms},
+      {"gflops", gflops ? nlohmann::json(*gflops) : nlohmann::json()},
+      {"speedup_vs_native", verified ? nlohmann::json(speedup_vs_native) : nlohmann::json()},
+      {"verified", verified}};
   j.update(extra);
   return j;
 }
