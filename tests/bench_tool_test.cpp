@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -142,14 +143,14 @@ void check_optimizer(const json& j, const std::string& model, std::size_t tensor
     seen.insert(r.at("strategy").get<std::string>());
   }
   EXPECT_EQ(seen, (std::set<std::string>{"native", "flat", "limit", "foreach", "linear", "stream",
-                                         "auto", "fused"}));
+                                         "auto", "auto-consolidated", "fused"}));
 }
 
 TEST_F(BenchTool, OptimizerResNet50TakesOnlyTrainableParameters) {
   const auto out = run_bench("optimizer --model resnet50 -T 1 --warmup 0 --no-progress --json " +
                              path("opt.json"));
   ASSERT_EQ(out.status, 0) << out.output;
-  EXPECT_NE(out.output.find("resnet50: all 7 strategies match native before timing"),
+  EXPECT_NE(out.output.find("resnet50: all 8 strategies match native before timing"),
             std::string::npos)
       << out.output;
   check_optimizer(read_json(path("opt.json")), "resnet50", 161, 25'557'032);
@@ -162,6 +163,43 @@ TEST_F(BenchTool, OptimizerMobileNetV3SmallTakesOnlyTrainableParameters) {
       path("opt.json"));
   ASSERT_EQ(out.status, 0) << out.output;
   check_optimizer(read_json(path("opt.json")), "mobilenet_v3_small", 142, 2'542'856);
+}
+
+// The elementwise grid: one record per (N, E, op, row) with the documented fields, every row
+// verified (add bitwise, flat included), and a row made to fail is reported.
+TEST_F(BenchTool, ElementwiseGridRecordsEveryRowVerified) {
+  const auto out =
+      run_bench("elementwise --leaves 3,5 --elements 4,33 -T 1 --warmup 0 --no-progress --json " +
+                path("ew.json"));
+  ASSERT_EQ(out.status, 0) << out.output;
+  EXPECT_NE(out.output.find("3x4 add: all 4 strategies match native before timing; bitwise "
+                            "equal: linear, stream, auto, flat"),
+            std::string::npos)
+      << out.output;
+  const json j = read_json(path("ew.json"));
+  EXPECT_EQ(j.at("config").at("workload"), "elementwise");
+  std::map<std::string, std::set<std::string>> rows;
+  for (const auto& r : j.at("results")) {
+    EXPECT_EQ(r.at("workload"), "elementwise");
+    for (const char* k :
+         {"op", "leaves", "elements", "strategy", "mean_ms", "speedup_vs_native", "verified"})
+      EXPECT_TRUE(r.contains(k)) << k << " missing in " << r.dump();
+    EXPECT_TRUE(r.at("verified").get<bool>()) << r.dump();
+    rows[r.at("size").get<std::string>()].insert(r.at("strategy").get<std::string>());
+  }
+  const std::set<std::string> want = {"native", "linear",    "stream",  "auto",
+                                      "flat",   "flat+read", "one-call"};
+  ASSERT_EQ(rows.size(), 8u);  // 2 N x 2 E x 2 ops
+  for (const auto& [size, seen] : rows) EXPECT_EQ(seen, want) << size;
+  const auto bad = run_bench(
+      "elementwise --leaves 3 --elements 4 -T 1 --warmup 0 --no-progress "
+      "--perturb-row flat");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("4 rows not verified against native (elementwise 3x4 add flat, "
+                            "elementwise 3x4 add flat+read, elementwise 3x4 chain flat, "
+                            "elementwise 3x4 chain flat+read)"),
+            std::string::npos)
+      << bad.output;
 }
 
 // An unverified row never stops a run: every workload writes its table, JSON and plot, the

@@ -416,4 +416,32 @@ TEST_P(Flat, LargeBufferInPlaceRunsInPieces) {
   EXPECT_TRUE(tt::is_consolidated(c));
 }
 
+// adam_step (the at:: tree form) on consolidated trees runs flat: every stage one call per
+// buffer, the same at:: calls as the per-leaf loop, so the same bits.
+TEST_P(Flat, AdamStepOnConsolidatedTreesIsThePerLeafLoop) {
+  const TreeTensor p = plain_tree(), g = like(p);
+  const TreeTensor m0 = native([](CT x) { return x.abs() * 0.1; }, p);
+  const TreeTensor v0 = native([](CT x) { return x.abs() * 0.01; }, p);
+  const tt::AdamOptions o = tt::AdamOptions().lr(1e-2).weight_decay(0.1);
+  TreeTensor cp = tt::consolidate(p), cm = tt::consolidate(m0), cv = tt::consolidate(v0);
+  const TreeTensor cg = tt::consolidate(g);
+  TreeTensor np = p.clone(), nm = m0.clone(), nv = v0.clone();
+  {
+    rt::StreamGuard linear(rt::StreamMode::of(1));
+    np = tt::tree::map([](CT x) { return x.clone(); }, p);
+    nm = tt::tree::map([](CT x) { return x.clone(); }, m0);
+    nv = tt::tree::map([](CT x) { return x.clone(); }, v0);
+  }
+  for (int64_t step = 1; step <= 3; ++step) {
+    tt::adam_step(cp, cg, cm, cv, step, o);
+    rt::StreamGuard linear(rt::StreamMode::of(1));
+    tt::adam_step(np, g, nm, nv, step, o);
+  }
+  EXPECT_TRUE(tt::is_consolidated(cp));
+  EXPECT_TRUE(cp.is_deferred()) << "no leaf was made: the step ran on the buffers";
+  expect_same(cp, np);
+  expect_same(cm, nm);
+  expect_same(cv, nv);
+}
+
 INSTANTIATE_TEST_SUITE_P(Strategies, Flat, ::testing::ValuesIn(strategies()), strategy_name);

@@ -81,7 +81,8 @@ void adam_step(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
     return true;
   };
   detail::CallOptions call{"adam_step"};
-  call.written = 3;  // params, exp_avg, exp_avg_sq
+  call.written = 3;         // params, exp_avg, exp_avg_sq
+  call.elementwise = true;  // consolidated trees: one call per buffer per stage (flat)
   const Operand args[] = {params, exp_avg, exp_avg_sq, grads};
   detail::update_leaves(call, args, leaf, fused);
 }

@@ -73,6 +73,7 @@ Adam step's rounding bound, treetensor/tensor/rounding.hpp):
   linear   the tree Adam step under stream(1).
   stream   the tree Adam step under stream(M).
   auto     the tree Adam step under stream(automatic).
+  auto-consolidated  the same on consolidated trees: each stage one call per buffer (flat).
   fused    the tree Adam step under stream(fused): batched (_foreach_) arithmetic.
 Columns: mean and standard deviation of T timed steps (ms), GFLOP/s (null: not meaningful for
 a memory-bound update), speed-up = native mean / row mean, T = steps timed, verified. Strategies take turns

@@ -278,6 +278,7 @@ std::vector<std::pair<std::string, Step>> strategies(const Config& cfg) {
           {"linear", tree(runtime::StreamMode::of(1))},
           {"stream", tree(runtime::StreamMode::of(cfg.lanes))},
           {"auto", tree(runtime::StreamMode::of(runtime::automatic))},
+          {"auto-consolidated", tree(runtime::StreamMode::of(runtime::automatic))},
           {"fused", tree(runtime::StreamMode::of(runtime::fused))}};
 }
 
@@ -288,6 +289,12 @@ TensorMap params_by_key(const AdamState& s) {
   auto paths = flat.spec.paths();
   for (std::size_t i = 0; i < paths.size(); ++i) out.emplace(paths[i].str(), *flat.leaves[i]);
   return out;
+}
+
+// The rows that run on consolidated trees: the single-pass kernel, and the at:: tree step under
+// stream(automatic), which runs each stage as one call per buffer (flat execution).
+bool on_consolidated(const std::string& row) {
+  return row == "flat" || row == "auto-consolidated";
 }
 
 constexpr std::int64_t kVerifyStep = 5;  // a step past the first, so bias correction matters
@@ -333,7 +340,7 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
   for (const auto& [name, step] : rows) {
     if (name == "limit") continue;
     current = name;
-    AdamState trial = name == "flat" ? state.consolidated() : state.clone();
+    AdamState trial = on_consolidated(name) ? state.consolidated() : state.clone();
     step(trial, kVerifyStep);
     verification.check(name, reference, params_by_key(trial), reference.size());
   }
@@ -347,11 +354,15 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
   // the step count.
   auto flat = std::make_shared<AdamState>(state.consolidated());
   auto floor = std::make_shared<AdamState>(state.consolidated());
+  auto auto_flat = std::make_shared<AdamState>(state.consolidated());
   auto shared = std::make_shared<AdamState>(std::move(state));
   auto step_count = std::make_shared<std::int64_t>(0);
   std::vector<Candidate> candidates;
   for (const auto& [name, step] : rows) {
-    auto s = name == "flat" ? flat : name == "limit" ? floor : shared;
+    auto s = name == "flat"                ? flat
+             : name == "limit"             ? floor
+             : name == "auto-consolidated" ? auto_flat
+                                           : shared;
     candidates.push_back({name, [s, step_count, step] { step(*s, ++*step_count); }, {}});
   }
   const RoundRobin measured =

@@ -69,18 +69,22 @@ nlohmann::json Record::to_json() const {
 
 void print_table(std::ostream& out, const std::vector<Record>& records,
                  const std::string& size_header) {
-  std::size_t width = size_header.size();
-  for (const auto& r : records) width = std::max(width, size_text(r.size).size());
-  out << fmt::format("{:>{}}  {:<15}{:>10}{:>9}{:>10}{:>11}{:>5}  {}\n", size_header, width,
-                     "strategy", "mean ms", "std ms", "GFLOP/s", "vs native", "T", "verified");
+  std::size_t width = size_header.size(), name = 15;
+  for (const auto& r : records) {
+    width = std::max(width, size_text(r.size).size());
+    name = std::max(name, r.strategy.size() + 1);
+  }
+  out << fmt::format("{:>{}}  {:<{}}{:>10}{:>9}{:>10}{:>11}{:>5}  {}\n", size_header, width,
+                     "strategy", name, "mean ms", "std ms", "GFLOP/s", "vs native", "T",
+                     "verified");
   std::string previous;
   for (const auto& r : records) {
     std::string size = size_text(r.size);
     if (!previous.empty() && size != previous) out << "\n";
     previous = size;
     // An unverified row's time is not comparable: no speed-up is claimed for it.
-    out << fmt::format("{:>{}}  {:<15}{:>10.3f}{:>9.3f}{:>10}{:>11}{:>5}  {}\n", size, width,
-                       r.strategy, r.mean_ms, r.std_ms,
+    out << fmt::format("{:>{}}  {:<{}}{:>10.3f}{:>9.3f}{:>10}{:>11}{:>5}  {}\n", size, width,
+                       r.strategy, name, r.mean_ms, r.std_ms,
                        r.gflops ? fmt::format("{:.1f}", *r.gflops) : "-",
                        r.verified ? fmt::format("{:.2f}x", r.speedup_vs_native) : "-", r.reps,
                        r.verified ? "yes" : "NO");
