@@ -279,6 +279,14 @@ class Group {
                             " failed: " + e.what());
     }
   }
+  void plain_all_reduce(const at::Tensor& t) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (broken_) std::rethrow_exception(broken_);
+    }
+    std::vector<at::Tensor> v{t};
+    wait(pg_->allreduce(v), "allreduce");
+  }
   void p2p_send(at::Tensor t, int peer, int tag, const std::string& what) {
     std::vector<at::Tensor> v{std::move(t)};
     wait(pg_->send(v, peer, tag), what);
@@ -798,6 +806,14 @@ TreeTensor all_gather(const ProcessGroup& g, const TensorTree& t) {
 
 TreeTensor reduce_scatter(const ProcessGroup& g, const TensorTree& t, ReduceOp op) {
   return make_request(g, Op::reduce_scatter, t, op, -1)->value_future.get();
+}
+
+void all_reduce_each(const ProcessGroup& g, const std::vector<at::Tensor>& tensors) {
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    if (!tensors[i].is_contiguous() || !tensors[i].device().is_cpu())
+      throw std::invalid_argument("treetensor distributed: all_reduce_each: tensor " +
+                                  std::to_string(i) + " must be a contiguous CPU tensor");
+  for (const auto& t : tensors) g.impl().plain_all_reduce(t);
 }
 
 void barrier(const ProcessGroup& g) {

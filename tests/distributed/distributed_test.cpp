@@ -46,6 +46,11 @@ TEST(Distributed, EveryCollectiveThreeRanks) {
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
+TEST(Distributed, EveryCollectiveInDebugMode) {  // per-bucket cross-rank checks on
+  const auto r = run("values", 2, "tcp", {{"TREETENSOR_DIST_DEBUG", "1"}});
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
 TEST(Distributed, EveryCollectiveWithFileStore) {
   const auto r = run("values", 2, file_store("values"));
   EXPECT_TRUE(r.ok()) << r.describe();

@@ -2,19 +2,30 @@
 // side by side in one run, with a table, JSON and a plot.
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 
 #include "config.hpp"
 #include "machine.hpp"
 #include "report.hpp"
+#include "treetensor/distributed/launch.hpp"
+#include "treetensor/distributed/process_group.hpp"
 #include "treetensor/runtime/cpu_allocator.hpp"
 #include "workloads.hpp"
 
 namespace tb = treetensor::bench;
 
 namespace {
+
+const char* workload_name(tb::Workload w) {
+  return w == tb::Workload::seed        ? "seed"
+         : w == tb::Workload::optimizer ? "optimizer"
+                                        : "allreduce";
+}
 
 std::string headline(const tb::Config& cfg) {
   const std::string reps = cfg.reps
@@ -27,6 +38,11 @@ std::string headline(const tb::Config& cfg) {
   if (cfg.workload == tb::Workload::seed)
     return fmt::format("treetensor-bench seed: {} leaves of S1xS2 @ S2xS3, {} on {}; {}",
                        cfg.leaves, tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
+  if (cfg.workload == tb::Workload::allreduce)
+    return fmt::format(
+        "treetensor-bench allreduce: gradient trees of {} summed over {} local ranks, {}; "
+        "T={} timed repetitions after 2 warm-up, strategies interleaved round-robin",
+        fmt::join(cfg.models, " and "), cfg.ranks, tb::dtype_name(cfg.dtype), cfg.reps);
   return fmt::format("treetensor-bench optimizer: Adam step over {}, {} on {}; {}",
                      cfg.checkpoint.empty() ? cfg.model : cfg.checkpoint, tb::dtype_name(cfg.dtype),
                      cfg.device.str(), timing);
@@ -44,7 +60,7 @@ std::string allocator_note() {
 nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine,
                            const tb::WorkloadResult& result) {
   nlohmann::json j = {
-      {"workload", cfg.workload == tb::Workload::seed ? "seed" : "optimizer"},
+      {"workload", workload_name(cfg.workload)},
       {"lanes", cfg.lanes},
       {"reps", cfg.reps ? nlohmann::json(cfg.reps) : nlohmann::json("auto")},
       {"rep_budget_s", cfg.reps ? nlohmann::json() : nlohmann::json(cfg.rep_budget_s)},
@@ -88,12 +104,21 @@ int run(const tb::Config& cfg) {
   if (cfg.plot_path) tb::check_output_path("--plot", *cfg.plot_path);
   tb::check_device(cfg);
   if (cfg.caching_allocator) treetensor::runtime::use_caching_cpu_allocator();
+  const bool allreduce = cfg.workload == tb::Workload::allreduce;
+  // allreduce runs in every rank (see main()); only rank 0 reports.
+  const char* rank_env = std::getenv("RANK");
+  if (allreduce && rank_env && std::atoi(rank_env) != 0) {
+    tb::Progress quiet(false);
+    const tb::WorkloadResult result = tb::run_allreduce(cfg, quiet);
+    return result.all_verified ? 0 : 2;
+  }
   const tb::MachineInfo machine = tb::collect_machine_info();
   std::cout << headline(cfg) << "\n" << machine.describe() << std::flush;
   tb::Progress progress(cfg.progress);
   const bool seed = cfg.workload == tb::Workload::seed;
-  const tb::WorkloadResult result =
-      seed ? tb::run_seed(cfg, progress) : tb::run_optimizer(cfg, progress);
+  const tb::WorkloadResult result = seed        ? tb::run_seed(cfg, progress)
+                                    : allreduce ? tb::run_allreduce(cfg, progress)
+                                                : tb::run_optimizer(cfg, progress);
 
   for (const auto& note : result.notes) std::cout << "verification: " << note << "\n";
   std::cout << "allocator: " << allocator_note() << "\n";
@@ -120,6 +145,22 @@ int run(const tb::Config& cfg) {
   return unverified_summary(result.records) ? 2 : 0;
 }
 
+// allreduce without torchrun's RANK: start cfg.ranks copies of this program with the built-in
+// launcher (a deadline kills them if they hang) and report rank 0's exit status.
+int launch_ranks(const tb::Config& cfg, int argc, char** argv) {
+  namespace dist = treetensor::distributed;
+  dist::LaunchOptions o;
+  o.nprocs = cfg.ranks;
+  o.timeout = std::chrono::minutes(10);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const auto result = dist::launch(dist::self_executable(), args, o);
+  if (result.ok()) return 0;
+  std::cerr << "treetensor-bench allreduce: not every rank finished cleanly:\n"
+            << result.describe();
+  const int code = result.ranks[0].exit_code;
+  return code > 0 ? code : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,6 +168,8 @@ int main(int argc, char** argv) {
   auto cfg = tb::parse_command_line(argc, argv, exit_code);
   if (!cfg) return exit_code;
   try {
+    if (cfg->workload == tb::Workload::allreduce && !std::getenv("RANK"))
+      return launch_ranks(*cfg, argc, argv);
     return run(*cfg);
   } catch (const c10::Error& e) {
     std::cerr << "\ntreetensor-bench: " << e.what_without_backtrace() << "\n";

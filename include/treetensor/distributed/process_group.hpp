@@ -39,6 +39,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "treetensor/tensor/tree_tensor.hpp"
 
@@ -151,6 +152,14 @@ TreeTensor reduce_scatter(const ProcessGroup& group, const TensorTree& tree,
 void send(const ProcessGroup& group, const TensorTree& tree, int dst);
 /// Receives into `tree`'s leaves (in place) what rank `src` sent with send().
 void recv(const ProcessGroup& group, const TensorTree& tree, int src);
+
+/// A baseline for measurement (treetensor-bench allreduce), not a tree collective: one plain
+/// c10d allreduce (sum) per tensor, each issued and waited before the next, on the calling
+/// thread, as a hand-written loop over torch.distributed.all_reduce does. No ordering and no
+/// checks: call it from one thread, while no tree collective of this group is pending, in the
+/// same sequence on every rank. Tensors must be contiguous CPU tensors.
+/// @throws CollectiveError as above; std::invalid_argument for a non-contiguous tensor.
+void all_reduce_each(const ProcessGroup& group, const std::vector<at::Tensor>& tensors);
 
 /// Blocks until every rank has reached its barrier (in the group's collective order).
 void barrier(const ProcessGroup& group);
