@@ -9,6 +9,7 @@
 #include <c10/util/irange.h>
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -729,11 +730,16 @@ ProcessGroup ProcessGroup::with_file_store(const std::string& path, int rank, in
     throw CollectiveError("treetensor distributed: cannot open the FileStore '" + path +
                           "': " + e.what());
   }
-  return ProcessGroup(std::make_shared<detail::Group>(store, rank, world_size, options, true));
+  return from_impl(std::make_shared<detail::Group>(store, rank, world_size, options, true));
 }
 
-ProcessGroup ProcessGroup::with_tcp_store(const std::string& host, int port, int rank,
-                                          int world_size, Options options) {
+namespace {
+
+// A TCPStore client or server; under torchrun's agent (TORCHELASTIC_USE_AGENT_STORE=True) the
+// agent already serves MASTER_PORT, so every rank is a client, behind the prefix
+// torch.distributed uses there ("/worker/attempt_<TORCHELASTIC_RESTART_COUNT>").
+ProcessGroup make_tcp_group(const std::string& host, int port, int rank, int world_size,
+                            const Options& options, bool agent_store) {
   check_rank(rank, world_size);
   if (port <= 0 || port > 65535)
     throw std::invalid_argument("treetensor distributed: port " + std::to_string(port) +
@@ -742,17 +748,31 @@ ProcessGroup ProcessGroup::with_tcp_store(const std::string& host, int port, int
   try {
     c10d::TCPStoreOptions o;
     o.port = static_cast<std::uint16_t>(port);
-    o.isServer = rank == 0;
-    o.numWorkers = static_cast<std::size_t>(world_size);
+    o.isServer = rank == 0 && !agent_store;
+    o.numWorkers = agent_store ? c10::nullopt : c10::optional<std::size_t>(world_size);
+    o.waitWorkers = !agent_store;
     o.timeout = options.timeout;
     store = c10::make_intrusive<c10d::TCPStore>(host, o);
+    if (agent_store) {
+      const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+      store = c10::make_intrusive<c10d::PrefixStore>(
+          std::string("/worker/attempt_") + (attempt ? attempt : "0"), store);
+    }
   } catch (const std::exception& e) {
     throw CollectiveError("treetensor distributed: cannot reach the TCPStore at " + host + ":" +
                           std::to_string(port) + " (rank " + std::to_string(rank) +
                           "): " + e.what());
   }
   const bool loopback = host == "localhost" || host.rfind("127.", 0) == 0;
-  return ProcessGroup(std::make_shared<detail::Group>(store, rank, world_size, options, loopback));
+  return ProcessGroup::from_impl(
+      std::make_shared<detail::Group>(store, rank, world_size, options, loopback));
+}
+
+}  // namespace
+
+ProcessGroup ProcessGroup::with_tcp_store(const std::string& host, int port, int rank,
+                                          int world_size, Options options) {
+  return make_tcp_group(host, port, rank, world_size, options, false);
 }
 
 ProcessGroup ProcessGroup::from_env(Options options) {
@@ -761,7 +781,8 @@ ProcessGroup ProcessGroup::from_env(Options options) {
   if (!addr || !*addr)
     throw std::invalid_argument(
         "treetensor distributed: environment variable MASTER_ADDR is not set");
-  return with_tcp_store(addr, port, rank, world, options);
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  return make_tcp_group(addr, port, rank, world, options, agent && std::string(agent) == "True");
 }
 
 int ProcessGroup::rank() const {

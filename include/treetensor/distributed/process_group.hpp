@@ -83,7 +83,9 @@ class Group;
 class ProcessGroup {
  public:
   /// From torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (LOCAL_RANK is
-  /// read by local_rank()). Rank 0 hosts a c10d::TCPStore on MASTER_PORT.
+  /// read by local_rank()). Rank 0 hosts a c10d::TCPStore on MASTER_PORT, except under
+  /// torchrun's agent (TORCHELASTIC_USE_AGENT_STORE=True), which hosts it: then every rank is a
+  /// client, as in torch.distributed.init_process_group("gloo").
   /// @throws std::invalid_argument naming a missing or malformed variable; CollectiveError
   ///         when the store or Gloo cannot connect within options.timeout.
   static ProcessGroup from_env(Options options = {});
@@ -103,6 +105,9 @@ class ProcessGroup {
   std::uint64_t sequence() const;
 
   detail::Group& impl() const { return *impl_; }
+  static ProcessGroup from_impl(std::shared_ptr<detail::Group> g) {
+    return ProcessGroup(std::move(g));
+  }
 
  private:
   explicit ProcessGroup(std::shared_ptr<detail::Group> g) : impl_(std::move(g)) {}
