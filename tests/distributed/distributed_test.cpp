@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "treetensor/distributed/launch.hpp"
@@ -24,6 +26,15 @@ dist::LaunchResult run(const std::string& scenario, int nprocs, const std::strin
   o.nprocs = nprocs;
   o.timeout = std::chrono::seconds(timeout_s);
   o.env = std::move(env);
+  if (kSanitized) {
+    // The ranks run c10d's Gloo worker threads inside libtorch_cpu, which is not instrumented:
+    // TSan cannot see its atomic reference counts, so a free or a condition-variable destroy
+    // called from there would be reported against our earlier use. Only the ranks ignore
+    // interceptor calls from uninstrumented code; races between instrumented accesses (ours)
+    // are still reported.
+    const char* t = std::getenv("TSAN_OPTIONS");
+    o.env["TSAN_OPTIONS"] = std::string(t ? t : "") + " ignore_noninstrumented_modules=1";
+  }
   return dist::launch(TREETENSOR_DIST_WORKER, {scenario, store}, o);
 }
 
@@ -56,17 +67,15 @@ TEST(Distributed, EveryCollectiveWithFileStore) {
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
-// OneFlow's shape: 7 asyncs threads x 2 ranks x 200 iterations (40 under TSan), each result
+// OneFlow's shape: 7 asyncs threads x 2 ranks x 200 iterations (also under TSan), each result
 // checked.
 TEST(Distributed, SevenAsyncsThreadsTwoRanks) {
-  const auto r =
-      run("stress", 2, "tcp", {{"TREETENSOR_DIST_ITERATIONS", kSanitized ? "40" : "200"}});
+  const auto r = run("stress", 2, "tcp", {{"TREETENSOR_DIST_ITERATIONS", "200"}});
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
 TEST(Distributed, SevenAsyncsThreadsIssueOrderDiffersBetweenRanks) {
-  const auto r =
-      run("stress-reverse", 2, "tcp", {{"TREETENSOR_DIST_ITERATIONS", kSanitized ? "40" : "200"}});
+  const auto r = run("stress-reverse", 2, "tcp", {{"TREETENSOR_DIST_ITERATIONS", "200"}});
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
