@@ -228,9 +228,7 @@ class Group {
     auto o = GlooGroup::Options::create(opts_.timeout);
     o->devices.push_back(loopback ? GlooGroup::createDeviceForHostname("127.0.0.1")
                                   : GlooGroup::createDefaultDevice());
-    // One Gloo worker: collectives run in the order issued, and the hand-over of every Work to
-    // this layer is ordered (see issue()).
-    o->threads = 1;
+    o->threads = 2;
     try {
       pg_ = c10::make_intrusive<GlooGroup>(store, rank, world, o);
     } catch (const std::exception& e) {
@@ -248,8 +246,6 @@ class Group {
     }
     cv_.notify_all();
     comm_.join();
-    pg_.reset();  // joins the Gloo worker before the held Works and tensors go
-    held_.clear();
   }
 
   int rank() const { return rank_; }
@@ -290,34 +286,7 @@ class Group {
       if (broken_) std::rethrow_exception(broken_);
     }
     std::vector<at::Tensor> v{t};
-    wait_issued(issue(pg_->allreduce(v), v), "allreduce");
-  }
-
-  // Works issued to the Gloo worker, with the tensors they use, are held until a LATER Work has
-  // been waited for: the worker drops its own references to a Work and its tensors after
-  // completing it, before it takes the next Work from its queue (under its queue mutex), so once
-  // a later Work is complete, those references are gone and ordered before us. This layer then
-  // frees them last. (Otherwise either side may free them, which is correct through the atomic
-  // reference counts, but ThreadSanitizer cannot see the counts inside libtorch_cpu and reports
-  // the free as a race.)
-  std::uint64_t issue(WorkPtr w, std::vector<at::Tensor> tensors) {
-    std::lock_guard<std::mutex> l(held_mu_);
-    held_.push_back({next_id_, std::move(w), std::move(tensors), false});
-    return next_id_++;
-  }
-  void wait_issued(std::uint64_t id, const std::string& what) {
-    WorkPtr w;
-    {
-      std::lock_guard<std::mutex> l(held_mu_);
-      for (auto& h : held_)
-        if (h.id == id) w = h.work;
-    }
-    wait(w, what);
-    std::lock_guard<std::mutex> l(held_mu_);
-    for (auto& h : held_)
-      if (h.id == id) h.waited = true;
-    // Earlier Works ran before this one on the single worker; those already waited for go.
-    while (!held_.empty() && held_.front().id < id && held_.front().waited) held_.pop_front();
+    wait(pg_->allreduce(v), "allreduce");
   }
   void p2p_send(at::Tensor t, int peer, int tag, const std::string& what) {
     std::vector<at::Tensor> v{std::move(t)};
@@ -371,15 +340,6 @@ class Group {
   std::exception_ptr broken_;
   bool stop_ = false;
   std::atomic<std::uint64_t> seq_{0};
-  struct Held {
-    std::uint64_t id;
-    WorkPtr work;
-    std::vector<at::Tensor> tensors;
-    bool waited = false;
-  };
-  std::mutex held_mu_;
-  std::deque<Held> held_;
-  std::uint64_t next_id_ = 0;
   std::thread comm_;
 };
 
@@ -418,10 +378,8 @@ std::vector<std::array<std::int64_t, kRow>> Group::gather_rows(
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < world_; ++r) out[0].push_back(at::empty({kRow}, at::kLong));
   std::vector<at::Tensor> ins{in};
-  std::vector<at::Tensor> keep = out[0];
-  keep.push_back(in);
-  wait_issued(issue(pg_->allgather(out, ins), keep),
-              "the agreement allgather of collective #" + std::to_string(seq_.load()));
+  wait(pg_->allgather(out, ins),
+       "the agreement allgather of collective #" + std::to_string(seq_.load()));
   std::vector<std::array<std::int64_t, kRow>> rows(world_);
   for (int r = 0; r < world_; ++r)
     std::copy_n(out[0][r].data_ptr<std::int64_t>(), kRow, rows[r].begin());
@@ -434,9 +392,7 @@ std::vector<std::string> Group::gather_strings(const std::string& mine, std::int
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < world_; ++r) out[0].push_back(at::empty_like(in));
   std::vector<at::Tensor> ins{in};
-  std::vector<at::Tensor> keep = out[0];
-  keep.push_back(in);
-  wait_issued(issue(pg_->allgather(out, ins), keep), "the structure allgather");
+  wait(pg_->allgather(out, ins), "the structure allgather");
   std::vector<std::string> s(world_);
   for (int r = 0; r < world_; ++r) {
     const auto* p = reinterpret_cast<const char*>(out[0][r].data_ptr<std::uint8_t>());
@@ -589,7 +545,7 @@ std::vector<at::Tensor> Group::reduce_buckets(Request& r, std::uint64_t seq,
   (void)in_place;
   const auto plan = buckets(leaves);
   std::vector<at::Tensor> buffers;
-  std::vector<std::uint64_t> works;
+  std::vector<WorkPtr> works;
   for (std::size_t b = 0; b < plan.size(); ++b) {
     const auto& items = plan[b];
     at::Tensor buffer;
@@ -610,16 +566,16 @@ std::vector<at::Tensor> Group::reduce_buckets(Request& r, std::uint64_t seq,
     if (r.op == Op::broadcast) {
       c10d::BroadcastOptions o;
       o.rootRank = r.root;
-      works.push_back(issue(pg_->broadcast(v, o), v));
+      works.push_back(pg_->broadcast(v, o));
     } else {
       c10d::AllreduceOptions o;
       o.reduceOp = to_c10d(r.reduce);
-      works.push_back(issue(pg_->allreduce(v, o), v));
+      works.push_back(pg_->allreduce(v, o));
     }
     buffers.push_back(buffer);
   }
   for (std::size_t b = 0; b < plan.size(); ++b) {
-    wait_issued(works[b], std::string(op_name(r.op)) + " of bucket " + std::to_string(b));
+    wait(works[b], std::string(op_name(r.op)) + " of bucket " + std::to_string(b));
     const bool avg = r.reduce == ReduceOp::avg && r.op != Op::broadcast;
     if (avg) buffers[b].div_(world_);
     const auto& items = plan[b];
@@ -668,7 +624,7 @@ void Group::execute(Request& r, std::uint64_t seq) {
         out.push_back(at::empty(shape, t.options()));
       }
       std::vector<std::vector<std::vector<at::Tensor>>> outputs;
-      std::vector<std::uint64_t> works;
+      std::vector<WorkPtr> works;
       for (std::size_t b = 0; b < plan.size(); ++b) {
         std::int64_t n = 0;
         for (const auto& it : plan[b]) n += it.second;
@@ -682,12 +638,10 @@ void Group::execute(Request& r, std::uint64_t seq) {
         outputs.emplace_back(1);
         for (int k = 0; k < world_; ++k) outputs.back()[0].push_back(at::empty_like(in));
         std::vector<at::Tensor> ins{in};
-        std::vector<at::Tensor> keep = outputs.back()[0];
-        keep.push_back(in);
-        works.push_back(issue(pg_->allgather(outputs.back(), ins), keep));
+        works.push_back(pg_->allgather(outputs.back(), ins));
       }
       for (std::size_t b = 0; b < plan.size(); ++b) {
-        wait_issued(works[b], "all_gather of bucket " + std::to_string(b));
+        wait(works[b], "all_gather of bucket " + std::to_string(b));
         for (int k = 0; k < world_; ++k) {
           std::int64_t off = 0;
           for (const auto& [i, numel] : plan[b]) {
