@@ -25,6 +25,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "treetensor/asyncs/thread.hpp"
 #include "treetensor/tree/flatten.hpp"
@@ -310,6 +311,22 @@ class Group {
   void execute(Request& r, std::uint64_t seq);
   std::vector<at::Tensor> reduce_buckets(Request& r, std::uint64_t seq,
                                          const std::vector<at::Tensor>& leaves, bool in_place);
+  // A bucket's flat buffer, reused from the last collective that had a bucket b of this dtype
+  // and size (a fresh 25 MiB buffer costs its page faults on every call). Only the
+  // communication thread uses buckets; a buffer is free again once its collective has been
+  // waited for and copied out, before the next round.
+  at::Tensor bucket_buffer(std::size_t b, std::int64_t n, const at::TensorOptions& o) {
+    const auto key = std::make_tuple(b, static_cast<int>(o.dtype().toScalarType()), n);
+    if (auto it = buffers_.find(key); it != buffers_.end()) return it->second;
+    at::Tensor t = at::empty({n}, o);
+    const std::int64_t bytes = n * static_cast<std::int64_t>(t.element_size());
+    if (buffered_bytes_ + bytes > (std::int64_t{256} << 20)) {  // sizes that keep changing
+      buffers_.clear();
+      buffered_bytes_ = 0;
+    }
+    buffered_bytes_ += bytes;
+    return buffers_[key] = t;
+  }
   void check_bucket(std::uint64_t seq, std::size_t b, const at::Tensor& buffer,
                     const std::string& first_path);
 
@@ -340,6 +357,8 @@ class Group {
   std::exception_ptr broken_;
   bool stop_ = false;
   std::atomic<std::uint64_t> seq_{0};
+  std::map<std::tuple<std::size_t, int, std::int64_t>, at::Tensor> buffers_;  // comm thread only
+  std::int64_t buffered_bytes_ = 0;
   std::thread comm_;
 };
 
@@ -554,12 +573,10 @@ std::vector<at::Tensor> Group::reduce_buckets(Request& r, std::uint64_t seq,
     } else {
       std::int64_t n = 0;
       for (const auto& it : items) n += it.second;
-      buffer = at::empty({n}, leaves[items[0].first].options());
-      std::int64_t off = 0;
-      for (const auto& [i, numel] : items) {
-        buffer.narrow(0, off, numel).view(leaves[i].sizes()).copy_(leaves[i]);
-        off += numel;
-      }
+      buffer = bucket_buffer(b, n, leaves[items[0].first].options());
+      std::vector<at::Tensor> flat;
+      for (const auto& it : items) flat.push_back(leaves[it.first].reshape({-1}));
+      at::cat_out(buffer, flat);  // one call packs the bucket
     }
     if (opts_.debug) check_bucket(seq, b, buffer, r.paths[items[0].first].describe());
     std::vector<at::Tensor> v{buffer};
