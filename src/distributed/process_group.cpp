@@ -254,6 +254,18 @@ class Group {
   const Options& options() const { return opts_; }
   std::uint64_t sequence() const { return seq_.load(); }
 
+  // Completes `r` with `e` unless it is completed already.
+  static void fail(Request& r, const std::exception_ptr& e) {
+    try {
+      r.done.set_exception(e);
+    } catch (const std::future_error&) {
+    }
+    try {
+      r.value.set_exception(e);
+    } catch (const std::future_error&) {
+    }
+  }
+
   std::shared_ptr<Request> submit(std::shared_ptr<Request> r) {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -357,6 +369,7 @@ class Group {
   std::exception_ptr broken_;
   bool stop_ = false;
   std::atomic<std::uint64_t> seq_{0};
+  std::shared_ptr<Request> current_;  // the request of the running round (comm thread only)
   std::map<std::tuple<std::size_t, int, std::int64_t>, at::Tensor> buffers_;  // comm thread only
   std::int64_t buffered_bytes_ = 0;
   std::thread comm_;
@@ -373,6 +386,7 @@ void Group::loop() {
     }
     try {
       round(mine);
+      current_.reset();
     } catch (...) {
       // A backend failure or a missing request: the ranks may no longer agree on what comes
       // next, so the group is broken and every pending and later request gets the error.
@@ -382,10 +396,11 @@ void Group::loop() {
         broken_ = std::current_exception();
         failed.swap(pending_);
       }
-      for (auto& r : failed) {
-        r->done.set_exception(broken_);
-        r->value.set_exception(broken_);
-      }
+      // The request of this round may have left the queue already (round() took it).
+      failed.push_back(mine);
+      if (current_) failed.push_back(current_);
+      current_.reset();
+      for (auto& r : failed) fail(*r, broken_);
     }
   }
 }
@@ -423,7 +438,9 @@ std::vector<std::string> Group::gather_strings(const std::string& mine, std::int
 std::shared_ptr<Request> Group::wait_for(std::int64_t thread, std::int64_t count) {
   std::unique_lock<std::mutex> l(mu_);
   std::shared_ptr<Request> found;
-  cv_.wait_for(l, opts_.timeout, [&] {
+  // Half the timeout: the peers wait in the second agreement allgather meanwhile, and must get
+  // this rank's "no such request" row before their own collective timeout ends it.
+  cv_.wait_for(l, opts_.timeout / 2, [&] {
     for (auto& r : pending_)
       if (r->key_thread == thread && r->key_count == count) return (found = r) != nullptr;
     return false;
@@ -446,15 +463,16 @@ void Group::round(const std::shared_ptr<Request>& mine) {
     std::lock_guard<std::mutex> l(mu_);
     pending_.erase(std::find(pending_.begin(), pending_.end(), cur));
   }
+  current_ = cur;  // failed by loop() if this round throws
   const std::uint64_t seq = seq_.fetch_add(1);
   const std::string where = "treetensor distributed: collective #" + std::to_string(seq) + " (" +
                             (key_text(kt, kc)) + "): ";
   for (int r = 0; r < world_; ++r)
     if (rows[r][kOp] == 0)
       // Every rank sees this row: all throw, and the group is broken (loop()).
-      throw CollectiveMismatch(where + "rank " + std::to_string(r) +
-                               " made no such request within " +
-                               std::to_string(opts_.timeout.count()) + " ms");
+      throw CollectiveMismatch(
+          where + "rank " + std::to_string(r) + " made no such request within " +
+          std::to_string((opts_.timeout / 2).count()) + " ms (half the timeout)");
   std::string mismatch;
   std::int64_t max_sig = 0;
   for (int r = 0; r < world_; ++r) max_sig = std::max(max_sig, rows[r][kSigLen]);

@@ -84,6 +84,11 @@ TEST(Distributed, MismatchedStructureDtypeShapeOpAreErrorsOnEveryRank) {
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
+TEST(Distributed, RequestOneRankNeverMakesIsAnErrorOnEveryRank) {
+  const auto r = run("missing", 2, "tcp", {}, 60);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
 TEST(Distributed, DeadRankIsAnErrorOnTheSurvivorWithinTheTimeout) {
   const auto r = run("dead", 2, "tcp", {}, 60);
   EXPECT_TRUE(r.ok()) << r.describe();

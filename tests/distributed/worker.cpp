@@ -329,6 +329,27 @@ void scenario_dead(const std::string& store) {
   std::_Exit(failures ? 1 : 0);  // the broken Gloo group is not torn down
 }
 
+// Rank 0 all-reduces from its main thread, rank 1 from an asyncs thread: the requests' keys
+// differ, so rank 1 never makes the request rank 0 runs first. Both get a CollectiveMismatch
+// after the timeout, and the group is broken (later calls throw at once).
+void scenario_missing(const std::string& store) {
+  dist::Options o;
+  o.timeout = std::chrono::seconds(3);
+  auto g = make_group(store, o);
+  TreeTensor t = TensorTree{{"x", at::ones({2})}};
+  const std::vector<std::string> parts = {"rank 1 made no such request", "a non-asyncs thread"};
+  if (g.rank() == 0) {
+    expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); }, parts,
+                                           "request rank 1 never makes");
+  } else {
+    asyncs::Thread thread("other");
+    auto f = thread.submit([&] { dist::all_reduce(g, t); });
+    expect_throw<dist::CollectiveMismatch>([&] { f.get(); }, parts, "rank 1's own request");
+  }
+  expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); }, parts,
+                                         "a later call on the broken group");
+}
+
 // Rank 1 stalls (alive, never calls): rank 0's collective fails within the timeout.
 void scenario_stall(const std::string& store) {
   dist::Options o;
@@ -351,8 +372,9 @@ void scenario_stall(const std::string& store) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: distributed_worker values|stress|stress-reverse|mismatch|dead|stall "
-                 "[tcp|file:PATH]\n";
+    std::cerr
+        << "usage: distributed_worker values|stress|stress-reverse|mismatch|missing|dead|stall "
+           "[tcp|file:PATH]\n";
     return 2;
   }
   const std::string scenario = argv[1];
@@ -369,6 +391,8 @@ int main(int argc, char** argv) {
       scenario_mismatch(store);
     else if (scenario == "dead")
       scenario_dead(store);
+    else if (scenario == "missing")
+      scenario_missing(store);
     else if (scenario == "stall")
       scenario_stall(store);
     else {

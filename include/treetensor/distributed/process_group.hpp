@@ -24,8 +24,9 @@
 //    structure hash over paths, dtypes and shapes) across ranks. A disagreement is a
 //    CollectiveMismatch thrown on every rank, naming the first differing path (or field) and
 //    what each rank has; no data moves and the group stays usable. A request that some rank
-//    does not make within Options::timeout (rank 0 ran it first) is a CollectiveMismatch on
-//    every rank too, but the ranks no longer agree on what comes next: the group is broken.
+//    does not make within half of Options::timeout (rank 0 ran it first) is a
+//    CollectiveMismatch on every rank too, but the ranks no longer agree on what comes next:
+//    the group is broken.
 //    With Options::debug (or TREETENSOR_DIST_DEBUG=1) every bucket is also checked
 //    (sequence, bucket, dtype, element count) before it moves.
 //  - Time: every wait (a peer's request, a c10d collective) is bounded by Options::timeout.
