@@ -3,7 +3,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 install(DIRECTORY include/treetensor DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS treetensor treetensor_tree EXPORT treetensorTargets
+install(TARGETS treetensor treetensor_tree treetensor_distributed EXPORT treetensorTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The README's first command: installs what a fresh Debian 12 machine lacks, builds
 # treetensor-bench (Release, in build-release/), then runs the seed experiment, an Adam step over
-# ResNet-50 and the elementwise grid on their defaults. Tables go to stdout; JSON and PNG plots to out/.
+# ResNet-50, the elementwise grid and the all_reduce of MobileNetV3-Small's and ResNet-50's
+# gradient trees over 2 local ranks, on their defaults. Tables go to stdout; JSON and PNG plots to
+# out/.
 #
-#   bash scripts/bench.sh            # the defaults (about 2-3 minutes on 2 cores)
+#   bash scripts/bench.sh            # the defaults (about 3 minutes on 2 cores)
 #   bash scripts/bench.sh -T 5       # extra flags go to every run, so only flags all take:
 #                                    # -M -T --warmup --dtype --device --seed --caching-allocator
 set -euo pipefail
@@ -31,6 +33,9 @@ echo
 echo
 "$bench" elementwise --json out/elementwise.json --plot out/elementwise.png "$@" ||
   failed+=("elementwise (exit $?)")
+echo
+"$bench" allreduce --json out/allreduce.json --plot out/allreduce.png "$@" ||
+  failed+=("allreduce (exit $?)")
 if [ ${#failed[@]} -gt 0 ]; then
   echo "bench.sh: not every row was verified or measured: ${failed[*]}; see the lines above" >&2
   exit 2

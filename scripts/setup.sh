@@ -12,6 +12,7 @@ packages=(
   gnuplot-nox
   python3-torch
   libsleef-dev
+  libgloo-dev
 )
 
 missing=()

@@ -3,7 +3,7 @@
 # and runs the whole test suite with ctest. Exits non-zero on any failed or missing test.
 #
 #   bash scripts/test.sh                      # everything, RelWithDebInfo, in build/
-#   bash scripts/test.sh --sanitize thread    # runtime + asyncs tests under ThreadSanitizer
+#   bash scripts/test.sh --sanitize thread    # runtime, asyncs, distributed tests under ThreadSanitizer
 #   bash scripts/test.sh --sanitize address   # all tests under AddressSanitizer + UBSan
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,11 +31,13 @@ fi
 cmake -S . -B "$build" -G Ninja "${args[@]}" >/dev/null
 case "$sanitize" in
   thread)
-    # The concurrency tests: the runtime (lanes, dispatch) and the asyncs threads.
-    targets=$(ninja -C "$build" -t targets all | sed -n 's/^\(\(runtime\|asyncs\|tree_deferred\)_[a-z0-9_]*test\): .*/\1/p' | sort -u)
-    [ -n "$targets" ] || { echo "test.sh: no runtime/asyncs test targets found" >&2; exit 1; }
+    # The concurrency tests: the runtime (lanes, dispatch), the asyncs threads, deferred trees
+    # and the distributed layer (its tests start distributed_worker, built under TSan too).
+    targets=$(ninja -C "$build" -t targets all |
+              sed -n 's/^\(\(runtime\|asyncs\|distributed\|tree_deferred\)_[a-z0-9_]*\(test\|worker\)\): .*/\1/p' | sort -u)
+    [ -n "$targets" ] || { echo "test.sh: no runtime/asyncs/distributed test targets found" >&2; exit 1; }
     cmake --build "$build" -j"$jobs" --target $targets
-    ctest_args+=(-L '^(runtime|asyncs|tree_deferred)')
+    ctest_args+=(-L '^(runtime|asyncs|distributed|tree_deferred)')
     export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
     ;;
   address)

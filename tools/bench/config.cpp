@@ -79,6 +79,29 @@ Columns: mean and standard deviation of T timed steps (ms), GFLOP/s (null: not m
 a memory-bound update), speed-up = native mean / row mean, T = steps timed, verified. Strategies take turns
 within each repetition on one shared state, so the step count keeps advancing.)";
 
+constexpr const char* kAllreduceRows =
+    R"(The gradient tree of each model (its trainable tensors' shapes from data/models/<model>.json,
+float32) all-reduced (sum) across local ranks started by the built-in launcher (Gloo over
+loopback; rank 0 reports; each rank runs its kernels with one intra-op thread). Every rank
+starts from its own integer-valued gradients, so the sums are exact; every row's result is
+compared bitwise with the hand-computed sum on every rank before timing.
+Rows:
+  native        one c10d allreduce per tensor, issued and waited one after another, as a
+                hand-written loop over torch.distributed.all_reduce does. The baseline.
+  tree          distributed::all_reduce of the tree: DDP-style buckets (1 MiB, then 25 MiB),
+                ordered across ranks by the group's communication thread.
+  limit         one allreduce of one pre-flattened buffer of the same size (the floor: no
+                packing, one call).
+  tree+compute  tree, then the main thread's work (--compute-matmuls 384x384 matmuls), one
+                after the other.
+  async         the tree all_reduce submitted to an asyncs thread while the main thread does
+                the same work; timed until both are done (overlap: compare with tree+compute).
+  compute       the main thread's work alone (no communication; nothing to verify).
+Columns: mean and standard deviation of T timed repetitions on rank 0 (ms), speed-up = native
+mean / row mean, T, verified (on every rank). The gradients are restored outside the timed
+region after every repetition. T is the same on every rank (default 10; the automatic plan is
+not used, as ranks must run the same collectives).)";
+
 // An integer >= 1. CLI::PositiveNumber would print "Value 0 not in range 0.000000 to
 // 179769313486231570814527...", unreadable; CLI11 prefixes this message with the flag's name.
 const CLI::Validator kAtLeastOne(
@@ -193,6 +216,7 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       "Examples:\n  treetensor-bench seed --json out/seed.json --plot out/seed.png\n"
       "  treetensor-bench optimizer --model resnet50 --json out/optimizer.json\n"
       "  treetensor-bench seed --device cuda      # the seed's own sizes on a GPU\n"
+      "  treetensor-bench allreduce --json out/allreduce.json   # 2 local ranks\n"
       "Run `treetensor-bench seed --help` or `... optimizer --help` for the rows.");
 
   CLI::App* seed = app.add_subcommand(
@@ -240,6 +264,21 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
   opt->add_option("--weight-decay", cfg.adam.weight_decay, "Adam L2 weight decay")
       ->capture_default_str();
   opt->footer(kOptimizerRows);
+  CLI::App* ar = app.add_subcommand(
+      "allreduce",
+      "all_reduce of the gradient trees of real models across local ranks (c10d Gloo)");
+  add_common(*ar, cfg, dtype, device);
+  ar->add_option("--models", cfg.models, "models whose gradient trees are reduced, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  ar->add_option("--ranks", cfg.ranks, "local ranks to start")
+      ->check(CLI::Range(2, 8))
+      ->capture_default_str();
+  ar->add_option("--compute-matmuls", cfg.compute_matmuls,
+                 "the main thread's work in the tree+compute, async and compute rows: this many "
+                 "384x384 float32 matmuls")
+      ->capture_default_str();
+  ar->footer(kAllreduceRows);
 
   CLI::App* ew = app.add_subcommand(
       "elementwise",
@@ -267,9 +306,10 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
 
   try {
     app.parse(argc, argv);
-    cfg.workload = seed->parsed() ? Workload::seed
-                   : ew->parsed() ? Workload::elementwise
-                                  : Workload::optimizer;
+    cfg.workload = seed->parsed()  ? Workload::seed
+                   : opt->parsed() ? Workload::optimizer
+                   : ew->parsed()  ? Workload::elementwise
+                                   : Workload::allreduce;
     cfg.dtype = kDtypes.at(dtype);
     try {
       cfg.device = c10::Device(device);
@@ -277,7 +317,7 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       throw CLI::ValidationError("--device", "expected cpu, cuda or cuda:K, got '" + device + "'");
     }
     const bool cuda = cfg.device.is_cuda();
-    CLI::App* sub = seed->parsed() ? seed : ew->parsed() ? ew : opt;
+    CLI::App* sub = seed->parsed() ? seed : opt->parsed() ? opt : ew->parsed() ? ew : ar;
     if (sub->get_option("--reps")->count() == 0 && cuda) cfg.reps = 50;
     if (sub->get_option("--warmup")->count() == 0 && cuda) cfg.warmup = 5;
     if (cfg.reps == 0 && cfg.warmup == 0)
@@ -296,6 +336,11 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
         throw CLI::ValidationError("--lanes", "M (" + std::to_string(cfg.lanes) +
                                                   ") must not exceed N (" +
                                                   std::to_string(cfg.leaves) + ")");
+    } else if (cfg.workload == Workload::allreduce) {
+      if (cuda) throw CLI::ValidationError("--device", "allreduce runs on CPU (Gloo)");
+      // Every rank must run the same number of collectives: no automatic plan.
+      if (cfg.reps == 0) cfg.reps = 10;
+      for (const auto& m : cfg.models) cfg.model_paths.push_back(resolve_model(m));
     } else if (cfg.workload == Workload::optimizer && cfg.checkpoint.empty()) {
       cfg.model_path = resolve_model(cfg.model);
     }

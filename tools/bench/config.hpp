@@ -32,7 +32,7 @@ struct AdamSettings {
   double weight_decay = 1e-2;
 };
 
-enum class Workload { seed, optimizer, elementwise };
+enum class Workload { seed, optimizer, elementwise, allreduce };
 
 inline constexpr std::size_t kAutoRepsMin = 10, kAutoRepsMax = 100;
 
@@ -65,6 +65,12 @@ struct Config {
   bool progress = true;                  ///< progress line on stderr
   bool caching_allocator = false;        ///< install treetensor's caching CPU allocator
   std::string command_line;              ///< argv joined, recorded in the JSON
+  /// allreduce: the models whose gradient trees are all-reduced (names in data/models), and
+  /// their resolved paths.
+  std::vector<std::string> models = {"mobilenet_v3_small", "resnet50"};
+  std::vector<std::string> model_paths;
+  int ranks = 2;                    ///< allreduce: local ranks started (the launcher)
+  std::size_t compute_matmuls = 8;  ///< allreduce: 384x384 matmuls of the main thread's work
   std::string
       perturb_row;  ///< --perturb-row: a strategy whose results are made to fail verification
 };

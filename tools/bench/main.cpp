@@ -3,12 +3,16 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 
 #include "config.hpp"
 #include "machine.hpp"
 #include "report.hpp"
+#include "treetensor/distributed/launch.hpp"
+#include "treetensor/distributed/process_group.hpp"
 #include "treetensor/runtime/cpu_allocator.hpp"
 #include "workloads.hpp"
 
@@ -24,6 +28,8 @@ const char* workload_name(tb::Workload w) {
       return "optimizer";
     case tb::Workload::elementwise:
       return "elementwise";
+    case tb::Workload::allreduce:
+      return "allreduce";
   }
   return "?";
 }
@@ -46,6 +52,11 @@ std::string headline(const tb::Config& cfg) {
         "treetensor-bench elementwise: N leaves x E elements, add and "
         "(x*2+y).sigmoid_(), {} on {}; {}",
         tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
+  if (cfg.workload == tb::Workload::allreduce)
+    return fmt::format(
+        "treetensor-bench allreduce: gradient trees summed over {} local ranks (Gloo), {}; "
+        "T={} timed repetitions after 2 warm-up, strategies interleaved round-robin",
+        cfg.ranks, tb::dtype_name(cfg.dtype), cfg.reps);
   return fmt::format("treetensor-bench optimizer: Adam step over {}, {} on {}; {}",
                      cfg.checkpoint.empty() ? cfg.model : cfg.checkpoint, tb::dtype_name(cfg.dtype),
                      cfg.device.str(), timing);
@@ -107,6 +118,14 @@ int run(const tb::Config& cfg) {
   if (cfg.plot_path) tb::check_output_path("--plot", *cfg.plot_path);
   tb::check_device(cfg);
   if (cfg.caching_allocator) treetensor::runtime::use_caching_cpu_allocator();
+  const bool allreduce = cfg.workload == tb::Workload::allreduce;
+  // allreduce runs in every rank (see main()); only rank 0 reports.
+  const char* rank_env = std::getenv("RANK");
+  if (allreduce && rank_env && std::atoi(rank_env) != 0) {
+    tb::Progress quiet(false);
+    const tb::WorkloadResult result = tb::run_allreduce(cfg, quiet);
+    return result.all_verified ? 0 : 2;
+  }
   const tb::MachineInfo machine = tb::collect_machine_info();
   std::cout << headline(cfg) << "\n" << machine.describe() << std::flush;
   tb::Progress progress(cfg.progress);
@@ -114,6 +133,7 @@ int run(const tb::Config& cfg) {
   const bool elementwise = cfg.workload == tb::Workload::elementwise;
   const tb::WorkloadResult result = seed          ? tb::run_seed(cfg, progress)
                                     : elementwise ? tb::run_elementwise(cfg, progress)
+                                    : allreduce   ? tb::run_allreduce(cfg, progress)
                                                   : tb::run_optimizer(cfg, progress);
 
   for (const auto& note : result.notes) std::cout << "verification: " << note << "\n";
@@ -134,13 +154,33 @@ int run(const tb::Config& cfg) {
     const std::string xlabel = seed          ? "leaf size S (each leaf: S x 2S @ 2S x 4S)"
                                : elementwise ? "N leaves x E elements, op"
                                              : "model";
+    // allreduce's `compute` row moves no data: a reference for the overlap rows, not a strategy.
+    std::vector<tb::Record> plotted;
+    for (const auto& r : result.records)
+      if (!(allreduce && r.strategy == "compute")) plotted.push_back(r);
     if (auto missing =
-            tb::write_plot(*cfg.plot_path, result.records, title, seed ? "S =" : "model", xlabel))
+            tb::write_plot(*cfg.plot_path, plotted, title, seed ? "S =" : "model", xlabel))
       std::cout << *missing << "\n";
     else
       std::cout << "wrote " << *cfg.plot_path << "\n";
   }
   return unverified_summary(result.records) ? 2 : 0;
+}
+
+// allreduce without torchrun's RANK: start cfg.ranks copies of this program with the built-in
+// launcher (a deadline kills them if they hang) and report rank 0's exit status.
+int launch_ranks(const tb::Config& cfg, int argc, char** argv) {
+  namespace dist = treetensor::distributed;
+  dist::LaunchOptions o;
+  o.nprocs = cfg.ranks;
+  o.timeout = std::chrono::minutes(10);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const auto result = dist::launch(dist::self_executable(), args, o);
+  if (result.ok()) return 0;
+  std::cerr << "treetensor-bench allreduce: not every rank finished cleanly:\n"
+            << result.describe();
+  const int code = result.ranks[0].exit_code;
+  return code > 0 ? code : 1;
 }
 
 }  // namespace
@@ -150,6 +190,8 @@ int main(int argc, char** argv) {
   auto cfg = tb::parse_command_line(argc, argv, exit_code);
   if (!cfg) return exit_code;
   try {
+    if (cfg->workload == tb::Workload::allreduce && !std::getenv("RANK"))
+      return launch_ranks(*cfg, argc, argv);
     return run(*cfg);
   } catch (const c10::Error& e) {
     std::cerr << "\ntreetensor-bench: " << e.what_without_backtrace() << "\n";

@@ -29,18 +29,7 @@ struct AdamTrees {
   TreeTensor exp_avg, exp_avg_sq;
 };
 
-struct ParamShape {
-  std::string key;
-  std::vector<std::int64_t> shape;
-};
-
-struct ModelShapes {
-  std::string name;
-  std::vector<ParamShape> trainable;
-  std::vector<at::Tensor> values;  ///< a checkpoint's stored parameters (empty for shape files)
-  std::size_t skipped = 0;
-  std::int64_t elements = 0;
-};
+}  // namespace
 
 // Buffers that an optimizer never updates.
 bool is_buffer(const std::string& key) {
@@ -82,6 +71,8 @@ ModelShapes load_model(const std::string& path) {
   }
   return m;
 }
+
+namespace {
 
 // The trainable tensors of a checkpoint file: floating leaves that are not buffers, at their
 // dotted paths, starting from their stored values.

@@ -42,6 +42,13 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress);
 /// Rows are checked against native first (add bitwise; the chain to sigmoid's accuracy).
 WorkloadResult run_elementwise(const Config& cfg, Progress& progress);
 
+/// The gradient trees of cfg.models all-reduced across the ranks of torchrun's environment
+/// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; main() starts them with the built-in launcher):
+/// rows native, tree, limit, tree+compute, async, compute, each checked on every rank first
+/// (bitwise against the hand-computed sum). Every rank runs it; rank 0's timings are reported.
+/// @throws std::runtime_error when a model file cannot be read; distributed errors.
+WorkloadResult run_allreduce(const Config& cfg, Progress& progress);
+
 /// Throws std::invalid_argument when cfg.device cannot be used by this LibTorch build.
 void check_device(const Config& cfg);
 
@@ -84,6 +91,28 @@ class Verification {
   std::vector<double> worst_;  ///< worst ratio to the bound over a strategy's results
   std::vector<bool> bitwise_;
 };
+
+/// One trainable tensor of a model shapes file (data/models/<model>.json).
+struct ParamShape {
+  std::string key;
+  std::vector<std::int64_t> shape;
+};
+
+struct ModelShapes {
+  std::string name;
+  std::vector<ParamShape> trainable;
+  std::vector<at::Tensor> values;  ///< a checkpoint's stored parameters (empty for shape files)
+  std::size_t skipped = 0;
+  std::int64_t elements = 0;
+};
+
+/// Whether `key` names a buffer an optimizer never updates (running_mean, running_var,
+/// num_batches_tracked).
+bool is_buffer(const std::string& key);
+
+/// The trainable tensors of a model shapes file {model, source, tensors: [{key, shape, dtype}]}.
+/// @throws std::runtime_error when the file cannot be read or parsed.
+ModelShapes load_model(const std::string& path);
 
 /// The repetition plan for cfg: its -T, or the automatic plan.
 RepPlan rep_plan(const Config& cfg);

@@ -1,0 +1,409 @@
+// One rank of a distributed test scenario, started by distributed_test.cpp through the
+// built-in launcher (or by torchrun). Exits 0 when every check on this rank passed; prints
+// what failed to stderr otherwise.
+//
+//   distributed_worker <scenario> [tcp|file:<path>]
+//
+// Values are small integers (or integer-valued floats below 2^24), so sums, products, min and
+// max over ranks are exact in every dtype and results are compared exactly.
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "treetensor/asyncs/thread.hpp"
+#include "treetensor/distributed/process_group.hpp"
+
+namespace dist = treetensor::distributed;
+namespace asyncs = treetensor::asyncs;
+using treetensor::TensorTree;
+using treetensor::TreeTensor;
+
+namespace {
+
+int failures = 0;
+int rank_ = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    ++failures;
+    std::cerr << "rank " << rank_ << ": FAILED: " << what << std::endl;
+  }
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && at::equal(a, b);
+}
+
+std::string show(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t;
+  return os.str();
+}
+
+void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  check(same(got, want), what + ": got\n" + show(got) + "\nwant\n" + show(want));
+}
+
+// Runs `fn`, which must throw E with a message containing each of `parts`.
+template <class E>
+void expect_throw(const std::function<void()>& fn, const std::vector<std::string>& parts,
+                  const std::string& what) {
+  try {
+    fn();
+    check(false, what + ": no exception");
+  } catch (const E& e) {
+    const std::string m = e.what();
+    for (const auto& p : parts)
+      check(m.find(p) != std::string::npos, what + ": '" + p + "' not in: " + m);
+  } catch (const std::exception& e) {
+    check(false, what + ": wrong exception type: " + e.what());
+  }
+}
+
+dist::ProcessGroup make_group(const std::string& store, dist::Options o = {}) {
+  if (store.rfind("file:", 0) == 0)
+    return dist::ProcessGroup::with_file_store(store.substr(5), std::atoi(std::getenv("RANK")),
+                                               std::atoi(std::getenv("WORLD_SIZE")), o);
+  return dist::ProcessGroup::from_env(o);
+}
+
+// Every collective against values computed by hand, with small buckets so that trees span
+// several buckets and dtypes.
+void scenario_values(const std::string& store) {
+  dist::Options o;
+  o.first_bucket_bytes = 64;
+  o.bucket_bytes = 256;
+  o.timeout = std::chrono::seconds(60);
+  auto g = make_group(store, o);
+  const int r = g.rank(), w = g.world_size();
+  const double rr = r + 1;  // rank r contributes multiples of r + 1
+  auto ar = [](std::int64_t n, at::ScalarType t) { return at::arange(n, at::TensorOptions(t)); };
+  // Sum over ranks of (r + 1) = w(w + 1)/2; product = w!; min 1; max w.
+  const double S = w * (w + 1) / 2.0;
+  double P = 1;
+  for (int k = 1; k <= w; ++k) P *= k;
+
+  auto make = [&] {
+    TreeTensor t =
+        TensorTree{{"a", ar(40, at::kFloat) * rr},
+                   {"b",
+                    {{"i", ar(6, at::kLong).reshape({2, 3}) * static_cast<std::int64_t>(r + 1)},
+                     {"d", ar(100, at::kDouble) * rr},
+                     {"e", at::empty({0}, at::kFloat)}}},
+                   {"n", (ar(12, at::kFloat).reshape({3, 4}) * rr).t()}};  // non-contiguous
+    return t;
+  };
+  {
+    auto t = make();
+    dist::all_reduce(g, t, dist::ReduceOp::sum);
+    expect_equal(t["a"].leaf(), ar(40, at::kFloat) * S, "all_reduce sum a");
+    expect_equal(t["b"]["i"].leaf(),
+                 ar(6, at::kLong).reshape({2, 3}) * static_cast<std::int64_t>(S), "sum b.i");
+    expect_equal(t["b"]["d"].leaf(), ar(100, at::kDouble) * S, "sum b.d");
+    check(t["b"]["e"].leaf().numel() == 0, "empty leaf stays empty");
+    expect_equal(t["n"].leaf(), (ar(12, at::kFloat).reshape({3, 4}) * S).t(),
+                 "sum of non-contiguous n");
+  }
+  {
+    auto t = make();
+    t.erase("b.i");  // avg needs floating leaves
+    dist::all_reduce(g, t, dist::ReduceOp::avg);
+    // (S / w) = (w + 1) / 2: 1.5 or 2, exact in binary.
+    expect_equal(t["a"].leaf(), ar(40, at::kFloat) * (S / w), "avg a");
+    expect_equal(t["b"]["d"].leaf(), ar(100, at::kDouble) * (S / w), "avg b.d");
+  }
+  for (auto [op, factor, name] : {std::tuple{dist::ReduceOp::min, 1.0, "min"},
+                                  std::tuple{dist::ReduceOp::max, double(w), "max"},
+                                  std::tuple{dist::ReduceOp::product, P, "product"}}) {
+    TreeTensor t = TensorTree{{"x", at::full({5}, rr, at::kFloat)},
+                              {"y", at::full({3}, static_cast<std::int64_t>(r + 1), at::kLong)}};
+    dist::all_reduce(g, t, op);
+    expect_equal(t["x"].leaf(), at::full({5}, factor, at::kFloat), std::string(name) + " x");
+    expect_equal(t["y"].leaf(), at::full({3}, static_cast<std::int64_t>(factor), at::kLong),
+                 std::string(name) + " y");
+  }
+  for (int root = 0; root < w; ++root) {
+    auto t = make();
+    dist::broadcast(g, t, root);
+    const double f = root + 1;
+    expect_equal(t["a"].leaf(), ar(40, at::kFloat) * f, "broadcast a from " + std::to_string(root));
+    expect_equal(t["b"]["d"].leaf(), ar(100, at::kDouble) * f, "broadcast b.d");
+    expect_equal(t["n"].leaf(), (ar(12, at::kFloat).reshape({3, 4}) * f).t(), "broadcast n");
+  }
+  {
+    auto t = make();
+    auto out = dist::all_gather(g, t);
+    for (int k = 0; k < w; ++k) {
+      expect_equal(out["a"].leaf()[k], ar(40, at::kFloat) * (k + 1.0),
+                   "all_gather a[" + std::to_string(k) + "]");
+      expect_equal(out["b"]["i"].leaf()[k], ar(6, at::kLong).reshape({2, 3}) * std::int64_t{k + 1},
+                   "all_gather b.i");
+      expect_equal(out["n"].leaf()[k], (ar(12, at::kFloat).reshape({3, 4}) * (k + 1.0)).t(),
+                   "all_gather n");
+    }
+    check(out["b"]["e"].leaf().sizes() == at::IntArrayRef({w, 0}),
+          "all_gather of an empty leaf is [w, 0]");
+  }
+  {
+    TreeTensor t = TensorTree{{"a", ar(6 * w, at::kFloat).reshape({2 * w, 3}) * rr},
+                              {"b", ar(w, at::kLong) * static_cast<std::int64_t>(r + 1)}};
+    auto out = dist::reduce_scatter(g, t);
+    expect_equal(out["a"].leaf(),
+                 (ar(6 * w, at::kFloat).reshape({2 * w, 3}) * S).narrow(0, 2 * r, 2),
+                 "reduce_scatter a");
+    expect_equal(out["b"].leaf(), (ar(w, at::kLong) * static_cast<std::int64_t>(S)).narrow(0, r, 1),
+                 "reduce_scatter b");
+    expect_equal(t["a"].leaf(), ar(6 * w, at::kFloat).reshape({2 * w, 3}) * rr,
+                 "reduce_scatter leaves its input alone");
+    expect_throw<std::invalid_argument>(
+        [&] {
+          dist::reduce_scatter(g, TensorTree{{"z", {{"q", ar(w + 1, at::kFloat)}}}});
+        },
+        {"z.q", "equal chunks"}, "reduce_scatter of an odd leaf");
+  }
+  {
+    // Ring: every rank sends its tree to the next and receives the previous one's.
+    auto mine = make();
+    auto into = make();
+    into.zero_();
+    const int next = (r + 1) % w, prev = (r + w - 1) % w;
+    if (r == 0) {
+      dist::send(g, mine, next);
+      dist::recv(g, into, prev);
+    } else {
+      dist::recv(g, into, prev);
+      dist::send(g, mine, next);
+    }
+    const double f = prev + 1;
+    expect_equal(into["a"].leaf(), ar(40, at::kFloat) * f, "recv a");
+    expect_equal(into["b"]["d"].leaf(), ar(100, at::kDouble) * f, "recv b.d");
+    expect_equal(into["n"].leaf(), (ar(12, at::kFloat).reshape({3, 4}) * f).t(),
+                 "recv n (non-contiguous)");
+  }
+  {
+    // Async forms from the main thread, several in flight.
+    std::vector<TreeTensor> ts;
+    std::vector<std::shared_future<void>> fs;
+    for (int k = 0; k < 5; ++k) {
+      ts.push_back(TensorTree{{"v", at::full({k + 1}, rr * (k + 1), at::kFloat)}});
+      fs.push_back(dist::all_reduce_async(g, ts.back()));
+    }
+    for (int k = 0; k < 5; ++k) {
+      fs[k].get();
+      expect_equal(ts[k]["v"].leaf(), at::full({k + 1}, S * (k + 1), at::kFloat),
+                   "async all_reduce " + std::to_string(k));
+    }
+  }
+  dist::barrier(g);
+  check(g.sequence() > 0, "sequence counts collectives");
+}
+
+// OneFlow's shape: 7 asyncs threads per rank, each all-reducing trees whose sizes grow with the
+// iteration and whose values differ per rank and per thread; `reverse`: rank 1 submits to the
+// threads in the opposite order (and the threads then race anyway).
+void scenario_stress(const std::string& store, bool reverse) {
+  int iterations = 200;
+  if (const char* e = std::getenv("TREETENSOR_DIST_ITERATIONS")) iterations = std::atoi(e);
+  dist::Options o;
+  o.timeout = std::chrono::seconds(60);
+  auto g = make_group(store, o);
+  const int r = g.rank(), w = g.world_size();
+  constexpr int kThreads = 7;
+  std::vector<asyncs::Thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back("allreduce-" + std::to_string(t));
+  std::vector<asyncs::Future<int>> futures;
+  for (int i = 0; i < iterations; ++i) {
+    for (int k = 0; k < kThreads; ++k) {
+      const int t = reverse && r == 1 ? kThreads - 1 - k : k;
+      futures.push_back(threads[t].submit([&g, r, w, t, i] {
+        // Element j of leaf a on rank r: (r + 1)(t + 1) + (j mod 7) + i. Sum over ranks:
+        // (t + 1) w(w + 1)/2 + w((j mod 7) + i): below 2^24, exact in float32.
+        const std::int64_t n = 16 + 8 * i + t;
+        auto j = at::arange(n, at::kFloat);
+        auto base = at::remainder(j, 7) + i;
+        TreeTensor tree = TensorTree{
+            {"a", base + double((r + 1) * (t + 1))},
+            {"b", {{"c", at::full({3 + (i + t) % 5}, std::int64_t{100} * r + t + i, at::kLong)}}}};
+        dist::all_reduce(g, tree);
+        int bad = 0;
+        const double s = w * (w + 1) / 2.0;
+        if (!same(tree["a"].leaf(), base * double(w) + (t + 1) * s)) ++bad;
+        const std::int64_t c = 100 * std::int64_t(w) * (w - 1) / 2 + std::int64_t(w) * (t + i);
+        if (!same(tree["b"]["c"].leaf(), at::full({3 + (i + t) % 5}, c, at::kLong))) ++bad;
+        return bad;
+      }));
+    }
+  }
+  int bad = 0;
+  for (auto& f : futures) bad += f.get();
+  check(bad == 0, std::to_string(bad) + " wrong results of " + std::to_string(futures.size() * 2));
+  std::cout << "rank " << r << ": " << futures.size() << " tree all_reduces from " << kThreads
+            << " asyncs threads, " << bad << " wrong" << std::endl;
+}
+
+// Ranks that disagree: each gives a CollectiveMismatch on every rank, naming the path; the
+// group stays usable after each.
+void scenario_mismatch(const std::string& store) {
+  dist::Options o;
+  o.timeout = std::chrono::seconds(30);
+  auto g = make_group(store, o);
+  const int r = g.rank();
+  {
+    TreeTensor t = TensorTree{{"x", at::ones({3})}, {"y", {{"w", at::ones({2})}}}};
+    if (r == 1) t.insert("y.extra", TensorTree(at::ones({1})));
+    expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); },
+                                           {"y.extra", "rank 1", "not on rank 0"},
+                                           "extra key on rank 1");
+  }
+  {
+    TreeTensor t = TensorTree{{"x", at::ones({3})},
+                              {"y", {{"w", at::ones({2}, r == 0 ? at::kFloat : at::kDouble)}}}};
+    expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); },
+                                           {"at path 'y.w'", "float32 [2]", "float64 [2]"},
+                                           "dtype mismatch");
+  }
+  {
+    TreeTensor t = TensorTree{{"x", at::ones({r == 0 ? 3 : 4})}};
+    expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); },
+                                           {"at path 'x'", "[3]", "[4]"}, "shape mismatch");
+  }
+  {
+    TreeTensor t = TensorTree{{"x", at::ones({3})}};
+    expect_throw<dist::CollectiveMismatch>(
+        [&] {
+          if (r == 0)
+            dist::all_reduce(g, t);
+          else
+            dist::broadcast(g, t, 0);
+        },
+        {"issued all_reduce(sum)", "issued broadcast(root 0)"}, "op mismatch");
+  }
+  {
+    TreeTensor t = TensorTree{{"p", at::ones({2})}, {r == 0 ? "q" : "s", at::ones({2})}};
+    expect_throw<dist::CollectiveMismatch>(
+        [&] {
+          if (r == 0)
+            dist::send(g, t, 1);
+          else if (r == 1)
+            dist::recv(g, t, 0);
+          else
+            throw dist::CollectiveMismatch("path 'q' not on rank 1: no part in it");
+        },
+        {"path 'q'", "not on rank 1"}, "send/recv structure mismatch");
+  }
+  // Still usable: a right all_reduce.
+  TreeTensor t = TensorTree{{"x", at::full({3}, r + 1.0)}};
+  dist::all_reduce(g, t);
+  const double w = g.world_size();
+  expect_equal(t["x"].leaf(), at::full({3}, w * (w + 1) / 2), "all_reduce after the mismatches");
+}
+
+// Rank 1 dies after one collective: the next collective on the others fails within the
+// timeout, and later ones fail at once.
+void scenario_dead(const std::string& store) {
+  dist::Options o;
+  o.timeout = std::chrono::seconds(5);
+  auto g = make_group(store, o);
+  TreeTensor t = TensorTree{{"x", at::ones({4})}};
+  dist::all_reduce(g, t);
+  if (g.rank() == 1) std::_Exit(0);  // no destructor, no goodbye: a crash as the peers see it
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto start = std::chrono::steady_clock::now();
+  expect_throw<dist::CollectiveError>([&] { dist::all_reduce(g, t); },
+                                      {"rank " + std::to_string(g.rank())},
+                                      "all_reduce with a dead peer");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check(s < 5.0 + 3.0, "the error came after " + std::to_string(s) + " s, timeout 5 s");
+  expect_throw<dist::CollectiveError>([&] { dist::all_reduce(g, t); }, {}, "a later all_reduce");
+  std::cout << "rank " << g.rank() << ": dead peer reported after " << s << " s" << std::endl;
+  std::_Exit(failures ? 1 : 0);  // the broken Gloo group is not torn down
+}
+
+// Rank 0 all-reduces from its main thread, rank 1 from an asyncs thread: the requests' keys
+// differ, so rank 1 never makes the request rank 0 runs first. Both get a CollectiveMismatch
+// after the timeout, and the group is broken (later calls throw at once).
+void scenario_missing(const std::string& store) {
+  dist::Options o;
+  o.timeout = std::chrono::seconds(3);
+  auto g = make_group(store, o);
+  TreeTensor t = TensorTree{{"x", at::ones({2})}};
+  const std::vector<std::string> parts = {"rank 1 made no such request", "a non-asyncs thread"};
+  if (g.rank() == 0) {
+    expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); }, parts,
+                                           "request rank 1 never makes");
+  } else {
+    asyncs::Thread thread("other");
+    auto f = thread.submit([&] { dist::all_reduce(g, t); });
+    expect_throw<dist::CollectiveMismatch>([&] { f.get(); }, parts, "rank 1's own request");
+  }
+  expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); }, parts,
+                                         "a later call on the broken group");
+}
+
+// Rank 1 stalls (alive, never calls): rank 0's collective fails within the timeout.
+void scenario_stall(const std::string& store) {
+  dist::Options o;
+  o.timeout = std::chrono::seconds(3);
+  auto g = make_group(store, o);
+  if (g.rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(6));
+    std::_Exit(0);
+  }
+  TreeTensor t = TensorTree{{"x", at::ones({4})}};
+  const auto start = std::chrono::steady_clock::now();
+  expect_throw<dist::CollectiveError>([&] { dist::all_reduce(g, t); }, {},
+                                      "all_reduce with a stalled peer");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check(s < 3.0 + 3.0, "the error came after " + std::to_string(s) + " s, timeout 3 s");
+  std::_Exit(failures ? 1 : 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr
+        << "usage: distributed_worker values|stress|stress-reverse|mismatch|missing|dead|stall "
+           "[tcp|file:PATH]\n";
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  const std::string store = argc > 2 ? argv[2] : "tcp";
+  if (const char* rk = std::getenv("RANK")) rank_ = std::atoi(rk);
+  try {
+    if (scenario == "values")
+      scenario_values(store);
+    else if (scenario == "stress")
+      scenario_stress(store, false);
+    else if (scenario == "stress-reverse")
+      scenario_stress(store, true);
+    else if (scenario == "mismatch")
+      scenario_mismatch(store);
+    else if (scenario == "dead")
+      scenario_dead(store);
+    else if (scenario == "missing")
+      scenario_missing(store);
+    else if (scenario == "stall")
+      scenario_stall(store);
+    else {
+      std::cerr << "unknown scenario " << scenario << "\n";
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << rank_ << ": " << scenario << ": uncaught: " << e.what() << std::endl;
+    return 1;
+  }
+  if (failures)
+    std::cerr << "rank " << rank_ << ": " << failures << " check(s) failed" << std::endl;
+  return failures ? 1 : 0;
+}
