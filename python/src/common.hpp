@@ -20,6 +20,38 @@
 
 #include "treetensor/treetensor.hpp"
 
+// Python numbers (bool, int, float) and 0-d tensors as at::Scalar (torch's pybind.h, included
+// through python_variable.h, has casters for c10::optional and at::Tensor but not Scalar).
+namespace pybind11::detail {
+template <>
+struct type_caster<c10::Scalar> {
+  PYBIND11_TYPE_CASTER(c10::Scalar, const_name("number"));
+  bool load(handle src, bool) {
+    PyObject* o = src.ptr();
+    if (PyBool_Check(o)) {
+      value = c10::Scalar(o == Py_True);
+    } else if (PyLong_Check(o)) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow) return false;
+      value = c10::Scalar(static_cast<int64_t>(v));
+    } else if (PyFloat_Check(o)) {
+      value = c10::Scalar(PyFloat_AS_DOUBLE(o));
+    } else if (THPVariable_Check(o) && THPVariable_Unpack(o).dim() == 0) {
+      value = THPVariable_Unpack(o).item();
+    } else {
+      return false;
+    }
+    return true;
+  }
+  static handle cast(const c10::Scalar& s, return_value_policy, handle) {
+    if (s.isBoolean()) return PyBool_FromLong(s.toBool());
+    if (s.isIntegral(false)) return PyLong_FromLongLong(s.toLong());
+    return PyFloat_FromDouble(s.toDouble());
+  }
+};
+}  // namespace pybind11::detail
+
 namespace treetensor::python {
 
 namespace py = pybind11;

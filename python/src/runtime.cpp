@@ -172,7 +172,9 @@ void bind_runtime(py::module_& m) {
               std::lock_guard<std::mutex> lock(err.m);
               if (!err.value) err.value = e.value();
             }
-            throw std::runtime_error(e.what());
+            // "ZeroDivisionError: division by zero" (no Python traceback in the message)
+            throw std::runtime_error(std::string(Py_TYPE(e.value().ptr())->tp_name) + ": " +
+                                     py::str(e.value()).cast<std::string>());
           } catch (py::builtin_exception& e) {
             {
               std::lock_guard<std::mutex> lock(err.m);
