@@ -91,6 +91,7 @@ void bind_runtime(py::module_& m) {
       "current_stream", [] { return runtime::current_stream_mode().to_string(); },
       "The mode of this thread's tree calls, e.g. 'stream(2)'.");
 
+  m.def("_describe_stream", [](py::handle mode) { return to_mode(mode).to_string(); });
   py::class_<Guard>(m, "_Guard").def("close", &Guard::close);
   m.def("_stream_guard", [](py::handle mode) {
     Guard g;

@@ -370,15 +370,23 @@ class stream:
     statement it sets the process-wide mode; as ``with ttorch.stream(n):`` it applies to the
     calling thread inside the block only and the previous process-wide mode stays."""
 
+    # The process-wide mode as last set through this class (the C++ runtime reports only the
+    # calling thread's mode, which a scoped guard overrides).
+    _process_wide = None
+
     def __init__(self, mode):
-        self._previous = _C.current_stream()
+        if stream._process_wide is None:
+            stream._process_wide = _C.current_stream()
+        self._previous = stream._process_wide
         _C.set_stream(mode)
+        stream._process_wide = _C._describe_stream(mode)
         self._mode = mode
         self._guards = []
 
     def __enter__(self):
         # The scoped form: undo the process-wide change, install a thread-local guard.
         _C.set_stream(_parse_mode(self._previous))
+        stream._process_wide = self._previous
         self._guards.append(_C._stream_guard(self._mode))
         return self
 
