@@ -200,3 +200,17 @@ def test_asyncs_thread_from_python_threads():
     for t in ts:
         t.join(120)
     assert errors == []
+
+
+def test_seed_example_runs():
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    script = os.path.join(ROOT, "python", "examples", "seed_stream.py")
+    out = subprocess.run([sys.executable, script, "4", "2", "20", "2"], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert "stream(2)" in out.stdout and "native" in out.stdout
