@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common.hpp"
+#include "treetensor/python.hpp"
 
 namespace treetensor::python {
 
@@ -317,6 +318,26 @@ released while leaf work runs.)");
   cls.def_property_readonly("_path", [](const PyTree& self) { return self.path.str(); });
   cls.def("_same_root",
           [](const PyTree& self, const PyTree& other) { return self.root == other.root; });
+
+  // C++ interop (python/include/treetensor/python.hpp): a capsule holding a heap TreeTensor.
+  cls.def(
+      "_to_capsule",
+      [](const PyTree& self) {
+        auto* heap = new TreeTensor(self.node());
+        return py::capsule(heap, treetensor::python::kCapsuleName, [](PyObject* c) {
+          delete static_cast<TreeTensor*>(
+              PyCapsule_GetPointer(c, treetensor::python::kCapsuleName));
+        });
+      },
+      "A PyCapsule 'treetensor.TreeTensor' holding a C++ TreeTensor sharing the leaves.");
+  cls.def_static(
+      "_from_capsule",
+      [](py::capsule c) {
+        if (std::string(c.name() ? c.name() : "") != treetensor::python::kCapsuleName)
+          throw py::type_error("treetensor: not a 'treetensor.TreeTensor' capsule");
+        return wrap(TreeTensor(*c.get_pointer<TreeTensor>()));
+      },
+      "The tree held by a 'treetensor.TreeTensor' capsule (the leaves are shared).");
 
   m.def(
       "from_dict", [](py::handle d) { return wrap(to_tree(d)); }, py::arg("data"),

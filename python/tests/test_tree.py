@@ -153,3 +153,13 @@ def test_equality_as_ditreetensor():
     assert not ttorch.equal(a, b)
     assert not ttorch.equal(a, ttorch.Tensor({"a": torch.ones(1)}))  # structure differs: False
     assert ttorch.allclose(a, a + 1e-9)
+
+
+def test_cpp_capsule_round_trip():
+    d = sample()
+    t = ttorch.Tensor(d)
+    cap = t.b._to_capsule()  # what treetensor/python.hpp's from_python reads
+    back = ttorch.Tensor._from_capsule(cap)
+    assert back.x is d["b"]["x"] and back.keys() == ["x", "y"]
+    with pytest.raises(TypeError):
+        ttorch.Tensor._from_capsule(object())
