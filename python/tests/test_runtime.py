@@ -214,3 +214,38 @@ def test_seed_example_runs():
                          timeout=120, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert "stream(2)" in out.stdout and "native" in out.stdout
+
+
+def test_ctrl_c_during_tree_calls_is_not_swallowed():
+    import os
+    import signal
+
+    torch.manual_seed(0)
+    a = ttorch.randn({f"a{i}": (96, 96) for i in range(16)})
+    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    deadline = time.monotonic() + 20
+    with pytest.raises(KeyboardInterrupt):
+        with ttorch.stream(2):
+            while time.monotonic() < deadline:
+                a @ a  # GIL released: Python handles the signal between calls
+                ttorch.apply(lambda x: x * 2, a)  # and inside callbacks
+    timer.join()
+
+
+def test_no_native_memory_growth():
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    a = ttorch.Tensor({f"k{i}": torch.ones(4) for i in range(8)})
+    for _ in range(2000):
+        (a + 1).sum()
+    before = rss()
+    for _ in range(10000):
+        c = a + 1
+        c *= 2
+        c.sum()
+        c.to_dict()
+    grown = rss() - before
+    assert grown < 8 * 1024 * 1024, f"RSS grew {grown} bytes over 10,000 ops"
