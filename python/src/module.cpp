@@ -319,6 +319,12 @@ released while leaf work runs.)");
   cls.def("_same_root",
           [](const PyTree& self, const PyTree& other) { return self.root == other.root; });
 
+  // pickle / copy / deepcopy: the state is the nested dict of tensors (torch pickles those).
+  cls.def(py::pickle([](const PyTree& self) { return to_dict(self.node()); },
+                     [](py::object d) {
+                       return PyTree{std::make_shared<TreeTensor>(to_tree(d)), {}};
+                     }));
+
   // C++ interop (python/include/treetensor/python.hpp): a capsule holding a heap TreeTensor.
   cls.def(
       "_to_capsule",

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "common.hpp"
 
@@ -42,6 +43,48 @@ struct Guard {
 
 struct PyThread {
   std::unique_ptr<asyncs::Thread> thread;
+  PyThread() = default;
+  PyThread(PyThread&&) = default;
+  explicit PyThread(std::unique_ptr<asyncs::Thread> t) : thread(std::move(t)) {}
+  // The drain may wait for submitted Python jobs, which need the GIL.
+  ~PyThread() {
+    if (thread && Py_IsInitialized()) {
+      py::gil_scoped_release release;
+      thread.reset();
+    }
+  }
+};
+
+/// A Python object that may be copied and dropped on any thread (takes the GIL for refcounts).
+struct PyRef {
+  PyObject* p = nullptr;
+  PyRef() = default;
+  explicit PyRef(py::object o) : p(o.release().ptr()) {}
+  PyRef(PyRef&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
+  PyRef(const PyRef& o) : p(o.p) {
+    if (p) {
+      py::gil_scoped_acquire gil;
+      Py_INCREF(p);
+    }
+  }
+  PyRef& operator=(const PyRef&) = delete;
+  PyRef& operator=(PyRef&&) = delete;
+  ~PyRef() {
+    if (p && Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      Py_DECREF(p);
+    }
+  }
+};
+
+/// A submitted Python job's outcome: its return value, or the exception it raised (kept as a
+/// Python object, raised again by each result() call; no pybind11 error crosses threads).
+struct PyOutcome {
+  PyRef value;
+  bool raised = false;
+};
+struct PyFuture {
+  asyncs::Future<PyOutcome> future;
 };
 
 /// The first Python exception raised by a callback of one apply() call.
@@ -105,13 +148,44 @@ void bind_runtime(py::module_& m) {
 
   py::class_<PyThread>(m, "_AsyncThread")
       .def(py::init([](const std::string& name) {
-             return PyThread{std::make_unique<asyncs::Thread>(name)};
+             return PyThread(std::make_unique<asyncs::Thread>(name));
            }),
            py::arg("name") = "")
       .def_property_readonly("id", [](const PyThread& t) { return t.thread->id(); })
       .def("in_flight", [](const PyThread& t) { return t.thread->in_flight(); })
       .def("wait_idle", [](const PyThread& t) { nogil([&] { t.thread->wait_idle(); }); })
-      .def("close", [](PyThread& t) { nogil([&] { t.thread.reset(); }); });
+      .def("close", [](PyThread& t) { nogil([&] { t.thread.reset(); }); })
+      .def(
+          "submit",
+          [](PyThread& t, py::function fn, py::args args, py::kwargs kwargs) {
+            if (!t.thread) throw py::value_error("treetensor: the asyncs thread is closed");
+            auto job = [f = PyRef(fn), a = PyRef(args), k = PyRef(kwargs)]() {
+              py::gil_scoped_acquire gil;
+              try {
+                return PyOutcome{PyRef(py::reinterpret_borrow<py::function>(f.p)(
+                                     *py::reinterpret_borrow<py::tuple>(a.p),
+                                     **py::reinterpret_borrow<py::dict>(k.p))),
+                                 false};
+              } catch (py::error_already_set& e) {
+                return PyOutcome{PyRef(e.value()), true};
+              }
+            };
+            asyncs::Future<PyOutcome> fut;
+            nogil([&] { fut = t.thread->submit(std::move(job)); });  // may wait (back-pressure)
+            return PyFuture{std::move(fut)};
+          },
+          py::arg("fn"));
+  py::class_<PyFuture>(m, "_Future")
+      .def("done", [](const PyFuture& f) { return f.future.ready(); })
+      .def("result", [](const PyFuture& f) -> py::object {
+        const PyOutcome* out = nullptr;
+        nogil([&] { out = &f.future.get(); });
+        if (out->raised) {
+          PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(out->value.p)), out->value.p);
+          throw py::error_already_set();
+        }
+        return py::reinterpret_borrow<py::object>(out->value.p);
+      });
   m.def("_thread_scope", [](const PyThread& t) {
     if (!t.thread) throw py::value_error("treetensor: the asyncs thread is closed");
     Guard g;

@@ -249,3 +249,25 @@ def test_no_native_memory_growth():
         c.to_dict()
     grown = rss() - before
     assert grown < 8 * 1024 * 1024, f"RSS grew {grown} bytes over 10,000 ops"
+
+
+def test_asyncs_submit_python_jobs():
+    a, _ = seed_trees(n=8, s=4)
+    w = asyncs.Thread("submit-test")
+    order = []
+    futs = [w.submit(lambda i=i: (order.append(i), asyncs.current_thread_id(), (a * i).sum())[1:], ) for i in range(5)]
+    results = [f.result() for f in futs]
+    assert order == list(range(5))  # FIFO
+    assert all(r[0] == w.id for r in results)
+    assert all(torch.allclose(r[1], a.sum() * i) for i, r in enumerate(results))
+
+    def fail():
+        raise ValueError("job failed")
+
+    f = w.submit(fail)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="job failed"):
+            f.result()
+    assert f.done()
+    assert w.submit(lambda x, y=1: x + y, 2, y=5).result() == 7
+    w.close()

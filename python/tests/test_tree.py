@@ -163,3 +163,16 @@ def test_cpp_capsule_round_trip():
     assert back.x is d["b"]["x"] and back.keys() == ["x", "y"]
     with pytest.raises(TypeError):
         ttorch.Tensor._from_capsule(object())
+
+
+def test_pickle_and_copy():
+    import copy
+    import pickle
+
+    t = ttorch.Tensor(sample())
+    u = pickle.loads(pickle.dumps(t))
+    assert isinstance(u, ttorch.Tensor) and ttorch.equal(t, u) and u.a is not t.a
+    c = copy.copy(t)
+    assert c.a is t.a  # shallow: the same leaves
+    dc = copy.deepcopy(t)
+    assert ttorch.equal(dc, t) and dc.a is not t.a

@@ -16,7 +16,7 @@ import threading as _threading
 
 import _treetensor as _C
 
-__all__ = ["Thread", "thread", "synchronize", "current_thread_id"]
+__all__ = ["Thread", "Future", "thread", "synchronize", "current_thread_id"]
 
 
 class Thread:
@@ -38,9 +38,31 @@ class Thread:
         """Blocks (GIL released) until every job submitted so far has run."""
         self._c.wait_idle()
 
+    def submit(self, fn, *args, **kwargs):
+        """Queues ``fn(*args, **kwargs)`` on this worker (FIFO) and returns a :class:`Future`.
+        The job takes the GIL to run Python; its tree calls release it again. Blocks (GIL
+        released) while the worker has too many jobs in flight (back-pressure)."""
+        return Future(self._c.submit(fn, *args, **kwargs))
+
     def close(self):
         """Drains the worker and frees its id."""
         self._c.close()
+
+
+class Future:
+    """The outcome of :meth:`Thread.submit`."""
+
+    def __init__(self, c):
+        self._c = c
+
+    def done(self):
+        """Whether the job has finished (never blocks)."""
+        return self._c.done()
+
+    def result(self):
+        """Waits (GIL released) and returns the job's value, or raises the exception it
+        raised (the same exception object, every call)."""
+        return self._c.result()
 
 
 _workers = {}
