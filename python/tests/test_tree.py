@@ -130,6 +130,7 @@ def test_shape_dtype_device_attributes():
     assert t.device.b.x == torch.device("cpu")
     assert t.numel() == {"a": 6, "b": {"x": 2, "y": 1}}
     assert t.requires_grad == {"a": False, "b": {"x": False, "y": False}}
+    assert t.dim() == {"a": 2, "b": {"x": 1, "y": 0}} and t.ndim.b.x == 1
     # a Size tree is a tree of shapes for construction
     z = ttorch.zeros(t.shape)
     assert z.shape == t.shape

@@ -142,6 +142,16 @@ def _to(self, *args, **kwargs):
 
 
 Tensor.to = _to
+Tensor.cuda = lambda self, device=None: self.to(device if device is not None else "cuda")
+
+
+def _dim(self):
+    """Tree of leaf dimension counts (``ndim`` is the same)."""
+    return Object._wrap(_map_dict(self._shape(), len) if isinstance(self._shape(), dict) else len(self._shape()))
+
+
+Tensor.dim = _dim
+Tensor.ndim = property(_dim)
 for _name, _dt in [("float", _torch.float32), ("double", _torch.float64), ("half", _torch.float16),
                    ("int", _torch.int32), ("long", _torch.int64), ("bool", _torch.bool),
                    ("byte", _torch.uint8), ("short", _torch.int16), ("bfloat16", _torch.bfloat16)]:
