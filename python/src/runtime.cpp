@@ -47,11 +47,16 @@ struct PyThread {
   PyThread(PyThread&&) = default;
   explicit PyThread(std::unique_ptr<asyncs::Thread> t) : thread(std::move(t)) {}
   // The drain may wait for submitted Python jobs, which need the GIL.
+  // At interpreter shutdown (treetensor.asyncs closes its threads at exit before that) the
+  // worker is left running: releasing the GIL during finalization is not allowed.
   ~PyThread() {
-    if (thread && Py_IsInitialized()) {
-      py::gil_scoped_release release;
-      thread.reset();
+    if (!thread) return;
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) {
+      (void)thread.release();
+      return;
     }
+    py::gil_scoped_release release;
+    thread.reset();
   }
 };
 
@@ -70,7 +75,7 @@ struct PyRef {
   PyRef& operator=(const PyRef&) = delete;
   PyRef& operator=(PyRef&&) = delete;
   ~PyRef() {
-    if (p && Py_IsInitialized()) {
+    if (p && Py_IsInitialized() && !_Py_IsFinalizing()) {
       py::gil_scoped_acquire gil;
       Py_DECREF(p);
     }

@@ -271,3 +271,28 @@ def test_asyncs_submit_python_jobs():
     assert f.done()
     assert w.submit(lambda x, y=1: x + y, 2, y=5).result() == 7
     w.close()
+
+
+EXIT_SCRIPT = """
+import time, torch, treetensor.torch as ttorch, treetensor.asyncs as asyncs
+t = ttorch.randn({'a': (2, 2)})
+with asyncs.thread(1):
+    t + 1
+f = asyncs.Thread().submit(lambda: (time.sleep(0.1), t.sum())[1])   # still running at exit
+g = asyncs.Thread().submit(lambda: 1 / 0)                             # never observed
+ttorch.stream(2)
+r = ttorch.apply(lambda x: x * 2, t)
+print("exiting")
+"""
+
+
+def test_interpreter_exit_with_workers_and_lanes_is_clean():
+    import os
+    import subprocess
+    import sys
+
+    for _ in range(3):  # the abort this guards against was intermittent
+        out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True,
+                             timeout=120, env=dict(os.environ))
+        assert out.returncode == 0, out.stderr
+        assert "exiting" in out.stdout

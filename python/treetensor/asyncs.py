@@ -12,7 +12,9 @@ released; a leaf error is raised in the caller with its type, the op, the leaf p
 worker ("asyncs thread <id>, job <n>"). Scopes nest; the innermost wins. Only the Python thread
 that entered the block is affected.
 """
+import atexit as _atexit
 import threading as _threading
+import weakref as _weakref
 
 import _treetensor as _C
 
@@ -25,6 +27,7 @@ class Thread:
 
     def __init__(self, name=""):
         self._c = _C._AsyncThread(name)
+        _alive.add(self)
 
     @property
     def id(self):
@@ -63,6 +66,20 @@ class Future:
         """Waits (GIL released) and returns the job's value, or raises the exception it
         raised (the same exception object, every call)."""
         return self._c.result()
+
+
+_alive = _weakref.WeakSet()
+
+
+@_atexit.register
+def _close_all():
+    # Drain every worker while the interpreter still runs (a job may need the GIL); at
+    # finalization it no longer can.
+    for t in list(_alive):
+        try:
+            t.close()
+        except Exception:  # noqa: BLE001  (errors belong to futures and synchronize())
+            pass
 
 
 _workers = {}
