@@ -46,7 +46,7 @@ def main():
     args = p.parse_args()
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"torch threads {torch.get_num_threads()}")
+          f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start")
     # ---- a + b on small leaves ----
     torch.manual_seed(0)
     n = args.leaves
@@ -100,6 +100,7 @@ def main():
     print(f"{'':30} {'ms':>9} {'speed-up':>9}")
     for name, t in seed.items():
         print(f"{name:30} {t * 1e3:9.3f} {base / t:8.2f}x")
+    print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
