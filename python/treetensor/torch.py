@@ -20,8 +20,6 @@ core.
   the leaf path (structure mismatches: ValueError naming the path, argument positions and key
   sets; missing keys: KeyError/AttributeError).
 """
-import builtins as _builtins
-
 import torch as _torch
 
 import _treetensor as _C
@@ -107,12 +105,12 @@ class Size(Object):
 
 def _prop(name, cls=Object):
     getter = getattr(Tensor, name)
-    return property(lambda self: cls._wrap(getter(self)) if cls is not Size else Size._wrap(getter(self)))
+    return property(lambda self: cls._wrap(getter(self)))
 
 
-Tensor.shape = _prop("_shape", Size)
-Tensor.dtype = _prop("_dtype")
-Tensor.device = _prop("_device")
+Tensor.shape = _prop("_shape", Size)  # a tree of torch.Size
+Tensor.dtype = _prop("_dtype")  # a tree of torch.dtype
+Tensor.device = _prop("_device")  # a tree of torch.device
 Tensor.requires_grad = property(lambda self: Object._wrap(self._requires_grad()))
 
 
@@ -425,4 +423,3 @@ def current_stream():
 
 __all__ += ["current_stream"]
 del _n, _name, _dt
-_ = _builtins
