@@ -177,3 +177,15 @@ def test_pickle_and_copy():
     assert c.a is t.a  # shallow: the same leaves
     dc = copy.deepcopy(t)
     assert ttorch.equal(dc, t) and dc.a is not t.a
+
+
+def test_cpp_extension_exchanges_trees():
+    _interop = pytest.importorskip("_treetensor_interop")
+    d = sample()
+    t = ttorch.Tensor(d)
+    back = _interop.same(t)
+    assert isinstance(back, ttorch.Tensor) and back.a is d["a"] and back.b.x is d["b"]["x"]
+    dicts = _interop.double_it(t.b)
+    assert torch.equal(dicts.x, d["b"]["x"] * 2) and dicts.keys() == ["x", "y"]
+    with pytest.raises(ValueError, match="not a treetensor.torch.Tensor"):
+        _interop.same(torch.ones(1))

@@ -10,6 +10,9 @@
 // (`Tensor._to_capsule()` / `treetensor.torch.Tensor._from_capsule(capsule)`), so it works
 // across extension modules whatever pybind11 internals they use. Both sides must be built
 // against the same treetensor headers and LibTorch (the TreeTensor layout crosses the boundary).
+// With the static libtreetensor (the default build) your extension holds its own copy of the
+// runtime: tree calls it makes follow its own execution mode (runtime::stream / StreamGuard),
+// not the one set by ttorch.stream in Python. python/tests/interop_module.cpp is an example.
 
 #include <Python.h>
 
