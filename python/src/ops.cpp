@@ -53,16 +53,26 @@ void leafwise_(std::string_view op, std::vector<Operand>& ops, F&& f) {
 }
 
 std::vector<int64_t> int_list(py::handle h) {
-  if (PyLong_Check(h.ptr())) return {h.cast<int64_t>()};
-  std::vector<int64_t> out;
-  for (auto v : py::reinterpret_borrow<py::iterable>(h)) out.push_back(v.cast<int64_t>());
-  return out;
+  try {
+    if (PyLong_Check(h.ptr())) return {h.cast<int64_t>()};
+    if (PyUnicode_Check(h.ptr())) throw py::cast_error();
+    std::vector<int64_t> out;
+    for (auto v : py::reinterpret_borrow<py::iterable>(h)) out.push_back(v.cast<int64_t>());
+    return out;
+  } catch (py::cast_error&) {
+    throw py::type_error("treetensor: expected an int or a sequence of ints, got " +
+                         py::repr(h).cast<std::string>());
+  }
 }
 /// `reshape(2, 3)` and `reshape((2, 3))` alike.
 std::vector<int64_t> shape_args(const py::args& a) {
   if (a.size() == 1 && !PyLong_Check(a[0].ptr())) return int_list(a[0]);
   std::vector<int64_t> out;
-  for (auto v : a) out.push_back(v.cast<int64_t>());
+  for (auto v : a) {
+    if (!PyLong_Check(v.ptr()))
+      throw py::type_error("treetensor: expected ints, got " + py::repr(v).cast<std::string>());
+    out.push_back(v.cast<int64_t>());
+  }
   return out;
 }
 
@@ -81,7 +91,7 @@ ShapeTree to_shapes(py::handle h, const tree::Path& at = {}) {
   }
   try {
     return ShapeTree(int_list(h));
-  } catch (py::cast_error&) {
+  } catch (py::type_error&) {
     throw py::type_error("treetensor: the shape at '" + at.describe() +
                          "' is not a sequence of ints");
   }
