@@ -201,7 +201,7 @@ void bind_runtime(py::module_& m) {
 
   m.def(
       "apply",
-      [](py::function fn, py::args args) -> py::object {
+      [](py::function fn, py::args args, py::kwargs kwargs) -> py::object {
         Args keep;
         std::vector<Operand> ops;
         std::vector<int> slot;  // per Python argument: operand index, or -1 (passed as is)
@@ -213,7 +213,7 @@ void bind_runtime(py::module_& m) {
             slot.push_back(-1);
           }
         }
-        if (ops.empty()) return fn(*args);
+        if (ops.empty()) return fn(*args, **kwargs);
         CallbackError err;
         std::atomic<int> single{-1};  // 1: fn returned a tensor, 0: a tuple of tensors
         auto leaf = [&](const detail::LeafArgs& x) -> std::vector<at::Tensor> {
@@ -223,7 +223,7 @@ void bind_runtime(py::module_& m) {
             for (std::size_t i = 0; i < slot.size(); ++i)
               call[i] = slot[i] < 0 ? py::reinterpret_borrow<py::object>(args[i])
                                     : wrap_tensor(x.t(slot[i]));
-            py::object r = fn(*call);
+            py::object r = fn(*call, **kwargs);
             std::vector<at::Tensor> out;
             int kind = 1;
             if (is_tensor(r)) {
@@ -283,7 +283,8 @@ void bind_runtime(py::module_& m) {
       },
       py::arg("fn"),
       "fn(leaf_a, leaf_b, ...) on every leaf of the tree arguments (zipped strictly; other "
-      "arguments passed as they are), through the runtime: under stream(n) the leaves run on "
+      "arguments and keywords passed as they are), through the runtime: under stream(n) the leaves "
+      "run on "
       "n lanes, each callback holding the GIL. fn returns a tensor (result: a tree) or a tuple "
       "of tensors (result: a tuple of trees).");
 }

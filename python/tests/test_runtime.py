@@ -72,6 +72,7 @@ def test_apply_python_callback_under_lanes(mode):
     pair = ttorch.apply(lambda x: (x + 1, x - 1), a)
     assert isinstance(pair, tuple) and ttorch.equal(pair[0], a + 1) and ttorch.equal(pair[1], a - 1)
     assert a.apply(lambda x: x * 2).equal(a * 2)
+    assert ttorch.apply(lambda x, scale=1: x * scale, a, scale=3).equal(a * 3)  # keywords as they are
     assert ttorch.apply(lambda x: x + 1, torch.ones(1)).item() == 2  # no tree: a plain call
 
 
