@@ -13,6 +13,7 @@ time of a batch of calls.
 import argparse
 import os
 import platform
+import resource
 import statistics
 import time
 
@@ -21,21 +22,32 @@ import torch
 import treetensor.torch as ttorch
 
 
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def per_call(fn, calls):
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t0) / calls
+    wall = time.perf_counter() - t0
+    return wall / calls, wall, cpu_seconds() - c0
 
 
 def measure(cases, rounds, calls):
+    """name -> (median per call, best per call, process CPU seconds per wall second)."""
     times = {name: [] for name, _ in cases}
+    cpu = {name: [0.0, 0.0] for name, _ in cases}
     for _, fn in cases:
         fn()  # warm-up
     for _ in range(rounds):
         for name, fn in cases:
-            times[name].append(per_call(fn, calls))
-    return {name: (statistics.median(v), min(v)) for name, v in times.items()}
+            t, wall, c = per_call(fn, calls)
+            times[name].append(t)
+            cpu[name][0] += wall
+            cpu[name][1] += c
+    return {name: (statistics.median(v), min(v), cpu[name][1] / cpu[name][0]) for name, v in times.items()}
 
 
 def main():
@@ -62,10 +74,10 @@ def main():
         ("ttorch a + b", lambda: ta + tb),
         ("ttorch a + b (consolidated)", lambda: ca + cb),
     ], args.rounds, 200)
-    base, base_best = small["dict comprehension"]
+    base, base_best, _ = small["dict comprehension"]
     print(f"\n## a + b, {n} leaves of 4 float32 elements (per call; median and best round)")
     print(f"{'':30} {'median us':>10} {'vs dict':>8} {'best us':>9} {'vs dict':>8}")
-    for name, (t, b) in small.items():
+    for name, (t, b, _) in small.items():
         print(f"{name:30} {t * 1e6:10.1f} {t / base:7.2f}x {b * 1e6:9.1f} {b / base_best:7.2f}x")
 
     # ---- the seed experiment ----
@@ -95,11 +107,13 @@ def main():
         ("ttorch stream(2)", stream2),
         ("ttorch stream('auto')", auto),
     ], args.rounds, 5)
-    base, base_best = seed["native (Python loop)"]
+    base, base_best, _ = seed["native (Python loop)"]
     print(f"\n## seed, 200 leaves of {s}x{2 * s} @ {2 * s}x{4 * s} float32 (per call; median and best round)")
-    print(f"{'':30} {'median ms':>10} {'speed-up':>9} {'best ms':>9} {'speed-up':>9}")
-    for name, (t, b) in seed.items():
-        print(f"{name:30} {t * 1e3:10.3f} {base / t:8.2f}x {b * 1e3:9.3f} {base_best / b:8.2f}x")
+    # cpu/wall: cores this process got while the row ran (about 2 for stream(2) on an idle
+    # 2-core machine; near 1 or below means other processes held the second core).
+    print(f"{'':30} {'median ms':>10} {'speed-up':>9} {'best ms':>9} {'speed-up':>9} {'cpu/wall':>9}")
+    for name, (t, b, c) in seed.items():
+        print(f"{name:30} {t * 1e3:10.3f} {base / t:8.2f}x {b * 1e3:9.3f} {base_best / b:8.2f}x {c:9.2f}")
     print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
 
 
