@@ -123,6 +123,11 @@ decltype(auto) nogil(F&& f) {
   return f();
 }
 
+/// Raises exc's type with `message` (op and leaf path), chained to exc; exceptions that are not
+/// Exceptions (KeyboardInterrupt, SystemExit) and types not constructible from a string are
+/// raised unchanged. Needs the GIL.
+[[noreturn]] void reraise(py::object exc, const std::string& message);
+
 void bind_ops(py::module_& m, py::class_<PyTree>& cls);
 void bind_runtime(py::module_& m);
 

@@ -31,16 +31,34 @@ py::object child_object(const PyTree& self, const TensorTree& child, const std::
 
 // A leaf-wise Python callback with the GIL held (indexing with Python keys): the leaf work is
 // Python's own, so there is nothing to release.
-TensorTree map_py(const TensorTree& t, const py::function& fn) {
+// Errors name the leaf: "<op> at leaf 'a.b': <type>: <message>", with the original chained.
+TensorTree map_py(const TensorTree& t, const py::function& fn, const char* op, tree::Path& where) {
   if (t.is_leaf()) {
-    py::object r = fn(wrap_tensor(t.leaf()));
-    if (!is_tensor(r)) throw_type("treetensor: the leaf function must return a torch.Tensor");
+    py::object r;
+    try {
+      r = fn(wrap_tensor(t.leaf()));
+    } catch (py::error_already_set& e) {
+      py::object exc = e.value();
+      reraise(exc, std::string(op) + " at leaf '" + where.describe() + "': " +
+                       Py_TYPE(exc.ptr())->tp_name + ": " + py::str(exc).cast<std::string>());
+    }
+    if (!is_tensor(r))
+      throw_type(std::string(op) + " at leaf '" + where.describe() +
+                 "': the leaf function must return a torch.Tensor");
     return TensorTree(at::Tensor(THPVariable_Unpack(r.ptr())));
   }
   TensorTree::Children ch;
   ch.reserve(t.size());
-  for (const auto& [k, v] : t) ch.emplace_back(k, map_py(v, fn));
+  for (const auto& [k, v] : t) {
+    where.push_back(k);
+    ch.emplace_back(k, map_py(v, fn, op, where));
+    where.pop_back();
+  }
   return TensorTree::from_children(std::move(ch));
+}
+TensorTree map_py(const PyTree& self, const py::function& fn, const char* op) {
+  tree::Path where = self.path;
+  return map_py(self.node(), fn, op, where);
 }
 
 std::string print(const TensorTree& t) {
@@ -245,7 +263,7 @@ released while leaf work runs.)");
     }
     py::object k = py::reinterpret_borrow<py::object>(key);
     py::function f = py::cpp_function([k](py::handle x) { return x[k]; });
-    return wrap(TreeTensor(map_py(self.node(), f)));
+    return wrap(TreeTensor(map_py(self, f, "index")));
   });
   auto set_child = [](PyTree& self, const std::string& key, py::handle value) {
     TensorTree& n = self.node_mut();
@@ -311,7 +329,7 @@ released while leaf work runs.)");
       "A nested dict of torch.Tensor sharing the leaves (the same Python tensor objects).");
   cls.def(
       "map",
-      [](const PyTree& self, py::function fn) { return wrap(TreeTensor(map_py(self.node(), fn))); },
+      [](const PyTree& self, py::function fn) { return wrap(TreeTensor(map_py(self, fn, "map"))); },
       py::arg("fn"),
       "fn(leaf) on every leaf, on the calling thread with the GIL held (see ttorch.apply for "
       "the leaf-parallel form).");

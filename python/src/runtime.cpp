@@ -98,6 +98,8 @@ struct CallbackError {
   py::object value;  // written and destroyed with the GIL held
 };
 
+}  // namespace
+
 [[noreturn]] void reraise(py::object exc, const std::string& message) {
   // Same type with the context (op, leaf path) in the message, chained to the original;
   // KeyboardInterrupt, SystemExit and types that cannot be built from a string: unchanged.
@@ -115,8 +117,6 @@ struct CallbackError {
   }
   throw py::error_already_set();
 }
-
-}  // namespace
 
 void bind_runtime(py::module_& m) {
   m.def(

@@ -142,6 +142,11 @@ def test_leafwise_indexing():
     dicts_equal(t[:, -1], {"a": torch.tensor([2, 5]), "b": torch.tensor([1, 3])})
     t[0] = 7
     assert t.a[0].tolist() == [7, 7, 7] and t.b[0].tolist() == [7, 7]
+    with pytest.raises(IndexError, match=r"index at leaf 'a': IndexError: index 2 is out of bounds") as info:
+        t[2]  # both leaves have 2 rows; 'a' comes first
+    assert isinstance(info.value.__cause__, IndexError)
+    with pytest.raises(ZeroDivisionError, match=r"map at leaf 'a'"):
+        t.map(lambda x: 1 / 0)
 
 
 def test_equality_as_ditreetensor():
