@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine lacks to build, test and benchmark treetensor.
 # Idempotent: packages already present are skipped. apt-get only. python3-torch (Debian's PyTorch
-# 1.13, run as /usr/bin/python3) writes the io tests' fixture files and checks what C++ wrote.
+# 1.13, run as /usr/bin/python3) writes the io tests' fixture files and checks what C++ wrote;
+# with pybind11-dev, python3-dev and python3-pytest it builds and tests the Python module.
 set -euo pipefail
 
 packages=(
@@ -11,6 +12,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   gnuplot-nox
   python3-torch
+  pybind11-dev python3-dev python3-pytest
   libsleef-dev
   libgloo-dev
 )

@@ -2,7 +2,7 @@
 # The README's test command: installs what a fresh Debian 12 machine lacks, configures, builds
 # and runs the whole test suite with ctest. Exits non-zero on any failed or missing test.
 #
-#   bash scripts/test.sh                      # everything, RelWithDebInfo, in build/
+#   bash scripts/test.sh                      # everything (and the Python module's pytest), in build/
 #   bash scripts/test.sh --sanitize thread    # runtime, asyncs, distributed tests under ThreadSanitizer
 #   bash scripts/test.sh --sanitize address   # all tests under AddressSanitizer + UBSan
 set -euo pipefail
@@ -22,9 +22,11 @@ jobs=$(nproc)
 build=build
 args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
 ctest_args=()
-if [ -n "$sanitize" ]; then
-  build="build-$sanitize"
-  args+=(-DTREETENSOR_SANITIZE="$sanitize" -DTREETENSOR_BUILD_BENCH=OFF -DTREETENSOR_BUILD_EXAMPLES=OFF
+if [ -z "$sanitize" ]; then
+  args+=(-DTREETENSOR_BUILD_PYTHON=ON)  # the Python module and its pytest suite (label python)
+else
+  build="build-$sanitize"  # never the Python module: the interpreter has no sanitizer runtime
+  args+=(-DTREETENSOR_SANITIZE="$sanitize" -DTREETENSOR_BUILD_PYTHON=OFF -DTREETENSOR_BUILD_BENCH=OFF -DTREETENSOR_BUILD_EXAMPLES=OFF
          -DTREETENSOR_TEST_TIMEOUT=900)
 fi
 

@@ -1,0 +1,121 @@
+"""The Python module's goals, measured side by side in one run (the issue's table).
+
+1. `a + b` on 200 leaves of 4 elements: the tree call vs the Python dict comprehension over
+   torch (goal: no slower), and on consolidated trees (C++ consolidate(); goal <= 0.1x).
+2. The seed experiment at S=32 (200 leaves, S x 2S @ 2S x 4S): ttorch.stream(2) vs the native
+   Python loop (goal >= 1.4x).
+
+Strategies are interleaved round by round; each row is the median over rounds of the per-call
+time of a batch of calls.
+
+    PYTHONPATH=build/python:python /usr/bin/python3 python/bench/bench_python.py [--rounds R]
+"""
+import argparse
+import os
+import platform
+import resource
+import statistics
+import time
+
+import torch
+
+import treetensor.torch as ttorch
+
+
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def per_call(fn, calls):
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    for _ in range(calls):
+        fn()
+    wall = time.perf_counter() - t0
+    return wall / calls, wall, cpu_seconds() - c0
+
+
+def measure(cases, rounds, calls):
+    """name -> (median per call, best per call, process CPU seconds per wall second)."""
+    times = {name: [] for name, _ in cases}
+    cpu = {name: [0.0, 0.0] for name, _ in cases}
+    for _, fn in cases:
+        fn()  # warm-up
+    for _ in range(rounds):
+        for name, fn in cases:
+            t, wall, c = per_call(fn, calls)
+            times[name].append(t)
+            cpu[name][0] += wall
+            cpu[name][1] += c
+    return {name: (statistics.median(v), min(v), cpu[name][1] / cpu[name][0]) for name, v in times.items()}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--leaves", type=int, default=200)
+    p.add_argument("--seed-s", type=int, default=32)
+    args = p.parse_args()
+
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start")
+    # ---- a + b on small leaves ----
+    torch.manual_seed(0)
+    n = args.leaves
+    da = {f"k{i}": torch.randn(4) for i in range(n)}
+    db = {f"k{i}": torch.randn(4) for i in range(n)}
+    ta, tb = ttorch.Tensor(da), ttorch.Tensor(db)
+    ca, cb = ta.consolidate(), tb.consolidate()
+    assert ca.is_consolidated() and ttorch.equal(ca + cb, ta + tb)
+    want = {k: da[k] + db[k] for k in da}
+    assert ttorch.equal(ta + tb, want)
+    small = measure([
+        ("dict comprehension", lambda: {k: da[k] + db[k] for k in da}),
+        ("ttorch a + b", lambda: ta + tb),
+        ("ttorch a + b (consolidated)", lambda: ca + cb),
+    ], args.rounds, 200)
+    base, base_best, _ = small["dict comprehension"]
+    print(f"\n## a + b, {n} leaves of 4 float32 elements (per call; median and best round)")
+    print(f"{'':30} {'median us':>10} {'vs dict':>8} {'best us':>9} {'vs dict':>8}")
+    for name, (t, b, _) in small.items():
+        print(f"{name:30} {t * 1e6:10.1f} {t / base:7.2f}x {b * 1e6:9.1f} {b / base_best:7.2f}x")
+
+    # ---- the seed experiment ----
+    s = args.seed_s
+    torch.manual_seed(0)
+    a = ttorch.randn({f"a{i}": (s, 2 * s) for i in range(200)})
+    b = ttorch.randn({f"a{i}": (2 * s, 4 * s) for i in range(200)})
+    al = [a[f"a{i}"] for i in range(200)]
+    bl = [b[f"a{i}"] for i in range(200)]
+
+    def stream2():
+        with ttorch.stream(2):
+            return ttorch.matmul(a, b)
+
+    def auto():
+        with ttorch.stream("auto"):
+            return ttorch.matmul(a, b)
+
+    ref = [torch.matmul(x, y) for x, y in zip(al, bl)]
+    for fn in (stream2, auto, lambda: ttorch.matmul(a, b)):
+        got = fn()
+        assert all(torch.allclose(got[f"a{i}"], ref[i], rtol=1e-4, atol=1e-4) for i in range(200))
+    seed = measure([
+        ("native (Python loop)", lambda: [torch.matmul(x, y) for x, y in zip(al, bl)]),
+        ("min (loop, N/2 leaves)", lambda: [torch.matmul(x, y) for x, y in zip(al[:100], bl[:100])]),
+        ("ttorch linear", lambda: ttorch.matmul(a, b)),
+        ("ttorch stream(2)", stream2),
+        ("ttorch stream('auto')", auto),
+    ], args.rounds, 5)
+    base, base_best, _ = seed["native (Python loop)"]
+    print(f"\n## seed, 200 leaves of {s}x{2 * s} @ {2 * s}x{4 * s} float32 (per call; median and best round)")
+    # cpu/wall: cores this process got while the row ran (about 2 for stream(2) on an idle
+    # 2-core machine; near 1 or below means other processes held the second core).
+    print(f"{'':30} {'median ms':>10} {'speed-up':>9} {'best ms':>9} {'speed-up':>9} {'cpu/wall':>9}")
+    for name, (t, b, c) in seed.items():
+        print(f"{name:30} {t * 1e3:10.3f} {base / t:8.2f}x {b * 1e3:9.3f} {base_best / b:8.2f}x {c:9.2f}")
+    print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
+
+
+if __name__ == "__main__":
+    main()

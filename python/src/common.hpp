@@ -1,0 +1,134 @@
+#pragma once
+// The Python wing's shared pieces (DESIGN.md §15): the bound tree object, conversions between
+// Python values and trees, tensors, scalars and options, and the GIL-releasing call helper.
+// Only this wing knows Python; the layers below never include it.
+
+// clang-format off
+#include <torch/csrc/python_headers.h>  // Python.h first
+// clang-format on
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "treetensor/treetensor.hpp"
+
+// Python numbers (bool, int, float) and 0-d tensors as at::Scalar (torch's pybind.h, included
+// through python_variable.h, has casters for c10::optional and at::Tensor but not Scalar).
+namespace pybind11::detail {
+template <>
+struct type_caster<c10::Scalar> {
+  PYBIND11_TYPE_CASTER(c10::Scalar, const_name("number"));
+  bool load(handle src, bool) {
+    PyObject* o = src.ptr();
+    if (PyBool_Check(o)) {
+      value = c10::Scalar(o == Py_True);
+    } else if (PyLong_Check(o)) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow) return false;
+      value = c10::Scalar(static_cast<int64_t>(v));
+    } else if (PyFloat_Check(o)) {
+      value = c10::Scalar(PyFloat_AS_DOUBLE(o));
+    } else if (THPVariable_Check(o) && THPVariable_Unpack(o).dim() == 0) {
+      value = THPVariable_Unpack(o).item();
+    } else {
+      return false;
+    }
+    return true;
+  }
+  static handle cast(const c10::Scalar& s, return_value_policy, handle) {
+    if (s.isBoolean()) return PyBool_FromLong(s.toBool());
+    if (s.isIntegral(false)) return PyLong_FromLongLong(s.toLong());
+    return PyFloat_FromDouble(s.toDouble());
+  }
+};
+}  // namespace pybind11::detail
+
+namespace treetensor::python {
+
+namespace py = pybind11;
+
+/// The object behind `treetensor.torch.Tensor`: a node of a shared root tree. A root has an
+/// empty path; `t.a` is a view (the same root, path "a"), so `t.a.b = x` and in-place ops on
+/// `t.a` change `t`. The node is looked up at each use, so a view whose path has been removed
+/// from the root raises KeyError naming the path.
+struct PyTree {
+  std::shared_ptr<TreeTensor> root;
+  tree::Path path;
+
+  const TensorTree& node() const { return path.empty() ? *root : root->at(path); }
+  TensorTree& node_mut() { return path.empty() ? *root : root->at(path); }
+};
+
+/// The Python type of PyTree (set by the module init).
+PyTypeObject* tree_type();
+inline bool is_tree(py::handle h) {
+  return PyObject_TypeCheck(h.ptr(), tree_type()) != 0;
+}
+inline PyTree& as_tree(py::handle h) {
+  return h.cast<PyTree&>();
+}
+inline bool is_tensor(py::handle h) {
+  return THPVariable_CheckExact(h.ptr()) || THPVariable_Check(h.ptr());
+}
+
+/// A new Python tree object owning `t`; a leaf root (a single tensor) becomes a torch.Tensor.
+py::object wrap(TreeTensor t);
+/// A tensor as its Python object: the same torch.Tensor object when one exists (PyObject
+/// preservation), None for an undefined tensor.
+inline py::object wrap_tensor(const at::Tensor& t) {
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+}
+/// A tree from a Python value: a tree object (its node, shared tensors), a nested dict with
+/// string keys (torch.Tensor leaves are shared, other leaves go through torch.as_tensor).
+/// @throws TypeError naming the path of a key that is not a string.
+TreeTensor to_tree(py::handle h, const tree::Path& at = {});
+/// A nested dict of torch.Tensor from a tree (the same Python tensor objects).
+py::object to_dict(const TensorTree& t);
+
+/// The operands of one call, keeping alive what the Operands borrow.
+class Args {
+ public:
+  Operand add(py::handle h);
+  std::vector<Operand>& ops() { return ops_; }
+  bool any_tree() const { return any_tree_; }
+
+ private:
+  std::deque<at::Tensor> tensors_;
+  std::deque<TreeTensor> trees_;
+  std::vector<Operand> ops_;
+  bool any_tree_ = false;
+};
+/// One operand (not recorded in an Args' list): a tree, a tensor or a Python number.
+/// @throws TypeError for anything else.
+Operand operand(py::handle h, Args& keep);
+
+/// at::TensorOptions from the Python dtype / device keywords (None: unset).
+at::TensorOptions options(py::handle dtype, py::handle device);
+at::ScalarType to_dtype(py::handle dtype);
+at::Device to_device(py::handle device);
+
+/// Runs f with the GIL released (every tree call doing leaf work goes through this).
+template <class F>
+decltype(auto) nogil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+/// Raises exc's type with `message` (op and leaf path), chained to exc; exceptions that are not
+/// Exceptions (KeyboardInterrupt, SystemExit) and types not constructible from a string are
+/// raised unchanged. Needs the GIL.
+[[noreturn]] void reraise(py::object exc, const std::string& message);
+
+void bind_ops(py::module_& m, py::class_<PyTree>& cls);
+void bind_runtime(py::module_& m);
+
+}  // namespace treetensor::python

@@ -1,0 +1,292 @@
+// Execution modes (stream), asyncs threads and scopes, synchronize, and apply() with Python
+// callbacks: the leaf jobs run on the runtime's lanes with the GIL released by the caller and
+// re-acquired around each callback, so lanes never deadlock on the GIL.
+
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "common.hpp"
+
+namespace treetensor::python {
+namespace {
+
+runtime::StreamMode to_mode(py::handle h) {
+  if (PyUnicode_Check(h.ptr())) {
+    const std::string s = h.cast<std::string>();
+    if (s == "auto" || s == "automatic") return runtime::StreamMode::of(runtime::automatic);
+    if (s == "fused") return runtime::StreamMode::of(runtime::fused);
+    throw py::value_error("treetensor: stream mode must be a lane count, 'auto' or 'fused', not '" +
+                          s + "'");
+  }
+  if (PyBool_Check(h.ptr()) || !PyLong_Check(h.ptr()))
+    throw py::type_error("treetensor: stream mode must be a lane count, 'auto' or 'fused'");
+  const long long m = h.cast<long long>();
+  if (m < 1) throw py::value_error("treetensor: stream(n) needs n >= 1, got " + std::to_string(m));
+  return runtime::StreamMode::of(static_cast<std::size_t>(m));
+}
+
+/// A scoped StreamGuard / ThreadScope owned by Python: made by __enter__, destroyed by close()
+/// (on the same OS thread, in reverse order: `with` guarantees both).
+struct Guard {
+  std::unique_ptr<runtime::StreamGuard> stream;
+  std::unique_ptr<asyncs::ThreadScope> scope;
+  void close() {
+    stream.reset();
+    scope.reset();
+  }
+};
+
+struct PyThread {
+  std::unique_ptr<asyncs::Thread> thread;
+  PyThread() = default;
+  PyThread(PyThread&&) = default;
+  explicit PyThread(std::unique_ptr<asyncs::Thread> t) : thread(std::move(t)) {}
+  // The drain may wait for submitted Python jobs, which need the GIL.
+  // At interpreter shutdown (treetensor.asyncs closes its threads at exit before that) the
+  // worker is left running: releasing the GIL during finalization is not allowed.
+  ~PyThread() {
+    if (!thread) return;
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) {
+      (void)thread.release();
+      return;
+    }
+    py::gil_scoped_release release;
+    thread.reset();
+  }
+};
+
+/// A Python object that may be copied and dropped on any thread (takes the GIL for refcounts).
+struct PyRef {
+  PyObject* p = nullptr;
+  PyRef() = default;
+  explicit PyRef(py::object o) : p(o.release().ptr()) {}
+  PyRef(PyRef&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
+  PyRef(const PyRef& o) : p(o.p) {
+    if (p) {
+      py::gil_scoped_acquire gil;
+      Py_INCREF(p);
+    }
+  }
+  PyRef& operator=(const PyRef&) = delete;
+  PyRef& operator=(PyRef&&) = delete;
+  ~PyRef() {
+    if (p && Py_IsInitialized() && !_Py_IsFinalizing()) {
+      py::gil_scoped_acquire gil;
+      Py_DECREF(p);
+    }
+  }
+};
+
+/// A submitted Python job's outcome: its return value, or the exception it raised (kept as a
+/// Python object, raised again by each result() call; no pybind11 error crosses threads).
+struct PyOutcome {
+  PyRef value;
+  bool raised = false;
+};
+struct PyFuture {
+  asyncs::Future<PyOutcome> future;
+};
+
+/// The first Python exception raised by a callback of one apply() call.
+struct CallbackError {
+  std::mutex m;
+  py::object value;  // written and destroyed with the GIL held
+};
+
+}  // namespace
+
+[[noreturn]] void reraise(py::object exc, const std::string& message) {
+  // Same type with the context (op, leaf path) in the message, chained to the original;
+  // KeyboardInterrupt, SystemExit and types that cannot be built from a string: unchanged.
+  py::handle type = py::handle(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())));
+  if (!PyErr_GivenExceptionMatches(type.ptr(), PyExc_Exception)) {
+    PyErr_SetObject(type.ptr(), exc.ptr());
+    throw py::error_already_set();
+  }
+  try {
+    py::object e = type(message);
+    PyException_SetCause(e.ptr(), exc.inc_ref().ptr());
+    PyErr_SetObject(type.ptr(), e.ptr());
+  } catch (py::error_already_set&) {
+    PyErr_SetObject(type.ptr(), exc.ptr());
+  }
+  throw py::error_already_set();
+}
+
+void bind_runtime(py::module_& m) {
+  m.def(
+      "set_stream",
+      [](py::handle mode) {
+        const runtime::StreamMode md = to_mode(mode);
+        switch (md.kind) {
+          case runtime::StreamMode::Kind::automatic:
+            runtime::stream(runtime::automatic);
+            break;
+          case runtime::StreamMode::Kind::fused:
+            runtime::stream(runtime::fused);
+            break;
+          default:
+            runtime::stream(md.lanes);
+        }
+      },
+      py::arg("mode"), "Sets the process-wide execution mode: n lanes, 'auto' or 'fused'.");
+  m.def(
+      "current_stream", [] { return runtime::current_stream_mode().to_string(); },
+      "The mode of this thread's tree calls, e.g. 'stream(2)'.");
+
+  m.def("_describe_stream", [](py::handle mode) { return to_mode(mode).to_string(); });
+  py::class_<Guard>(m, "_Guard").def("close", &Guard::close);
+  m.def("_stream_guard", [](py::handle mode) {
+    Guard g;
+    g.stream = std::make_unique<runtime::StreamGuard>(to_mode(mode));
+    return g;
+  });
+  m.def(
+      "synchronize", [] { nogil([] { runtime::synchronize(); }); },
+      "Waits for every tree call and asyncs job in flight; raises the first unobserved asyncs "
+      "job error.");
+
+  py::class_<PyThread>(m, "_AsyncThread")
+      .def(py::init([](const std::string& name) {
+             return PyThread(std::make_unique<asyncs::Thread>(name));
+           }),
+           py::arg("name") = "")
+      .def_property_readonly("id", [](const PyThread& t) { return t.thread->id(); })
+      .def("in_flight", [](const PyThread& t) { return t.thread->in_flight(); })
+      .def("wait_idle", [](const PyThread& t) { nogil([&] { t.thread->wait_idle(); }); })
+      .def("close", [](PyThread& t) { nogil([&] { t.thread.reset(); }); })
+      .def(
+          "submit",
+          [](PyThread& t, py::function fn, py::args args, py::kwargs kwargs) {
+            if (!t.thread) throw py::value_error("treetensor: the asyncs thread is closed");
+            auto job = [f = PyRef(fn), a = PyRef(args), k = PyRef(kwargs)]() {
+              py::gil_scoped_acquire gil;
+              try {
+                return PyOutcome{PyRef(py::reinterpret_borrow<py::function>(f.p)(
+                                     *py::reinterpret_borrow<py::tuple>(a.p),
+                                     **py::reinterpret_borrow<py::dict>(k.p))),
+                                 false};
+              } catch (py::error_already_set& e) {
+                return PyOutcome{PyRef(e.value()), true};
+              }
+            };
+            asyncs::Future<PyOutcome> fut;
+            nogil([&] { fut = t.thread->submit(std::move(job)); });  // may wait (back-pressure)
+            return PyFuture{std::move(fut)};
+          },
+          py::arg("fn"));
+  py::class_<PyFuture>(m, "_Future")
+      .def("done", [](const PyFuture& f) { return f.future.ready(); })
+      .def("result", [](const PyFuture& f) -> py::object {
+        const PyOutcome* out = nullptr;
+        nogil([&] { out = &f.future.get(); });
+        if (out->raised) {
+          PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(out->value.p)), out->value.p);
+          throw py::error_already_set();
+        }
+        return py::reinterpret_borrow<py::object>(out->value.p);
+      });
+  m.def("_thread_scope", [](const PyThread& t) {
+    if (!t.thread) throw py::value_error("treetensor: the asyncs thread is closed");
+    Guard g;
+    g.scope = std::make_unique<asyncs::ThreadScope>(*t.thread);
+    return g;
+  });
+  m.def("_current_thread_id", [] { return asyncs::current_thread_id(); });
+
+  m.def(
+      "apply",
+      [](py::function fn, py::args args, py::kwargs kwargs) -> py::object {
+        Args keep;
+        std::vector<Operand> ops;
+        std::vector<int> slot;  // per Python argument: operand index, or -1 (passed as is)
+        for (auto a : args) {
+          if (is_tree(a) || PyDict_Check(a.ptr())) {
+            slot.push_back(static_cast<int>(ops.size()));
+            ops.push_back(keep.add(a));
+          } else {
+            slot.push_back(-1);
+          }
+        }
+        if (ops.empty()) return fn(*args, **kwargs);
+        CallbackError err;
+        std::atomic<int> single{-1};  // 1: fn returned a tensor, 0: a tuple of tensors
+        auto leaf = [&](const detail::LeafArgs& x) -> std::vector<at::Tensor> {
+          py::gil_scoped_acquire gil;
+          try {
+            py::tuple call(slot.size());
+            for (std::size_t i = 0; i < slot.size(); ++i)
+              call[i] = slot[i] < 0 ? py::reinterpret_borrow<py::object>(args[i])
+                                    : wrap_tensor(x.t(slot[i]));
+            py::object r = fn(*call, **kwargs);
+            std::vector<at::Tensor> out;
+            int kind = 1;
+            if (is_tensor(r)) {
+              out.push_back(THPVariable_Unpack(r.ptr()));
+            } else if (PyTuple_Check(r.ptr()) || PyList_Check(r.ptr())) {
+              kind = 0;
+              for (auto v : r) {
+                if (!is_tensor(v))
+                  throw py::type_error("apply: fn returned a sequence holding a " +
+                                       std::string(Py_TYPE(v.ptr())->tp_name) +
+                                       ", not only tensors");
+                out.push_back(THPVariable_Unpack(v.ptr()));
+              }
+            } else {
+              throw py::type_error(
+                  std::string("apply: fn must return a torch.Tensor or a tuple of them, not ") +
+                  Py_TYPE(r.ptr())->tp_name);
+            }
+            int expected = -1;
+            if (!single.compare_exchange_strong(expected, kind) && expected != kind)
+              throw py::type_error(
+                  "apply: fn returned a tensor for some leaves and a tuple for others");
+            return out;
+          } catch (py::error_already_set& e) {
+            {
+              std::lock_guard<std::mutex> lock(err.m);
+              if (!err.value) err.value = e.value();
+            }
+            // "ZeroDivisionError: division by zero" (no Python traceback in the message)
+            throw std::runtime_error(std::string(Py_TYPE(e.value().ptr())->tp_name) + ": " +
+                                     py::str(e.value()).cast<std::string>());
+          } catch (py::builtin_exception& e) {
+            {
+              std::lock_guard<std::mutex> lock(err.m);
+              if (!err.value) {
+                e.set_error();
+                py::error_already_set s;
+                err.value = s.value();
+              }
+            }
+            throw std::runtime_error(e.what());
+          }
+        };
+        detail::CallOptions o{"apply"};
+        o.wrap_scalars = true;
+        std::vector<TreeTensor> out;
+        try {
+          out = nogil([&] { return detail::map_leaves_multi(o, ops, leaf); });
+        } catch (const std::runtime_error& e) {
+          if (err.value) reraise(err.value, e.what());
+          throw;
+        }
+        if (single.load() == 1) return wrap(std::move(out.at(0)));
+        py::tuple t(out.size());
+        for (std::size_t i = 0; i < out.size(); ++i) t[i] = wrap(std::move(out[i]));
+        return t;
+      },
+      py::arg("fn"),
+      "fn(leaf_a, leaf_b, ...) on every leaf of the tree arguments (zipped strictly; other "
+      "arguments and keywords passed as they are), through the runtime: under stream(n) the leaves "
+      "run on "
+      "n lanes, each callback holding the GIL. fn returns a tensor (result: a tree) or a tuple "
+      "of tensors (result: a tuple of trees).");
+}
+
+}  // namespace treetensor::python

@@ -1,0 +1,277 @@
+"""Every function against the plain-torch dict comprehension on the same inputs."""
+import os
+import re
+
+import pytest
+import torch
+
+import treetensor.torch as ttorch
+from conftest import ROOT, dicts_equal
+
+
+def table(kind):
+    """The op names of one list of include/treetensor/tensor/ops_table.hpp."""
+    text = open(os.path.join(ROOT, "include", "treetensor", "tensor", "ops_table.hpp")).read()
+    block = re.search(r"#define TREETENSOR_%s_OPS\(X\)(.*?)(?:\n\n|\n//|\n#)" % kind, text, re.S).group(1)
+    return re.findall(r"X\((\w+),", block)
+
+
+UNARY_INPLACE = table("UNARY_INPLACE")
+UNARY = table("UNARY")
+BINARY_SCALAR = table("BINARY_SCALAR")
+BINARY_TENSOR = table("BINARY_TENSOR")
+INT_OPS = {"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor"}
+
+
+def dmap(fn, *ds):
+    d0 = ds[0]
+    return {k: dmap(fn, *(d[k] for d in ds)) if isinstance(v, dict) else fn(*(d[k] for d in ds))
+            for k, v in d0.items()}
+
+
+def inputs(name, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if name in INT_OPS:
+        mk = lambda *s: torch.randint(0, 16, s, generator=g)  # noqa: E731
+    else:
+        mk = lambda *s: torch.rand(*s, generator=g) * 0.8 + 0.1  # noqa: E731  (domain of every op)
+    return {"a": mk(2, 3), "b": {"x": mk(4), "y": mk(3, 2)}}
+
+
+def test_tables_are_read():
+    assert "sigmoid" in UNARY_INPLACE and "clone" in UNARY and "mul" in BINARY_SCALAR
+    assert "atan2" in BINARY_TENSOR
+
+
+@pytest.mark.parametrize("name", UNARY_INPLACE + UNARY)
+def test_unary(name):
+    d = inputs(name)
+    t = ttorch.Tensor(d)
+    want = dmap(getattr(torch, name), d)
+    dicts_equal(getattr(ttorch, name)(t), want)  # module function
+    dicts_equal(getattr(t, name)(), want)  # method
+    assert torch.equal(getattr(ttorch, name)(d["a"]), want["a"])  # no tree: the torch function
+    if name in UNARY_INPLACE:
+        leaves = t.to_dict()
+        assert getattr(t, name + "_")() is t
+        if name not in ("logical_not",):  # torch: in place writes 0/1 in the input's dtype
+            dicts_equal(t, want)
+        assert t.a is leaves["a"]  # the same tensor objects, changed in place
+
+
+@pytest.mark.parametrize("name", BINARY_SCALAR + BINARY_TENSOR)
+def test_binary(name):
+    d, e = inputs(name, 0), inputs(name, 1)
+    t, u = ttorch.Tensor(d), ttorch.Tensor(e)
+    fn = getattr(torch, name)
+    dicts_equal(getattr(ttorch, name)(t, u), dmap(fn, d, e))
+    dicts_equal(getattr(t, name)(u), dmap(fn, d, e))
+    s = 3 if name in INT_OPS else 0.5
+    ref_s = s if name in BINARY_SCALAR else torch.tensor(s)  # at::f(Tensor, Tensor) only
+    dicts_equal(getattr(ttorch, name)(t, s), dmap(lambda x: fn(x, ref_s), d))  # scalar broadcast
+    dicts_equal(getattr(ttorch, name)(t, e["a"][0, 0]), dmap(lambda x: fn(x, e["a"][0, 0]), d))
+    if name in BINARY_SCALAR:
+        r = ttorch.Tensor(dmap(torch.clone, d))
+        getattr(r, name + "_")(u)
+        want = dmap(lambda x, y: getattr(x.clone(), name + "_")(y), d, e)
+        dicts_equal(r, want)
+
+
+OPERATORS = [
+    ("+", lambda a, b: a + b), ("-", lambda a, b: a - b), ("*", lambda a, b: a * b),
+    ("/", lambda a, b: a / b), ("//", lambda a, b: a // b), ("%", lambda a, b: a % b),
+    ("**", lambda a, b: a ** b), ("<", lambda a, b: a < b), ("<=", lambda a, b: a <= b),
+    (">", lambda a, b: a > b), (">=", lambda a, b: a >= b), ("==", lambda a, b: a == b),
+    ("!=", lambda a, b: a != b),
+]
+INT_OPERATORS = [("&", lambda a, b: a & b), ("|", lambda a, b: a | b), ("^", lambda a, b: a ^ b),
+                 ("<<", lambda a, b: a << b), (">>", lambda a, b: a >> b)]
+
+
+@pytest.mark.parametrize("sym,op", OPERATORS + INT_OPERATORS, ids=[o[0] for o in OPERATORS + INT_OPERATORS])
+def test_operators(sym, op):
+    kind = "bitwise_and" if (sym, op) in INT_OPERATORS else "add"
+    d, e = inputs(kind, 0), inputs(kind, 1)
+    if kind == "bitwise_and":
+        e = dmap(lambda x: x % 4, e)
+    t, u = ttorch.Tensor(d), ttorch.Tensor(e)
+    dicts_equal(op(t, u), dmap(op, d, e))
+    s = 2
+    dicts_equal(op(t, s), dmap(lambda x: op(x, s), d))  # forward with a number
+    dicts_equal(op(s, t), dmap(lambda x: op(s, x), d))  # reflected
+    ten = e["a"][0, 0]
+    dicts_equal(op(t, ten), dmap(lambda x: op(x, ten), d))
+    dicts_equal(op(ten, t), dmap(lambda x: op(ten, x), d))  # a torch.Tensor on the left
+
+
+@pytest.mark.parametrize("sym", ["+=", "-=", "*=", "/=", "//=", "%=", "**=", "&=", "|=", "^=", "<<=", ">>="])
+def test_inplace_operators(sym):
+    kind = "bitwise_and" if sym in ("&=", "|=", "^=", "<<=", ">>=") else "add"
+    d, e = inputs(kind, 0), inputs(kind, 1)
+    if kind == "bitwise_and":
+        e = dmap(lambda x: x % 4, e)
+    t, u = ttorch.Tensor(dmap(torch.clone, d)), ttorch.Tensor(e)
+    leaves = t.to_dict()
+    code = compile(f"t {sym} u", "<op>", "exec")
+    ns = {"t": t, "u": u}
+    exec(code, ns)
+    assert ns["t"] is t and t.a is leaves["a"]
+    want = {}
+    for k in ("a",):
+        x = d[k].clone()
+        ns2 = {"x": x, "y": e[k]}
+        exec(compile(f"x {sym} y", "<op>", "exec"), ns2)
+        want[k] = ns2["x"]
+    assert torch.equal(t.a, want["a"])
+
+
+def test_unary_operators_and_matmul():
+    d = inputs("add")
+    t = ttorch.Tensor(d)
+    dicts_equal(-t, dmap(torch.neg, d))
+    assert +t is t
+    dicts_equal(abs(-t), dmap(torch.abs, d))
+    i = ttorch.Tensor(inputs("bitwise_not"))
+    dicts_equal(~i, dmap(torch.bitwise_not, inputs("bitwise_not")))
+    m = {"a": torch.randn(2, 3), "b": torch.randn(4, 5)}
+    n = {"a": torch.randn(3, 2), "b": torch.randn(5, 1)}
+    r = ttorch.Tensor(m) @ ttorch.Tensor(n)
+    for k in m:
+        assert torch.allclose(r[k], m[k] @ n[k])
+    r2 = ttorch.matmul(ttorch.Tensor(m), ttorch.Tensor(n))
+    assert torch.allclose(r2.a, m["a"] @ n["a"])
+    assert torch.allclose(ttorch.matmul(m["a"], n["a"]), m["a"] @ n["a"])
+
+
+def test_add_sub_alpha_clamp_where():
+    d, e = inputs("add", 0), inputs("add", 1)
+    t, u = ttorch.Tensor(d), ttorch.Tensor(e)
+    dicts_equal(ttorch.add(t, u, alpha=2), dmap(lambda x, y: torch.add(x, y, alpha=2), d, e))
+    dicts_equal(t.sub(u, alpha=3), dmap(lambda x, y: torch.sub(x, y, alpha=3), d, e))
+    dicts_equal(t.clamp(0.3, 0.6), dmap(lambda x: x.clamp(0.3, 0.6), d))
+    dicts_equal(ttorch.clamp(t, min=0.5), dmap(lambda x: x.clamp(min=0.5), d))
+    c = t > 0.5
+    dicts_equal(ttorch.where(c, t, u), dmap(lambda x, y: torch.where(x > 0.5, x, y), d, e))
+    dicts_equal(t.where(c, 0.0), dmap(lambda x: torch.where(x > 0.5, x, torch.tensor(0.0)), d))
+    dicts_equal(ttorch.lerp(t, u, 0.25), dmap(lambda x, y: torch.lerp(x, y, 0.25), d, e))
+    dicts_equal(ttorch.addcmul(t, t, u, value=2), dmap(lambda x, y: torch.addcmul(x, x, y, value=2), d, e))
+
+
+def flat(d):
+    out = []
+    for k in sorted(d):
+        out += flat(d[k]) if isinstance(d[k], dict) else [d[k].reshape(-1)]
+    return out
+
+
+def test_reductions_tree_level_and_per_leaf():
+    d = inputs("add")
+    t = ttorch.Tensor(d)
+    allv = torch.cat(flat(d))
+    assert torch.allclose(t.sum(), allv.sum()) and torch.allclose(ttorch.sum(t), allv.sum())
+    assert torch.allclose(ttorch.mean(t), allv.mean())
+    assert torch.equal(ttorch.min(t), allv.min()) and torch.equal(t.max(), allv.max())
+    assert torch.allclose(ttorch.std(t), allv.std())
+    assert torch.allclose(ttorch.norm(t), allv.norm())
+    assert torch.allclose(ttorch.norm(t, p=1), allv.norm(p=1))
+    assert ttorch.all(t > 0).item() and not ttorch.any(t > 1).item()
+    dicts_equal(ttorch.sum(t, dim=0), dmap(lambda x: x.sum(dim=0), d))
+    dicts_equal(t.mean(dim=0, keepdim=True), dmap(lambda x: x.mean(dim=0, keepdim=True), d))
+    v, i = t.max(dim=0)
+    dicts_equal(v, dmap(lambda x: x.max(dim=0).values, d))
+    dicts_equal(i, dmap(lambda x: x.max(dim=0).indices, d))
+    mask = t > 0.5
+    assert torch.equal(ttorch.masked_select(t, mask), torch.cat([x[x > 0.5] for x in flat(d)]))
+    assert torch.equal(ttorch.sum(d["a"]), d["a"].sum())  # no tree: torch.sum
+
+
+def test_shape_functions():
+    d = {"a": torch.randn(4, 6), "b": {"x": torch.randn(4, 2)}}
+    t = ttorch.Tensor(d)
+    dicts_equal(t.reshape(-1), dmap(lambda x: x.reshape(-1), d))
+    dicts_equal(ttorch.reshape(t, (2, -1)), dmap(lambda x: x.reshape(2, -1), d))
+    dicts_equal(t.unsqueeze(0), dmap(lambda x: x.unsqueeze(0), d))
+    dicts_equal(t.unsqueeze(1).squeeze(1), d)
+    dicts_equal(ttorch.squeeze(t.unsqueeze(0)), d)
+    dicts_equal(t.transpose(0, 1), dmap(lambda x: x.transpose(0, 1), d))
+    dicts_equal(t.permute(1, 0), dmap(lambda x: x.permute(1, 0), d))
+    dicts_equal(t.flatten(), dmap(torch.flatten, d))
+    idx = torch.tensor([0, 2])
+    dicts_equal(ttorch.index_select(t, 0, idx), dmap(lambda x: x.index_select(0, idx), d))
+    parts = ttorch.split(t, 3)
+    assert isinstance(parts, tuple) and len(parts) == 2
+    dicts_equal(parts[1], dmap(lambda x: x.split(3)[1], d))
+    parts = t.split([1, 3])
+    dicts_equal(parts[1], dmap(lambda x: x.split([1, 3])[1], d))
+    ch = ttorch.chunk(t, 2, dim=0)
+    dicts_equal(ch[0], dmap(lambda x: x.chunk(2)[0], d))
+    dicts_equal(ttorch.cat([t, t], dim=1), dmap(lambda x: torch.cat([x, x], dim=1), d))
+    dicts_equal(ttorch.stack([t, t]), dmap(lambda x: torch.stack([x, x]), d))
+    dicts_equal(t.unbind(0)[3], dmap(lambda x: x[3], d))
+    dicts_equal(t.double(), dmap(lambda x: x.double(), d))
+    dicts_equal(t.to(torch.int32), dmap(lambda x: x.to(torch.int32), d))
+    dicts_equal(t.to("cpu", dtype=torch.float64), dmap(lambda x: x.double(), d))
+
+
+def test_construction():
+    shapes = {"a": (2, 3), "b": {"x": [4], "y": torch.Size([1, 2])}, "c": 5}
+    for name in ["randn", "rand", "zeros", "ones", "empty"]:
+        t = getattr(ttorch, name)(shapes)
+        assert t.shape == {"a": torch.Size([2, 3]), "b": {"x": torch.Size([4]), "y": torch.Size([1, 2])},
+                           "c": torch.Size([5])}, name
+    assert ttorch.zeros(shapes).sum().item() == 0 and ttorch.ones(shapes).sum().item() == 17
+    f = ttorch.full(shapes, 2.5, dtype=torch.float64)
+    assert f.dtype.a is torch.float64 and ttorch.all(f == 2.5).item()
+    r = ttorch.randint(0, 5, shapes)
+    assert r.dtype.a is torch.int64 and ttorch.all(r < 5).item() and ttorch.all(r >= 0).item()
+    r = ttorch.randint(3, shapes, dtype=torch.int32)
+    assert r.dtype.c is torch.int32 and ttorch.all(r < 3).item()
+    g = ttorch.randn(shapes, requires_grad=True)
+    assert g.requires_grad.a
+    torch.manual_seed(3)
+    a = ttorch.randn(shapes)
+    torch.manual_seed(3)
+    assert ttorch.equal(a, ttorch.randn(shapes))  # reproducible after manual_seed
+    for name in ["zeros_like", "ones_like", "empty_like", "randn_like", "rand_like"]:
+        assert getattr(ttorch, name)(a).shape == a.shape
+    assert ttorch.full_like(a, 7).a.eq(7).all()
+    assert ttorch.randint_like(a, 2, 4).b.x.ge(2).all()
+    assert ttorch.zeros_like(a, dtype=torch.int8).dtype.a is torch.int8
+    assert type(ttorch.randn(2, 3)) is torch.Tensor  # plain torch without a tree
+    tt = ttorch.tensor({"a": [1, 2, 3], "b": {"x": [0.5]}})
+    assert tt.a.tolist() == [1, 2, 3] and tt.b.x.dtype is torch.float32
+    x = torch.ones(2)
+    at = ttorch.as_tensor({"a": x})
+    assert at.a is x  # shared when dtype and device already fit
+    assert ttorch.as_tensor({"a": x}, dtype=torch.float64).a.dtype is torch.float64
+
+
+def test_autograd():
+    t = ttorch.randn({"a": (2, 3), "b": {"x": (4,)}})
+    assert t.requires_grad_() is t
+    loss = (t * t).sum()
+    loss.backward()
+    dicts_equal(t.grad, dmap(lambda x: 2 * x.detach(), t.to_dict()))
+    u = ttorch.randn({"a": (2,), "b": (3,)}, requires_grad=True)
+    y = u.sigmoid()
+    y.backward(ttorch.ones_like(y))
+    dicts_equal(u.grad, dmap(lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)), u.detach().to_dict()))
+
+
+def test_structure_mismatch_names_the_path():
+    a = ttorch.Tensor({"a": torch.ones(2), "b": {"x": torch.ones(2)}})
+    b = ttorch.Tensor({"a": torch.ones(2), "b": {"y": torch.ones(2)}})
+    with pytest.raises(ValueError, match=r"at 'b'.*argument 0 has keys \{x\}, argument 1 has keys \{y\}"):
+        a + b
+    with pytest.raises(RuntimeError, match=r"matmul at leaf 'b\.x'"):
+        ttorch.matmul(a, ttorch.Tensor({"a": torch.ones(2), "b": {"x": torch.ones(3)}}))
+    with pytest.raises(TypeError, match="unsupported operand"):
+        a.mul("text")
+    with pytest.raises(TypeError, match="sequence of ints"):
+        a.reshape("x")
+    with pytest.raises(TypeError, match="expected ints"):
+        a.reshape(2, "x")
+    with pytest.raises(TypeError, match=r"shape at 'b\.x'"):
+        ttorch.zeros({"a": (2,), "b": {"x": ("q",)}})
+    with pytest.raises(RuntimeError, match="randn at leaf 'a'"):
+        ttorch.randn({"a": (-1,)})

@@ -1,0 +1,196 @@
+"""Structure, access, printing, conversions and identity."""
+import gc
+import sys
+import tracemalloc
+import weakref
+
+import pytest
+import torch
+
+import treetensor.torch as ttorch
+from conftest import dicts_equal
+
+
+def sample():
+    return {"a": torch.arange(6.0).reshape(2, 3), "b": {"x": torch.tensor([1.0, 2.0]), "y": torch.tensor(3.0)}}
+
+
+def test_construct_and_access():
+    d = sample()
+    t = ttorch.Tensor(d)
+    assert isinstance(t, ttorch.Tensor)
+    assert t.a is d["a"] and t["a"] is d["a"] and t.b.x is d["b"]["x"]
+    assert isinstance(t.b, ttorch.Tensor) and isinstance(t["b"], ttorch.Tensor)
+    assert t.keys() == ["a", "b"] and list(t) == ["a", "b"] and len(t) == 2 and len(t.b) == 2
+    assert "a" in t and "z" not in t
+    assert [k for k, _ in t.items()] == ["a", "b"]
+    assert t.values()[0] is d["a"]
+    # non-dict data: a plain torch.Tensor (DI-treetensor)
+    p = ttorch.Tensor([1, 2, 3])
+    assert type(p) is torch.Tensor and p.tolist() == [1, 2, 3]
+    x = torch.ones(2)
+    assert ttorch.Tensor(x) is x
+    # non-tensor leaves go through torch.as_tensor
+    q = ttorch.Tensor({"a": [1, 2], "b": {"c": 1.5}})
+    assert q.a.dtype == torch.int64 and q.b.c.item() == 1.5
+
+
+def test_views_write_through():
+    t = ttorch.Tensor(sample())
+    v = t.b
+    v.z = torch.zeros(1)  # assignment through a view changes the root
+    assert "z" in t.b and torch.equal(t.b.z, torch.zeros(1))
+    t["b"]["w"] = {"deep": torch.ones(1)}
+    assert torch.equal(t.b.w.deep, torch.ones(1))
+    del t.b.z
+    assert "z" not in t.b
+    v += 1  # in place through a view: the root's tensors change
+    assert torch.equal(t.b.x, torch.tensor([2.0, 3.0]))
+
+
+def test_missing_keys_name_the_path():
+    t = ttorch.Tensor(sample())
+    with pytest.raises(AttributeError, match="no key 'q' at 'b'"):
+        t.b.q
+    with pytest.raises(KeyError, match=r"b\.q"):
+        t["b"]["q"]
+    assert not hasattr(t, "nope")
+    with pytest.raises(TypeError, match="not a string"):
+        ttorch.Tensor({"a": {1: torch.ones(1)}})
+
+
+def test_printing_layout():
+    t = ttorch.Tensor({"a": torch.tensor([1.0, 2.0]), "b": {"x": torch.tensor([3, 4])}})
+    assert str(t) == (
+        "<TreeTensor>\n"
+        "├── a --> tensor([1., 2.])\n"
+        "└── b --> <TreeTensor>\n"
+        "    └── x --> tensor([3, 4])"
+    )
+    assert repr(t.b) == "<TreeTensor>\n└── x --> tensor([3, 4])"
+    assert "torch.Size([2])" in repr(t.shape)
+
+
+def test_dict_round_trip_keeps_objects():
+    d = sample()
+    t = ttorch.Tensor(d)
+    back = t.to_dict()
+    assert back["a"] is d["a"] and back["b"]["x"] is d["b"]["x"] and back["b"]["y"] is d["b"]["y"]
+    assert ttorch.to_dict(d)["a"] is d["a"]
+    assert ttorch.from_dict(d).a is d["a"]
+    # a tensor made in C++ keeps its Python object while the tree holds it
+    r = t + 1
+    first = r.a
+    assert r.a is first and r.to_dict()["a"] is first
+
+
+def test_refcounts_and_no_leak():
+    d = sample()
+    before = [sys.getrefcount(d["a"]), sys.getrefcount(d["b"]["x"])]
+    t = ttorch.Tensor(d)
+    for _ in range(100):
+        t.to_dict(), t.a, t["b"].x
+    del t
+    gc.collect()
+    assert [sys.getrefcount(d["a"]), sys.getrefcount(d["b"]["x"])] == before
+    # results are freed: the leaf tensors die with the last reference
+    r = ttorch.Tensor(d) * 2
+    ref = weakref.ref(r.a)
+    del r
+    gc.collect()
+    assert ref() is None
+
+    a = ttorch.Tensor({f"k{i}": torch.ones(4) for i in range(20)})
+    b = ttorch.Tensor({f"k{i}": torch.ones(4) for i in range(20)})
+    for _ in range(1000):  # warm-up: caches, free lists
+        c = a + b
+        c.k0
+    gc.collect()
+    tracemalloc.start()
+    snap0 = tracemalloc.take_snapshot()
+    for _ in range(10000):
+        c = a + b
+        c += 1
+        c.k3
+        c.to_dict()
+    del c
+    gc.collect()
+    snap1 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
+    assert grown < 64 * 1024, f"{grown} bytes of Python memory grew over 10,000 ops"
+
+
+def test_shape_dtype_device_attributes():
+    t = ttorch.Tensor(sample())
+    s = t.shape
+    assert s.a == torch.Size([2, 3]) and s.b.x == torch.Size([2]) and s.b.y == torch.Size([])
+    assert s == {"a": torch.Size([2, 3]), "b": {"x": torch.Size([2]), "y": torch.Size([])}}
+    assert t.dtype.a is torch.float32
+    assert t.device.b.x == torch.device("cpu")
+    assert t.numel() == {"a": 6, "b": {"x": 2, "y": 1}}
+    assert t.requires_grad == {"a": False, "b": {"x": False, "y": False}}
+    assert t.dim() == {"a": 2, "b": {"x": 1, "y": 0}} and t.ndim.b.x == 1
+    # a Size tree is a tree of shapes for construction
+    z = ttorch.zeros(t.shape)
+    assert z.shape == t.shape
+
+
+def test_leafwise_indexing():
+    t = ttorch.Tensor({"a": torch.arange(6).reshape(2, 3), "b": torch.arange(4).reshape(2, 2)})
+    dicts_equal(t[0], {"a": torch.tensor([0, 1, 2]), "b": torch.tensor([0, 1])})
+    dicts_equal(t[:, -1], {"a": torch.tensor([2, 5]), "b": torch.tensor([1, 3])})
+    t[0] = 7
+    assert t.a[0].tolist() == [7, 7, 7] and t.b[0].tolist() == [7, 7]
+    with pytest.raises(IndexError, match=r"index at leaf 'a': IndexError: index 2 is out of bounds") as info:
+        t[2]  # both leaves have 2 rows; 'a' comes first
+    assert isinstance(info.value.__cause__, IndexError)
+    with pytest.raises(ZeroDivisionError, match=r"map at leaf 'a'"):
+        t.map(lambda x: 1 / 0)
+
+
+def test_equality_as_ditreetensor():
+    a = ttorch.Tensor(sample())
+    b = ttorch.Tensor(sample())
+    eq = a == b  # leaf-wise, a tree of bool tensors
+    assert isinstance(eq, ttorch.Tensor) and eq.all().item()
+    assert ttorch.equal(a, b) and a.equal(b)
+    b.b.x[0] = 9
+    assert not ttorch.equal(a, b)
+    assert not ttorch.equal(a, ttorch.Tensor({"a": torch.ones(1)}))  # structure differs: False
+    assert ttorch.allclose(a, a + 1e-9)
+
+
+def test_cpp_capsule_round_trip():
+    d = sample()
+    t = ttorch.Tensor(d)
+    cap = t.b._to_capsule()  # what treetensor/python.hpp's from_python reads
+    back = ttorch.Tensor._from_capsule(cap)
+    assert back.x is d["b"]["x"] and back.keys() == ["x", "y"]
+    with pytest.raises(TypeError):
+        ttorch.Tensor._from_capsule(object())
+
+
+def test_pickle_and_copy():
+    import copy
+    import pickle
+
+    t = ttorch.Tensor(sample())
+    u = pickle.loads(pickle.dumps(t))
+    assert isinstance(u, ttorch.Tensor) and ttorch.equal(t, u) and u.a is not t.a
+    c = copy.copy(t)
+    assert c.a is t.a  # shallow: the same leaves
+    dc = copy.deepcopy(t)
+    assert ttorch.equal(dc, t) and dc.a is not t.a
+
+
+def test_cpp_extension_exchanges_trees():
+    _interop = pytest.importorskip("_treetensor_interop")
+    d = sample()
+    t = ttorch.Tensor(d)
+    back = _interop.same(t)
+    assert isinstance(back, ttorch.Tensor) and back.a is d["a"] and back.b.x is d["b"]["x"]
+    dicts = _interop.double_it(t.b)
+    assert torch.equal(dicts.x, d["b"]["x"] * 2) and dicts.keys() == ["x", "y"]
+    with pytest.raises(ValueError, match="not a treetensor.torch.Tensor"):
+        _interop.same(torch.ones(1))

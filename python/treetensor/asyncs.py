@@ -1,0 +1,129 @@
+"""OneFlow-style asyncs threads on treetensor's runtime.
+
+    import treetensor.asyncs as asyncs
+    with asyncs.thread(1):          # tree calls of this block run on asyncs worker 1
+        y = ttorch.sigmoid(x)       # values ready when the call returns
+    asyncs.synchronize()            # every asyncs job done; raises a job's unobserved error
+
+``thread(worker)`` takes an integer id (the same id names the same worker for the life of the
+process; workers are created on first use) or a :class:`Thread`. Tree calls inside the block
+are queued on that worker in FIFO order and the calling thread waits for each with the GIL
+released; a leaf error is raised in the caller with its type, the op, the leaf path and the
+worker ("asyncs thread <id>, job <n>"). Scopes nest; the innermost wins. Only the Python thread
+that entered the block is affected.
+"""
+import atexit as _atexit
+import threading as _threading
+import weakref as _weakref
+
+import _treetensor as _C
+
+__all__ = ["Thread", "Future", "thread", "synchronize", "current_thread_id"]
+
+
+class Thread:
+    """An asyncs worker thread (C++ ``asyncs::Thread``): one OS thread running jobs in FIFO
+    order. ``id`` is its worker id in the pool (1..8 by default, TREETENSOR_ASYNCS_THREADS)."""
+
+    def __init__(self, name=""):
+        self._c = _C._AsyncThread(name)
+        _alive.add(self)
+
+    @property
+    def id(self):
+        return self._c.id
+
+    def in_flight(self):
+        """Jobs queued or running."""
+        return self._c.in_flight()
+
+    def wait_idle(self):
+        """Blocks (GIL released) until every job submitted so far has run."""
+        self._c.wait_idle()
+
+    def submit(self, fn, *args, **kwargs):
+        """Queues ``fn(*args, **kwargs)`` on this worker (FIFO) and returns a :class:`Future`.
+        The job takes the GIL to run Python; its tree calls release it again. Blocks (GIL
+        released) while the worker has too many jobs in flight (back-pressure)."""
+        return Future(self._c.submit(fn, *args, **kwargs))
+
+    def close(self):
+        """Drains the worker and frees its id."""
+        self._c.close()
+
+
+class Future:
+    """The outcome of :meth:`Thread.submit`."""
+
+    def __init__(self, c):
+        self._c = c
+
+    def done(self):
+        """Whether the job has finished (never blocks)."""
+        return self._c.done()
+
+    def result(self):
+        """Waits (GIL released) and returns the job's value, or raises the exception it
+        raised (the same exception object, every call)."""
+        return self._c.result()
+
+
+_alive = _weakref.WeakSet()
+
+
+@_atexit.register
+def _close_all():
+    # Drain every worker while the interpreter still runs (a job may need the GIL); at
+    # finalization it no longer can.
+    for t in list(_alive):
+        try:
+            t.close()
+        except Exception:  # noqa: BLE001  (errors belong to futures and synchronize())
+            pass
+
+
+_workers = {}
+_workers_lock = _threading.Lock()
+
+
+def _worker(key):
+    with _workers_lock:
+        w = _workers.get(key)
+        if w is None:
+            w = _workers[key] = Thread(f"python-{key}")
+        return w
+
+
+class thread:
+    """``with thread(worker):`` runs the block's tree calls on an asyncs worker thread.
+
+    worker: an int (a process-wide worker for that number, created on first use) or a Thread.
+    The block yields the Thread."""
+
+    def __init__(self, worker=0):
+        if isinstance(worker, Thread):
+            self._thread = worker
+        elif isinstance(worker, int) and not isinstance(worker, bool):
+            self._thread = _worker(worker)
+        else:
+            raise TypeError(f"asyncs.thread takes an int or an asyncs.Thread, not {type(worker).__name__}")
+        self._guards = []
+
+    def __enter__(self):
+        self._guards.append(_C._thread_scope(self._thread._c))
+        return self._thread
+
+    def __exit__(self, *exc):
+        self._guards.pop().close()
+        return False
+
+
+def synchronize():
+    """Waits (GIL released) for every tree call and asyncs job in flight; raises the first job
+    error nobody has observed yet, with its type and context."""
+    _C.synchronize()
+
+
+def current_thread_id():
+    """The asyncs worker id running the calling code, or None."""
+    return _C._current_thread_id()
