@@ -64,7 +64,12 @@ struct PyTree {
   std::shared_ptr<TreeTensor> root;
   tree::Path path;
 
-  const TensorTree& node() const { return path.empty() ? *root : root->at(path); }
+  // Reads go through the const tree: a mutable access would drop a consolidated root's
+  // property (consolidate.hpp).
+  const TensorTree& node() const {
+    const TreeTensor& r = *root;
+    return path.empty() ? r : r.at(path);
+  }
   TensorTree& node_mut() { return path.empty() ? *root : root->at(path); }
 };
 

@@ -76,8 +76,19 @@ PyTypeObject* tree_type() {
   return g_tree_type;
 }
 
+namespace {
+// Whether `t` is a single tensor. A consolidated result not yet looked at answers from its
+// layout, so wrapping it does not make its leaf tensors (DESIGN.md §12).
+bool leaf_root(const TreeTensor& t) {
+  if (t.is_deferred())
+    if (const ConsolidatedTree* c = consolidated_source(t))
+      return c->layout().spec().node_count() == 1 && c->layout().leaves() == 1;
+  return t.is_leaf();
+}
+}  // namespace
+
 py::object wrap(TreeTensor t) {
-  if (t.is_leaf()) return wrap_tensor(t.leaf());
+  if (leaf_root(t)) return wrap_tensor(t.leaf());
   return py::cast(PyTree{std::make_shared<TreeTensor>(std::move(t)), {}});
 }
 

@@ -275,3 +275,19 @@ def test_structure_mismatch_names_the_path():
         ttorch.zeros({"a": (2,), "b": {"x": ("q",)}})
     with pytest.raises(RuntimeError, match="randn at leaf 'a'"):
         ttorch.randn({"a": (-1,)})
+
+
+def test_consolidated_trees_run_flat_with_the_dict_comprehensions_values():
+    """Consolidated operands: one C++ call per buffer; the values are the per-leaf ones (add and
+    mul are correctly rounded, so bitwise), results stay consolidated, in-place ops keep it."""
+    a, b = inputs("add", 1), inputs("add", 2)
+    ca, cb = ttorch.Tensor(a).consolidate(), ttorch.Tensor(b).consolidate()
+    r = ca * 2 + cb
+    assert r.is_consolidated()
+    dicts_equal(r, dmap(lambda x, y: x * 2 + y, a, b))
+    dicts_equal(ca, a)  # the operands are untouched
+    ca += cb
+    assert ca.is_consolidated()
+    dicts_equal(ca, dmap(lambda x, y: x + y, a, b))
+    # The tree sum reduces the buffer's leaf elements, in flatten order: the sum of their cat.
+    assert torch.equal(r.sum(), torch.cat([r.a.flatten(), r.b.x.flatten(), r.b.y.flatten()]).sum())
