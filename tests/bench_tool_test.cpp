@@ -202,6 +202,29 @@ TEST_F(BenchTool, ElementwiseGridRecordsEveryRowVerified) {
       << bad.output;
 }
 
+// The allreduce workload on 2 local ranks: every row verified on every rank (the consolidated
+// tree's buffer reduced as one bucket included) and the documented row names.
+TEST_F(BenchTool, AllreduceOnTwoRanksVerifiesEveryRow) {
+  const auto out = run_bench(
+      "allreduce --models mobilenet_v3_small --compute-matmuls 1 -T 1 --warmup 0 --no-progress "
+      "--json " +
+      path("ar.json"));
+  ASSERT_EQ(out.status, 0) << out.output;
+  EXPECT_NE(out.output.find("every row, limit included, equal to the hand-computed sum"),
+            std::string::npos)
+      << out.output;
+  const json j = read_json(path("ar.json"));
+  std::set<std::string> seen;
+  for (const auto& r : j.at("results")) {
+    EXPECT_EQ(r.at("workload"), "allreduce");
+    EXPECT_EQ(r.at("size"), "mobilenet_v3_small");
+    EXPECT_TRUE(r.at("verified").get<bool>()) << r.dump();
+    seen.insert(r.at("strategy").get<std::string>());
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"native", "tree", "consolidated", "limit", "tree+compute",
+                                         "async", "compute"}));
+}
+
 // An unverified row never stops a run: every workload writes its table, JSON and plot, the
 // row is marked and claims no speed-up, and the exit status (2) comes at the end with a line
 // naming the rows.

@@ -28,6 +28,7 @@
 #include <tuple>
 
 #include "treetensor/asyncs/thread.hpp"
+#include "treetensor/tensor/consolidate.hpp"
 #include "treetensor/tree/flatten.hpp"
 
 #ifndef USE_C10D_GLOO
@@ -203,6 +204,12 @@ struct Request {
   std::vector<at::Tensor> leaves;
   std::string sig;
   std::int64_t hash = 0, numel = 0;
+  // A consolidated tree's buffers (all_reduce/broadcast): the buffer is the bucket, nothing is
+  // copied. `buffers_hash` (their dtypes and lengths, 0 without) must agree on every rank, which
+  // round() checks before execute() uses them (`use_buffers`).
+  std::vector<at::Tensor> buffers;
+  std::int64_t buffers_hash = 0;
+  bool use_buffers = false;
   std::promise<void> done;
   std::promise<TreeTensor> value;
   std::shared_future<void> done_future{done.get_future().share()};
@@ -218,7 +225,7 @@ struct Request {
 };
 
 // The row every rank contributes to the agreement allgather.
-enum Field { kThread, kCount, kOp, kReduce, kRoot, kLeaves, kNumel, kHash, kSigLen, kRow };
+enum Field { kThread, kCount, kOp, kReduce, kRoot, kLeaves, kNumel, kHash, kSigLen, kBuffers, kRow };
 
 class Group {
  public:
@@ -241,6 +248,7 @@ class Group {
   }
 
   ~Group() {
+    waiter_.reset();  // drains: its jobs wait for requests only the communication thread completes
     {
       std::lock_guard<std::mutex> l(mu_);
       stop_ = true;
@@ -253,6 +261,13 @@ class Group {
   int world() const { return world_; }
   const Options& options() const { return opts_; }
   std::uint64_t sequence() const { return seq_.load(); }
+
+  // The asyncs thread whose jobs stand for this group's queued collectives (made on first use).
+  asyncs::Thread& waiter() {
+    std::call_once(waiter_once_,
+                   [this] { waiter_ = std::make_unique<asyncs::Thread>("distributed-wait"); });
+    return *waiter_;
+  }
 
   // Completes `r` with `e` unless it is completed already.
   static void fail(Request& r, const std::exception_ptr& e) {
@@ -321,8 +336,12 @@ class Group {
   std::vector<std::string> gather_strings(const std::string& mine, std::int64_t max_len);
   std::shared_ptr<Request> wait_for(std::int64_t thread, std::int64_t count);
   void execute(Request& r, std::uint64_t seq);
-  std::vector<at::Tensor> reduce_buckets(Request& r, std::uint64_t seq,
-                                         const std::vector<at::Tensor>& leaves, bool in_place);
+  // all_reduce / broadcast of `leaves` in place, packed into buckets.
+  void reduce_buckets(Request& r, std::uint64_t seq, const std::vector<at::Tensor>& leaves);
+  // The same over r.buffers (a consolidated tree): one collective per buffer, no copies.
+  void reduce_buffers(Request& r, std::uint64_t seq);
+  // Starts r's all_reduce or broadcast of the 1-D tensor `buffer`, in place.
+  WorkPtr start(const Request& r, at::Tensor buffer);
   // A bucket's flat buffer, reused from the last collective that had a bucket b of this dtype
   // and size (a fresh 25 MiB buffer costs its page faults on every call). Only the
   // communication thread uses buckets; a buffer is free again once its collective has been
@@ -355,6 +374,7 @@ class Group {
     row[kNumel] = r->numel;
     row[kHash] = r->hash;
     row[kSigLen] = static_cast<std::int64_t>(r->sig.size());
+    row[kBuffers] = r->buffers_hash;
     return row;
   }
 
@@ -373,6 +393,8 @@ class Group {
   std::map<std::tuple<std::size_t, int, std::int64_t>, at::Tensor> buffers_;  // comm thread only
   std::int64_t buffered_bytes_ = 0;
   std::thread comm_;
+  std::once_flag waiter_once_;
+  std::unique_ptr<asyncs::Thread> waiter_;  // destroyed first (see ~Group)
 };
 
 void Group::loop() {
@@ -504,6 +526,10 @@ void Group::round(const std::shared_ptr<Request>& mine) {
     cur->value.set_exception(e);
     return;
   }
+  // Every rank's tree is consolidated with the same buffers, or every rank packs buckets.
+  cur->use_buffers = true;
+  for (int r = 0; r < world_; ++r)
+    cur->use_buffers = cur->use_buffers && rows[r][kBuffers] != 0 && rows[r][kBuffers] == rows[0][kBuffers];
   try {
     execute(*cur, seq);
   } catch (const CollectiveMismatch&) {
@@ -574,12 +600,34 @@ void Group::check_bucket(std::uint64_t seq, std::size_t b, const at::Tensor& buf
           std::to_string(rows[r][kNumel]) + " elements)");
 }
 
+WorkPtr Group::start(const Request& r, at::Tensor buffer) {
+  std::vector<at::Tensor> v{std::move(buffer)};
+  if (r.op == Op::broadcast) {
+    c10d::BroadcastOptions o;
+    o.rootRank = r.root;
+    return pg_->broadcast(v, o);
+  }
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(r.reduce);
+  return pg_->allreduce(v, o);
+}
+
+// The padding between leaves is reduced too (it belongs to no leaf; its values do not matter).
+void Group::reduce_buffers(Request& r, std::uint64_t seq) {
+  std::vector<WorkPtr> works;
+  for (std::size_t b = 0; b < r.buffers.size(); ++b) {
+    if (opts_.debug) check_bucket(seq, b, r.buffers[b], "consolidated buffer");
+    works.push_back(start(r, r.buffers[b]));
+  }
+  for (std::size_t b = 0; b < r.buffers.size(); ++b) {
+    wait(works[b], std::string(op_name(r.op)) + " of consolidated buffer " + std::to_string(b));
+    if (r.reduce == ReduceOp::avg && r.op != Op::broadcast) r.buffers[b].div_(world_);
+  }
+}
+
 // all_reduce / broadcast over buckets: pack a bucket, issue it, pack the next...; then wait
-// and copy back in order. Returns the tensors written (the leaves when in_place).
-std::vector<at::Tensor> Group::reduce_buckets(Request& r, std::uint64_t seq,
-                                              const std::vector<at::Tensor>& leaves,
-                                              bool in_place) {
-  (void)in_place;
+// and copy back in order.
+void Group::reduce_buckets(Request& r, std::uint64_t seq, const std::vector<at::Tensor>& leaves) {
   const auto plan = buckets(leaves);
   std::vector<at::Tensor> buffers;
   std::vector<WorkPtr> works;
@@ -597,16 +645,7 @@ std::vector<at::Tensor> Group::reduce_buckets(Request& r, std::uint64_t seq,
       at::cat_out(buffer, flat);  // one call packs the bucket
     }
     if (opts_.debug) check_bucket(seq, b, buffer, r.paths[items[0].first].describe());
-    std::vector<at::Tensor> v{buffer};
-    if (r.op == Op::broadcast) {
-      c10d::BroadcastOptions o;
-      o.rootRank = r.root;
-      works.push_back(pg_->broadcast(v, o));
-    } else {
-      c10d::AllreduceOptions o;
-      o.reduceOp = to_c10d(r.reduce);
-      works.push_back(pg_->allreduce(v, o));
-    }
+    works.push_back(start(r, buffer));
     buffers.push_back(buffer);
   }
   for (std::size_t b = 0; b < plan.size(); ++b) {
@@ -621,7 +660,6 @@ std::vector<at::Tensor> Group::reduce_buckets(Request& r, std::uint64_t seq,
       off += numel;
     }
   }
-  return leaves;
 }
 
 void Group::execute(Request& r, std::uint64_t seq) {
@@ -633,14 +671,17 @@ void Group::execute(Request& r, std::uint64_t seq) {
       return;
     case Op::all_reduce:
     case Op::broadcast:
-      reduce_buckets(r, seq, r.leaves, true);
+      if (r.use_buffers)
+        reduce_buffers(r, seq);
+      else
+        reduce_buckets(r, seq, r.leaves);
       r.done.set_value();
       r.value.set_value({});
       return;
     case Op::reduce_scatter: {
       std::vector<at::Tensor> copies;
       for (const auto& t : r.leaves) copies.push_back(t.clone(at::MemoryFormat::Contiguous));
-      reduce_buckets(r, seq, copies, true);
+      reduce_buckets(r, seq, copies);
       std::vector<at::Tensor> out;
       for (auto& c : copies) {
         const std::int64_t chunk = c.size(0) / world_;
@@ -749,6 +790,17 @@ std::shared_ptr<Request> make_request(const ProcessGroup& g, Op op, const Tensor
   }
   r->sig = detail::signature(r->paths, r->leaves);
   r->hash = detail::fnv1a(r->sig);
+  if (const auto* c = consolidated_source(t); c && (op == Op::all_reduce || op == Op::broadcast)) {
+    // Equal signatures can still lie differently (a comparison's bool result keeps its float
+    // operands' offsets), so the offsets are hashed too.
+    std::string text;
+    for (const auto& b : c->buffers())
+      text += detail::dtype_text(b.scalar_type()) + " " + std::to_string(b.numel()) + "\n";
+    for (std::size_t i = 0; i < c->layout().leaves(); ++i)
+      text += std::to_string(c->layout().offset(i)) + " ";
+    r->buffers = c->buffers();
+    r->buffers_hash = detail::fnv1a(text) | 1;  // never 0 (0: not consolidated)
+  }
   return g.impl().submit(std::move(r));
 }
 
@@ -838,26 +890,43 @@ int local_rank() {
   return v && *v ? std::atoi(v) : 0;
 }
 
-std::shared_future<void> all_reduce_async(const ProcessGroup& g, const TensorTree& t, ReduceOp op) {
-  return make_request(g, Op::all_reduce, t, op, -1)->done_future;
+namespace {
+// A queued request as an asyncs job on the group's waiting thread, with the tree's leaves as
+// its operands (DESIGN.md §10): later tree calls on them wait for the collective. The request
+// (and its key) was made on the caller's thread, so the order across ranks is the caller's.
+template <class F>
+auto tracked(const ProcessGroup& g, const TensorTree& t, bool writes, F&& wait, const char* op) {
+  const std::vector<at::Tensor> leaves = tree::flatten(t).leaves;
+  const c10::ArrayRef<at::Tensor> none;
+  return g.impl().waiter().submit(std::forward<F>(wait), writes ? none : leaves,
+                                  writes ? leaves : none, op);
+}
+}  // namespace
+
+asyncs::Future<void> all_reduce_async(const ProcessGroup& g, const TensorTree& t, ReduceOp op) {
+  auto done = make_request(g, Op::all_reduce, t, op, -1)->done_future;
+  return tracked(g, t, true, [done] { done.get(); }, "all_reduce");
 }
 void all_reduce(const ProcessGroup& g, const TensorTree& t, ReduceOp op) {
-  all_reduce_async(g, t, op).get();
+  make_request(g, Op::all_reduce, t, op, -1)->done_future.get();
 }
 
-std::shared_future<void> broadcast_async(const ProcessGroup& g, const TensorTree& t, int root) {
+asyncs::Future<void> broadcast_async(const ProcessGroup& g, const TensorTree& t, int root) {
   check_rank(root, g.world_size());
-  return make_request(g, Op::broadcast, t, ReduceOp::sum, root)->done_future;
+  auto done = make_request(g, Op::broadcast, t, ReduceOp::sum, root)->done_future;
+  return tracked(g, t, true, [done] { done.get(); }, "broadcast");
 }
 void broadcast(const ProcessGroup& g, const TensorTree& t, int root) {
-  broadcast_async(g, t, root).get();
+  check_rank(root, g.world_size());
+  make_request(g, Op::broadcast, t, ReduceOp::sum, root)->done_future.get();
 }
 
-std::shared_future<TreeTensor> all_gather_async(const ProcessGroup& g, const TensorTree& t) {
-  return make_request(g, Op::all_gather, t, ReduceOp::sum, -1)->value_future;
+asyncs::Future<TreeTensor> all_gather_async(const ProcessGroup& g, const TensorTree& t) {
+  auto value = make_request(g, Op::all_gather, t, ReduceOp::sum, -1)->value_future;
+  return tracked(g, t, false, [value] { return value.get(); }, "all_gather");
 }
 TreeTensor all_gather(const ProcessGroup& g, const TensorTree& t) {
-  return all_gather_async(g, t).get();
+  return make_request(g, Op::all_gather, t, ReduceOp::sum, -1)->value_future.get();
 }
 
 TreeTensor reduce_scatter(const ProcessGroup& g, const TensorTree& t, ReduceOp op) {

@@ -22,6 +22,8 @@
 
 #include "treetensor/asyncs/thread.hpp"
 #include "treetensor/distributed/process_group.hpp"
+#include "treetensor/runtime/dispatch.hpp"
+#include "treetensor/tensor/consolidate.hpp"
 
 namespace dist = treetensor::distributed;
 namespace asyncs = treetensor::asyncs;
@@ -141,6 +143,38 @@ void scenario_values(const std::string& store) {
     expect_equal(t["n"].leaf(), (ar(12, at::kFloat).reshape({3, 4}) * f).t(), "broadcast n");
   }
   {
+    // Consolidated trees: the buffers are the buckets (reduced in place, no copy), the tree
+    // stays consolidated over the same buffers; a rank whose tree is not consolidated makes
+    // every rank pack buckets instead (values the same).
+    auto ct = treetensor::consolidate(make());
+    const void* before = treetensor::consolidated_groups(ct)[0].buffer.data_ptr();
+    dist::all_reduce(g, ct, dist::ReduceOp::sum);
+    check(treetensor::is_consolidated(ct), "a reduced consolidated tree stays consolidated");
+    check(treetensor::consolidated_groups(ct)[0].buffer.data_ptr() == before,
+          "reduced in its own buffer");
+    expect_equal(ct["a"].leaf(), ar(40, at::kFloat) * S, "consolidated sum a");
+    expect_equal(ct["b"]["i"].leaf(),
+                 ar(6, at::kLong).reshape({2, 3}) * static_cast<std::int64_t>(S),
+                 "consolidated sum b.i");
+    expect_equal(ct["b"]["d"].leaf(), ar(100, at::kDouble) * S, "consolidated sum b.d");
+    expect_equal(ct["n"].leaf(), (ar(12, at::kFloat).reshape({3, 4}) * S).t().contiguous(),
+                 "consolidated sum n");
+    auto floats = make();
+    floats.erase("b.i");
+    auto cf = treetensor::consolidate(floats);
+    dist::all_reduce(g, cf, dist::ReduceOp::avg);
+    expect_equal(cf["a"].leaf(), ar(40, at::kFloat) * (S / w), "consolidated avg a");
+    expect_equal(cf["b"]["d"].leaf(), ar(100, at::kDouble) * (S / w), "consolidated avg b.d");
+    auto cb = treetensor::consolidate(make());
+    dist::broadcast(g, cb, w - 1);
+    expect_equal(cb["b"]["d"].leaf(), ar(100, at::kDouble) * double(w), "consolidated broadcast");
+    auto mixed = r == 0 ? treetensor::consolidate(make()) : make();
+    dist::all_reduce(g, mixed, dist::ReduceOp::sum);
+    expect_equal(mixed["b"]["d"].leaf(), ar(100, at::kDouble) * S, "consolidated on rank 0 only");
+    expect_equal(mixed["n"].leaf(), (ar(12, at::kFloat).reshape({3, 4}) * S).t(),
+                 "consolidated on rank 0 only, n");
+  }
+  {
     auto t = make();
     auto out = dist::all_gather(g, t);
     for (int k = 0; k < w; ++k) {
@@ -193,7 +227,7 @@ void scenario_values(const std::string& store) {
   {
     // Async forms from the main thread, several in flight.
     std::vector<TreeTensor> ts;
-    std::vector<std::shared_future<void>> fs;
+    std::vector<asyncs::Future<void>> fs;
     for (int k = 0; k < 5; ++k) {
       ts.push_back(TensorTree{{"v", at::full({k + 1}, rr * (k + 1), at::kFloat)}});
       fs.push_back(dist::all_reduce_async(g, ts.back()));
@@ -203,6 +237,26 @@ void scenario_values(const std::string& store) {
       expect_equal(ts[k]["v"].leaf(), at::full({k + 1}, S * (k + 1), at::kFloat),
                    "async all_reduce " + std::to_string(k));
     }
+  }
+  {
+    // Operand tracking: a tree call on leaves being reduced waits for the collective (an
+    // in-place add that ran first would be summed across ranks: S + w instead of S + 1).
+    std::vector<TreeTensor> ts;
+    for (int k = 0; k < 5; ++k) {
+      ts.push_back(TensorTree{{"v", at::full({1000 * (k + 1)}, rr * (k + 1), at::kFloat)}});
+      (void)dist::all_reduce_async(g, ts.back());
+      ts.back().add_(1);
+    }
+    auto gathered_from = TreeTensor(TensorTree{{"v", at::full({3}, rr, at::kDouble)}});
+    auto gathered = dist::all_gather_async(g, gathered_from);
+    gathered_from.mul_(0);  // waits until the leaves have been sent
+    for (int k = 0; k < 5; ++k)
+      expect_equal(ts[k]["v"].leaf(), at::full({1000 * (k + 1)}, S * (k + 1) + 1, at::kFloat),
+                   "tracked async all_reduce " + std::to_string(k));
+    at::Tensor want = at::empty({w, 3}, at::kDouble);
+    for (int q = 0; q < w; ++q) want[q].fill_(q + 1);
+    expect_equal(gathered.get()["v"].leaf(), want, "tracked async all_gather");
+    treetensor::runtime::synchronize();  // rethrows an error of the dropped futures' jobs
   }
   dist::barrier(g);
   check(g.sequence() > 0, "sequence counts collectives");

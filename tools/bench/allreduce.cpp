@@ -9,6 +9,7 @@
 
 #include "treetensor/asyncs/thread.hpp"
 #include "treetensor/distributed/process_group.hpp"
+#include "treetensor/tensor/consolidate.hpp"
 #include "treetensor/tree/flatten.hpp"
 #include "workloads.hpp"
 
@@ -33,8 +34,10 @@ struct Grads {
   std::vector<at::Tensor> tensors;  // the tree's leaves (native works on them too)
   TreeTensor tree;
   at::Tensor flat;                  // limit: one buffer of all the elements
+  TreeTensor consolidated;          // a consolidated copy of the tree (its buffer: cbuffer)
+  at::Tensor cbuffer;
   std::vector<at::Tensor> initial;  // to restore after each repetition
-  at::Tensor initial_flat;
+  at::Tensor initial_flat, initial_cbuffer;
 };
 
 Grads make_grads(const ModelShapes& m, int rank, const Config& cfg) {
@@ -51,17 +54,29 @@ Grads make_grads(const ModelShapes& m, int rank, const Config& cfg) {
   g.tree = tree::unflatten(pairs);
   g.flat = at::cat(flat);
   g.initial_flat = g.flat.clone();
+  g.consolidated = consolidate(g.tree);
+  g.cbuffer = consolidated_groups(g.consolidated).at(0).buffer;  // one dtype: one buffer
+  g.initial_cbuffer = g.cbuffer.clone();
   return g;
 }
 
 void restore(Grads& g) {
   for (std::size_t i = 0; i < g.tensors.size(); ++i) g.tensors[i].copy_(g.initial[i]);
   g.flat.copy_(g.initial_flat);
+  g.cbuffer.copy_(g.initial_cbuffer);
 }
 
 TensorMap by_key(const Grads& g) {
   TensorMap out;
   for (std::size_t i = 0; i < g.keys.size(); ++i) out.emplace(g.keys[i], g.tensors[i]);
+  return out;
+}
+
+TensorMap by_key(const TreeTensor& t) {
+  TensorMap out;
+  const auto flat = tree::flatten(t);
+  const auto paths = flat.spec.paths();
+  for (std::size_t i = 0; i < paths.size(); ++i) out.emplace(paths[i].str(), flat.leaves[i]);
   return out;
 }
 
@@ -90,7 +105,7 @@ WorkloadResult run_allreduce(const Config& cfg, Progress& progress) {
                         cfg.compute_matmuls};
 
   WorkloadResult out;
-  const std::vector<std::string> rows = {"native",       "tree",  "limit",
+  const std::vector<std::string> rows = {"native",       "tree",  "consolidated", "limit",
                                          "tree+compute", "async", "compute"};
   nlohmann::json tensors, elements, reps_used;
   for (const auto& path : cfg.model_paths) {
@@ -114,6 +129,7 @@ WorkloadResult run_allreduce(const Config& cfg, Progress& progress) {
 
     auto native = [&] { dist::all_reduce_each(group, g.tensors); };
     auto tree = [&] { dist::all_reduce(group, g.tree); };
+    auto consolidated = [&] { dist::all_reduce(group, g.consolidated); };
     auto limit = [&] { dist::all_reduce_each(group, {g.flat}); };
     auto tree_compute = [&] {
       dist::all_reduce(group, g.tree);
@@ -124,7 +140,7 @@ WorkloadResult run_allreduce(const Config& cfg, Progress& progress) {
       compute();
       f.wait();
     };
-    const std::vector<std::function<void()>> fns = {native,       tree,  limit,
+    const std::vector<std::function<void()>> fns = {native,       tree,  consolidated, limit,
                                                     tree_compute, async, compute};
 
     progress.update(stage, "verifying on every rank");
@@ -146,7 +162,9 @@ WorkloadResult run_allreduce(const Config& cfg, Progress& progress) {
         continue;
       }
       verified_rows.push_back(rows[k]);
-      verification.check(rows[k], want, by_key(g), want.size());
+      verification.check(rows[k], want,
+                         rows[k] == "consolidated" ? by_key(g.consolidated) : by_key(g),
+                         want.size());
     }
     restore(g);
     // Every rank's verdicts, summed over ranks with the tree collective itself (0 = agreed).

@@ -90,6 +90,8 @@ Rows:
                 hand-written loop over torch.distributed.all_reduce does. The baseline.
   tree          distributed::all_reduce of the tree: DDP-style buckets (1 MiB, then 25 MiB),
                 ordered across ranks by the group's communication thread.
+  consolidated  distributed::all_reduce of a consolidated copy of the tree: its buffer is the
+                bucket (one allreduce, nothing packed or copied back).
   limit         one allreduce of one pre-flattened buffer of the same size (the floor: no
                 packing, one call).
   tree+compute  tree, then the main thread's work (--compute-matmuls 384x384 matmuls), one

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "treetensor/asyncs/thread.hpp"
 #include "treetensor/tensor/tree_tensor.hpp"
 
 namespace treetensor::distributed {
@@ -125,24 +126,28 @@ int local_rank();
 /// non-contiguous. @throws CollectiveMismatch, CollectiveError; std::invalid_argument naming
 /// the path of an undefined or non-CPU leaf, or of an integer leaf with ReduceOp::avg.
 void all_reduce(const ProcessGroup& group, const TensorTree& tree, ReduceOp op = ReduceOp::sum);
-/// The same, queued: returns at once; the future is ready when the leaves hold the result
-/// (its get() rethrows the errors above). The key is taken at the call, so program order on
-/// the calling thread is the order across ranks. `tree`'s tensors must not be touched until
-/// then (submit the waiting side to an asyncs thread with the leaves as operands to have the
-/// asyncs layer's operand tracking order it against tree calls).
-std::shared_future<void> all_reduce_async(const ProcessGroup& group, const TensorTree& tree,
-                                          ReduceOp op = ReduceOp::sum);
+/// The same, queued: returns at once. The key is taken at the call, so program order on the
+/// calling thread is the order across ranks. The future is an asyncs job (on the group's
+/// waiting thread) that finishes when the leaves hold the result, registered with the leaves
+/// as written operands: a later tree call that reads or writes them waits for it (asyncs
+/// operand tracking, DESIGN.md §10), as does asyncs::synchronize(). get() rethrows the errors
+/// above (an error nobody collects is reported by the next synchronize()). Raw at:: use of the
+/// leaves is not tracked: wait() first.
+asyncs::Future<void> all_reduce_async(const ProcessGroup& group, const TensorTree& tree,
+                                      ReduceOp op = ReduceOp::sum);
 
 /// Every rank's leaves become root's, in place (torch.distributed.broadcast).
 void broadcast(const ProcessGroup& group, const TensorTree& tree, int root);
-std::shared_future<void> broadcast_async(const ProcessGroup& group, const TensorTree& tree,
-                                         int root);
+/// Queued as all_reduce_async (the leaves are written operands).
+asyncs::Future<void> broadcast_async(const ProcessGroup& group, const TensorTree& tree, int root);
 
 /// A tree of the same structure whose leaves are every rank's leaf stacked along a new first
 /// dimension: leaf shape [world_size, ...] in rank order (torch.distributed.all_gather, then
 /// torch.stack).
 TreeTensor all_gather(const ProcessGroup& group, const TensorTree& tree);
-std::shared_future<TreeTensor> all_gather_async(const ProcessGroup& group, const TensorTree& tree);
+/// Queued as all_reduce_async; the leaves are read operands (a later in-place tree call on
+/// them waits until they have been sent).
+asyncs::Future<TreeTensor> all_gather_async(const ProcessGroup& group, const TensorTree& tree);
 
 /// Each leaf reduced across ranks, then split along dim 0 into world_size equal chunks; rank r
 /// gets chunk r (torch.distributed.reduce_scatter_tensor). Done as an all_reduce and a narrow
