@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -225,7 +226,19 @@ struct Request {
 };
 
 // The row every rank contributes to the agreement allgather.
-enum Field { kThread, kCount, kOp, kReduce, kRoot, kLeaves, kNumel, kHash, kSigLen, kBuffers, kRow };
+enum Field {
+  kThread,
+  kCount,
+  kOp,
+  kReduce,
+  kRoot,
+  kLeaves,
+  kNumel,
+  kHash,
+  kSigLen,
+  kBuffers,
+  kRow
+};
 
 class Group {
  public:
@@ -529,7 +542,8 @@ void Group::round(const std::shared_ptr<Request>& mine) {
   // Every rank's tree is consolidated with the same buffers, or every rank packs buckets.
   cur->use_buffers = true;
   for (int r = 0; r < world_; ++r)
-    cur->use_buffers = cur->use_buffers && rows[r][kBuffers] != 0 && rows[r][kBuffers] == rows[0][kBuffers];
+    cur->use_buffers =
+        cur->use_buffers && rows[r][kBuffers] != 0 && rows[r][kBuffers] == rows[0][kBuffers];
   try {
     execute(*cur, seq);
   } catch (const CollectiveMismatch&) {
@@ -905,7 +919,8 @@ auto tracked(const ProcessGroup& g, const TensorTree& t, bool writes, F&& wait, 
 
 asyncs::Future<void> all_reduce_async(const ProcessGroup& g, const TensorTree& t, ReduceOp op) {
   auto done = make_request(g, Op::all_reduce, t, op, -1)->done_future;
-  return tracked(g, t, true, [done] { done.get(); }, "all_reduce");
+  return tracked(
+      g, t, true, [done] { done.get(); }, "all_reduce");
 }
 void all_reduce(const ProcessGroup& g, const TensorTree& t, ReduceOp op) {
   make_request(g, Op::all_reduce, t, op, -1)->done_future.get();
@@ -914,7 +929,8 @@ void all_reduce(const ProcessGroup& g, const TensorTree& t, ReduceOp op) {
 asyncs::Future<void> broadcast_async(const ProcessGroup& g, const TensorTree& t, int root) {
   check_rank(root, g.world_size());
   auto done = make_request(g, Op::broadcast, t, ReduceOp::sum, root)->done_future;
-  return tracked(g, t, true, [done] { done.get(); }, "broadcast");
+  return tracked(
+      g, t, true, [done] { done.get(); }, "broadcast");
 }
 void broadcast(const ProcessGroup& g, const TensorTree& t, int root) {
   check_rank(root, g.world_size());
@@ -923,7 +939,8 @@ void broadcast(const ProcessGroup& g, const TensorTree& t, int root) {
 
 asyncs::Future<TreeTensor> all_gather_async(const ProcessGroup& g, const TensorTree& t) {
   auto value = make_request(g, Op::all_gather, t, ReduceOp::sum, -1)->value_future;
-  return tracked(g, t, false, [value] { return value.get(); }, "all_gather");
+  return tracked(
+      g, t, false, [value] { return value.get(); }, "all_gather");
 }
 TreeTensor all_gather(const ProcessGroup& g, const TensorTree& t) {
   return make_request(g, Op::all_gather, t, ReduceOp::sum, -1)->value_future.get();

@@ -33,8 +33,8 @@ struct Grads {
   std::vector<std::string> keys;
   std::vector<at::Tensor> tensors;  // the tree's leaves (native works on them too)
   TreeTensor tree;
-  at::Tensor flat;                  // limit: one buffer of all the elements
-  TreeTensor consolidated;          // a consolidated copy of the tree (its buffer: cbuffer)
+  at::Tensor flat;          // limit: one buffer of all the elements
+  TreeTensor consolidated;  // a consolidated copy of the tree (its buffer: cbuffer)
   at::Tensor cbuffer;
   std::vector<at::Tensor> initial;  // to restore after each repetition
   at::Tensor initial_flat, initial_cbuffer;

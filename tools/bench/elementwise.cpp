@@ -94,6 +94,7 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
   std::vector<std::string> per_leaf;  // sizes where the consolidated call ran per leaf
   RepPlan plan = rep_plan(cfg);
   if (!cfg.reps) plan.budget_s = cfg.elementwise_budget_s;
+  plan.slow_min_reps = 3;  // the 65536-element sizes: rounds of seconds on a fresh machine
   for (const std::size_t n : cfg.elementwise_leaves)
     for (const std::int64_t e : cfg.elementwise_elements) {
       at::manual_seed(cfg.seed);

@@ -40,7 +40,9 @@ std::string headline(const tb::Config& cfg) {
       cfg.reps ? std::to_string(cfg.reps)
                : fmt::format("{}..{} (about {:g} s per {})", tb::kAutoRepsMin, tb::kAutoRepsMax,
                              ew ? cfg.elementwise_budget_s : cfg.rep_budget_s,
-                             ew ? "size and op" : "size");
+                             ew ? "size and op; where one round takes longer, T >= 3 after 2 "
+                                  "warm-up"
+                                : "size");
   const std::string timing = fmt::format(
       "M={}, T={} timed repetitions after {} warm-up, strategies interleaved round-robin",
       cfg.lanes, reps, cfg.warmup);

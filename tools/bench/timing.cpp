@@ -101,22 +101,25 @@ RoundRobin time_round_robin(const std::vector<Candidate>& candidates, const RepP
   if (plan.fixed == 0 && plan.warmup == 0)
     throw std::invalid_argument("an automatic number of repetitions needs a warm-up");
   double round_ms = 0;
-  for (std::size_t r = 0; r < plan.warmup; ++r) {
-    const auto ms =
-        one_round(candidates, r, sync, progress, stage,
-                  "warm-up " + std::to_string(r + 1) + "/" + std::to_string(plan.warmup));
+  std::size_t warmup = plan.warmup, min_reps = plan.min_reps;
+  for (std::size_t r = 0; r < warmup; ++r) {
+    const auto ms = one_round(candidates, r, sync, progress, stage,
+                              "warm-up " + std::to_string(r + 1) + "/" + std::to_string(warmup));
     round_ms = std::accumulate(ms.begin(), ms.end(), 0.0);
+    if (plan.fixed == 0 && plan.slow_min_reps && round_ms > plan.budget_s * 1e3) {
+      warmup = std::min<std::size_t>(warmup, 2);
+      min_reps = std::min(min_reps, plan.slow_min_reps);
+    }
   }
   RoundRobin out;
   out.reps = plan.fixed;
   if (out.reps == 0) {
     const double fit = std::ceil(plan.budget_s * 1e3 / std::max(round_ms, 1e-3));
-    out.reps =
-        std::clamp(static_cast<std::size_t>(std::min(fit, 1e9)), plan.min_reps, plan.max_reps);
+    out.reps = std::clamp(static_cast<std::size_t>(std::min(fit, 1e9)), min_reps, plan.max_reps);
   }
   std::vector<std::vector<double>> samples(candidates.size());
   for (std::size_t r = 0; r < out.reps; ++r) {
-    const auto ms = one_round(candidates, plan.warmup + r, sync, progress, stage,
+    const auto ms = one_round(candidates, warmup + r, sync, progress, stage,
                               "rep " + std::to_string(r + 1) + "/" + std::to_string(out.reps));
     for (std::size_t i = 0; i < ms.size(); ++i) samples[i].push_back(ms[i]);
   }

@@ -60,6 +60,10 @@ struct RepPlan {
   std::size_t fixed = 0;
   double budget_s = 6.0;
   std::size_t min_reps = 10, max_reps = 100;
+  /// Automatic plans only, when non-zero: once a warm-up round alone takes longer than
+  /// budget_s, warm-up stops after 2 rounds and T is at least slow_min_reps instead of min_reps
+  /// (sizes whose every round takes seconds would otherwise take minutes).
+  std::size_t slow_min_reps = 0;
 };
 
 /// Runs plan.warmup untimed then the planned timed repetitions of every candidate,

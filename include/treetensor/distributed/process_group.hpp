@@ -11,7 +11,10 @@
 //  - Buckets: leaves are packed DDP-style into flat buffers per (dtype, device) in flatten
 //    (sorted-path) order, the first bucket up to Options::first_bucket_bytes (1 MiB), the
 //    others up to Options::bucket_bytes (25 MiB); a leaf larger than a bucket gets its own. One
-//    c10d collective per bucket; results are copied back into the leaves.
+//    c10d collective per bucket; results are copied back into the leaves. all_reduce and
+//    broadcast of a consolidated tree (tensor/consolidate.hpp) use its buffers as the buckets
+//    (one collective per buffer, padding included, nothing copied) when every rank's tree is
+//    consolidated with the same buffers and offsets; otherwise every rank packs buckets.
 //  - Ordering across ranks: every request carries a key (asyncs thread id of the caller, or 0
 //    for a thread that is not running an asyncs job; and the caller's count of requests on
 //    this group). One communication thread per group issues them; before each collective the
@@ -38,7 +41,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
