@@ -30,6 +30,7 @@
 
 #include "treetensor/asyncs/thread.hpp"
 #include "treetensor/tensor/consolidate.hpp"
+#include "treetensor/tensor/dtype.hpp"
 #include "treetensor/tree/flatten.hpp"
 
 #ifndef USE_C10D_GLOO
@@ -104,30 +105,7 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 std::string dtype_text(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kHalf:
-      return "float16";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kLong:
-      return "int64";
-    case at::kInt:
-      return "int32";
-    case at::kShort:
-      return "int16";
-    case at::kChar:
-      return "int8";
-    case at::kByte:
-      return "uint8";
-    case at::kBool:
-      return "bool";
-    default:
-      return c10::toString(t);
-  }
+  return torch_dtype_name(t).value_or(c10::toString(t));
 }
 
 std::string leaf_text(const at::Tensor& t) {

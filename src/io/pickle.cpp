@@ -10,6 +10,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "treetensor/tensor/dtype.hpp"
+
 namespace treetensor::io::detail {
 
 namespace {
@@ -918,35 +920,9 @@ class Writer {
   }
 
   static std::string dtype_name(at::ScalarType t) {
-    switch (t) {
-      case at::kFloat:
-        return "float32";
-      case at::kDouble:
-        return "float64";
-      case at::kHalf:
-        return "float16";
-      case at::kBFloat16:
-        return "bfloat16";
-      case at::kLong:
-        return "int64";
-      case at::kInt:
-        return "int32";
-      case at::kShort:
-        return "int16";
-      case at::kChar:
-        return "int8";
-      case at::kByte:
-        return "uint8";
-      case at::kBool:
-        return "bool";
-      case at::kComplexFloat:
-        return "complex64";
-      case at::kComplexDouble:
-        return "complex128";
-      default:
-        throw std::invalid_argument(std::string("save: dtype ") + c10::toString(t) +
-                                    " has no torch name");
-    }
+    if (auto name = torch_dtype_name(t)) return *name;
+    throw std::invalid_argument(std::string("save: dtype ") + c10::toString(t) +
+                                " has no torch name");
   }
 
   void tensor(const at::Tensor& t, const tree::Path& path) {

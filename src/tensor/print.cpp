@@ -11,9 +11,41 @@
 #include <string>
 #include <vector>
 
+#include "treetensor/tensor/dtype.hpp"
 #include "treetensor/tensor/tree_tensor.hpp"
 
 namespace treetensor {
+
+std::optional<std::string> torch_dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kByte:
+      return "uint8";
+    case at::kChar:
+      return "int8";
+    case at::kShort:
+      return "int16";
+    case at::kInt:
+      return "int32";
+    case at::kLong:
+      return "int64";
+    case at::kBool:
+      return "bool";
+    case at::kComplexFloat:
+      return "complex64";
+    case at::kComplexDouble:
+      return "complex128";
+    default:
+      return std::nullopt;
+  }
+}
 namespace {
 
 constexpr int64_t kThreshold = 1000;  // torch's print threshold: summarise above it
@@ -21,30 +53,7 @@ constexpr int64_t kEdgeItems = 3;
 constexpr std::size_t kLineWidth = 80;
 
 std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "torch.float32";
-    case at::kDouble:
-      return "torch.float64";
-    case at::kHalf:
-      return "torch.float16";
-    case at::kBFloat16:
-      return "torch.bfloat16";
-    case at::kByte:
-      return "torch.uint8";
-    case at::kChar:
-      return "torch.int8";
-    case at::kShort:
-      return "torch.int16";
-    case at::kInt:
-      return "torch.int32";
-    case at::kLong:
-      return "torch.int64";
-    case at::kBool:
-      return "torch.bool";
-    default:
-      return std::string("torch.") + c10::toString(t);
-  }
+  return "torch." + torch_dtype_name(t).value_or(c10::toString(t));
 }
 
 // How the elements of one tensor are written (PyTorch's _Formatter, simplified).
