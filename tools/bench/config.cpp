@@ -129,13 +129,18 @@ const CLI::Validator kPngFile(
     },
     "");
 
-void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& device) {
-  sub.add_option("-M,--lanes", cfg.lanes, "M: lanes of the `stream` row; `min` uses N/M leaves")
+// `reps_default`: the -T help's words for the workload's default; `lanes_help`: what -M does
+// in it.
+void add_common(CLI::App& sub, Config& cfg, std::string& dtype, std::string& device,
+                const std::string& reps_default,
+                const std::string& lanes_help =
+                    "M: lanes of the `stream` row; `min` uses N/M "
+                    "leaves") {
+  sub.add_option("-M,--lanes", cfg.lanes, lanes_help)
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   sub.add_option("-T,--reps", cfg.reps,
-                 "T: timed repetitions per strategy (default on CPU: per size, as many as fit "
-                 "in about 6 s, 10 to 100; 50 with --device cuda)")
+                 "T: timed repetitions per strategy (default: " + reps_default + ")")
       ->check(kAtLeastOne);
   sub.add_option("--warmup", cfg.warmup,
                  "untimed repetitions per strategy before timing (enough for automatic to try "
@@ -219,13 +224,17 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       "  treetensor-bench optimizer --model resnet50 --json out/optimizer.json\n"
       "  treetensor-bench seed --device cuda      # the seed's own sizes on a GPU\n"
       "  treetensor-bench allreduce --json out/allreduce.json   # 2 local ranks\n"
-      "Run `treetensor-bench seed --help` or `... optimizer --help` for the rows.");
+      "  treetensor-bench elementwise --json out/elementwise.json\n"
+      "Run `treetensor-bench <workload> --help` (seed, optimizer, elementwise, allreduce) for its "
+      "rows and flags.");
 
   CLI::App* seed = app.add_subcommand(
       "seed",
       "N leaves a0..a{N-1}; leaf i multiplies S1xS2 by S2xS3 (DI-treetensor's stream "
       "experiment), over a size sweep");
-  add_common(*seed, cfg, dtype, device);
+  const std::string per_size =
+      "on CPU per size, as many as fit in about 6 s, 10 to 100; 50 with --device cuda";
+  add_common(*seed, cfg, dtype, device, per_size);
   seed->add_option("-N,--leaves", cfg.leaves, "N: number of leaves (default 200)")
       ->check(kAtLeastOne);
   auto* sizes_opt = seed->add_option("--sizes", sizes,
@@ -247,7 +256,7 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
 
   CLI::App* opt = app.add_subcommand(
       "optimizer", "one Adam step over the parameter tree of a real model (torchvision shapes)");
-  add_common(*opt, cfg, dtype, device);
+  add_common(*opt, cfg, dtype, device, per_size);
   opt->add_option("--model", cfg.model,
                   "resnet50, mobilenet_v3_small (a file in data/models) or a path to a shapes "
                   ".json {model, source, tensors: [{key, shape, dtype}]}")
@@ -269,7 +278,8 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
   CLI::App* ar = app.add_subcommand(
       "allreduce",
       "all_reduce of the gradient trees of real models across local ranks (c10d Gloo)");
-  add_common(*ar, cfg, dtype, device);
+  add_common(*ar, cfg, dtype, device, "10; every rank runs the same number",
+             "unused (no row runs lanes); accepted so that bench.sh passes one set of flags");
   ar->add_option("--models", cfg.models, "models whose gradient trees are reduced, comma-separated")
       ->delimiter(',')
       ->capture_default_str();
@@ -286,7 +296,9 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       "elementwise",
       "N leaves x E elements: add and (x*2+y).sigmoid_(), per leaf against flat execution on "
       "consolidated trees");
-  add_common(*ew, cfg, dtype, device);
+  add_common(*ew, cfg, dtype, device,
+             "per (N, E, op) as many as fit in --budget seconds, 10 to 100; where one round "
+             "takes longer, at least 3 after 2 warm-up");
   ew->add_option("--leaves", cfg.elementwise_leaves, "grid of N, comma-separated")
       ->delimiter(',')
       ->check(kAtLeastOne)
