@@ -52,4 +52,5 @@ case "$sanitize" in
   *) echo "test.sh: --sanitize takes thread or address, not '$sanitize'" >&2; exit 2 ;;
 esac
 
-ctest --test-dir "$build" --output-on-failure --no-tests=error "${ctest_args[@]}"
+# Cases run in parallel, one per core; python_pytest is RUN_SERIAL (its timing checks).
+ctest --test-dir "$build" --output-on-failure --no-tests=error -j"$jobs" "${ctest_args[@]}"
