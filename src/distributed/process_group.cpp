@@ -170,6 +170,37 @@ std::string key_text(std::int64_t thread, std::int64_t count) {
          ", its request " + std::to_string(count);
 }
 
+// One bucket: (leaf index, element count) of each of its leaves, in flatten order.
+using Bucket = std::vector<std::pair<std::size_t, std::int64_t>>;
+
+std::int64_t bucket_numel(const Bucket& items) {
+  std::int64_t n = 0;
+  for (const auto& it : items) n += it.second;
+  return n;
+}
+
+// A bucket of one contiguous leaf is communicated as the leaf itself: nothing to copy.
+bool is_one_leaf(const std::vector<at::Tensor>& leaves, const Bucket& items) {
+  return items.size() == 1 && leaves[items[0].first].is_contiguous();
+}
+
+// Copies the bucket's leaves into `buffer` (bucket_numel elements) in order: one call.
+void pack(const std::vector<at::Tensor>& leaves, const Bucket& items, at::Tensor buffer) {
+  std::vector<at::Tensor> flat;
+  for (const auto& it : items) flat.push_back(leaves[it.first].reshape({-1}));
+  at::cat_out(buffer, flat);
+}
+
+// Copies `buffer`'s pieces back, the piece of leaf i into dest[i] (dest is indexed like the
+// leaves; a leaf's piece has its shape).
+void unpack(const at::Tensor& buffer, const Bucket& items, const std::vector<at::Tensor>& dest) {
+  std::int64_t off = 0;
+  for (const auto& [i, numel] : items) {
+    dest[i].copy_(buffer.narrow(0, off, numel).view(dest[i].sizes()));
+    off += numel;
+  }
+}
+
 }  // namespace
 
 // One tree collective requested on a group.
@@ -316,7 +347,7 @@ class Group {
     wait(pg_->recv(v, peer, tag), what);
   }
 
-  std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> buckets(
+  std::vector<Bucket> buckets(
       const std::vector<at::Tensor>& leaves) const;
 
  private:
@@ -537,17 +568,17 @@ void Group::round(const std::shared_ptr<Request>& mine) {
   }
 }
 
-std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> Group::buckets(
+std::vector<Bucket> Group::buckets(
     const std::vector<at::Tensor>& leaves) const {
   // Per (dtype, device) group in flatten order: DDP's limits, the first bucket of each group
   // small so that its communication could start early.
   struct Open {
-    std::vector<std::pair<std::size_t, std::int64_t>> items;
+    Bucket items;
     std::int64_t bytes = 0;
     bool first = true;
   };
   std::map<std::pair<int, std::string>, Open> open;
-  std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> closed;
+  std::vector<Bucket> closed;
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const auto& t = leaves[i];
     if (t.numel() == 0) continue;
@@ -626,15 +657,11 @@ void Group::reduce_buckets(Request& r, std::uint64_t seq, const std::vector<at::
   for (std::size_t b = 0; b < plan.size(); ++b) {
     const auto& items = plan[b];
     at::Tensor buffer;
-    if (items.size() == 1 && leaves[items[0].first].is_contiguous()) {
-      buffer = leaves[items[0].first].view({-1});  // the leaf itself: nothing to copy
+    if (is_one_leaf(leaves, items)) {
+      buffer = leaves[items[0].first].view({-1});
     } else {
-      std::int64_t n = 0;
-      for (const auto& it : items) n += it.second;
-      buffer = bucket_buffer(b, n, leaves[items[0].first].options());
-      std::vector<at::Tensor> flat;
-      for (const auto& it : items) flat.push_back(leaves[it.first].reshape({-1}));
-      at::cat_out(buffer, flat);  // one call packs the bucket
+      buffer = bucket_buffer(b, bucket_numel(items), leaves[items[0].first].options());
+      pack(leaves, items, buffer);
     }
     if (opts_.debug) check_bucket(seq, b, buffer, r.paths[items[0].first].describe());
     works.push_back(start(r, buffer));
@@ -642,15 +669,8 @@ void Group::reduce_buckets(Request& r, std::uint64_t seq, const std::vector<at::
   }
   for (std::size_t b = 0; b < plan.size(); ++b) {
     wait(works[b], std::string(op_name(r.op)) + " of bucket " + std::to_string(b));
-    const bool avg = r.reduce == ReduceOp::avg && r.op != Op::broadcast;
-    if (avg) buffers[b].div_(world_);
-    const auto& items = plan[b];
-    if (items.size() == 1 && buffers[b].data_ptr() == leaves[items[0].first].data_ptr()) continue;
-    std::int64_t off = 0;
-    for (const auto& [i, numel] : items) {
-      leaves[i].copy_(buffers[b].narrow(0, off, numel).view(leaves[i].sizes()));
-      off += numel;
-    }
+    if (r.reduce == ReduceOp::avg && r.op != Op::broadcast) buffers[b].div_(world_);
+    if (!is_one_leaf(leaves, plan[b])) unpack(buffers[b], plan[b], leaves);
   }
 }
 
@@ -694,28 +714,26 @@ void Group::execute(Request& r, std::uint64_t seq) {
       std::vector<std::vector<std::vector<at::Tensor>>> outputs;
       std::vector<WorkPtr> works;
       for (std::size_t b = 0; b < plan.size(); ++b) {
-        std::int64_t n = 0;
-        for (const auto& it : plan[b]) n += it.second;
-        at::Tensor in = at::empty({n}, r.leaves[plan[b][0].first].options());
-        std::int64_t off = 0;
-        for (const auto& [i, numel] : plan[b]) {
-          in.narrow(0, off, numel).view(r.leaves[i].sizes()).copy_(r.leaves[i]);
-          off += numel;
+        const auto& items = plan[b];
+        at::Tensor in;
+        if (is_one_leaf(r.leaves, items)) {
+          in = r.leaves[items[0].first].view({-1});
+        } else {
+          in = at::empty({bucket_numel(items)}, r.leaves[items[0].first].options());
+          pack(r.leaves, items, in);
         }
-        if (opts_.debug) check_bucket(seq, b, in, r.paths[plan[b][0].first].describe());
+        if (opts_.debug) check_bucket(seq, b, in, r.paths[items[0].first].describe());
         outputs.emplace_back(1);
         for (int k = 0; k < world_; ++k) outputs.back()[0].push_back(at::empty_like(in));
         std::vector<at::Tensor> ins{in};
         works.push_back(pg_->allgather(outputs.back(), ins));
       }
+      std::vector<at::Tensor> row(out.size());
       for (std::size_t b = 0; b < plan.size(); ++b) {
         wait(works[b], "all_gather of bucket " + std::to_string(b));
         for (int k = 0; k < world_; ++k) {
-          std::int64_t off = 0;
-          for (const auto& [i, numel] : plan[b]) {
-            out[i][k].copy_(outputs[b][0][k].narrow(0, off, numel).view(r.leaves[i].sizes()));
-            off += numel;
-          }
+          for (const auto& it : plan[b]) row[it.first] = out[it.first][k];
+          unpack(outputs[b][0][k], plan[b], row);
         }
       }
       r.value.set_value(TreeTensor(tree::unflatten(r.spec, std::move(out))));
@@ -973,14 +991,13 @@ void send(const ProcessGroup& g, const TensorTree& t, int dst) {
                              detail::first_difference(g.rank(), sig, dst, other));
   }
   for (const auto& items : impl.buckets(flat.leaves)) {
-    std::int64_t n = 0;
-    for (const auto& it : items) n += it.second;
-    at::Tensor buffer = at::empty({n}, flat.leaves[items[0].first].options());
-    std::int64_t off = 0;
-    for (const auto& [i, numel] : items) {
-      buffer.narrow(0, off, numel).view(flat.leaves[i].sizes()).copy_(flat.leaves[i]);
-      off += numel;
+    if (detail::is_one_leaf(flat.leaves, items)) {
+      impl.p2p_send(flat.leaves[items[0].first].view({-1}), dst, tag + 3, what);
+      continue;
     }
+    at::Tensor buffer =
+        at::empty({detail::bucket_numel(items)}, flat.leaves[items[0].first].options());
+    detail::pack(flat.leaves, items, buffer);
     impl.p2p_send(buffer, dst, tag + 3, what);
   }
 }
@@ -1020,15 +1037,14 @@ void recv(const ProcessGroup& g, const TensorTree& t, int src) {
                              detail::first_difference(src, other, g.rank(), sig));
   }
   for (const auto& items : impl.buckets(flat.leaves)) {
-    std::int64_t n = 0;
-    for (const auto& it : items) n += it.second;
-    at::Tensor buffer = at::empty({n}, flat.leaves[items[0].first].options());
-    impl.p2p_recv(buffer, src, tag + 3, what);
-    std::int64_t off = 0;
-    for (const auto& [i, numel] : items) {
-      flat.leaves[i].copy_(buffer.narrow(0, off, numel).view(flat.leaves[i].sizes()));
-      off += numel;
+    if (detail::is_one_leaf(flat.leaves, items)) {
+      impl.p2p_recv(flat.leaves[items[0].first].view({-1}), src, tag + 3, what);
+      continue;
     }
+    at::Tensor buffer =
+        at::empty({detail::bucket_numel(items)}, flat.leaves[items[0].first].options());
+    impl.p2p_recv(buffer, src, tag + 3, what);
+    detail::unpack(buffer, items, flat.leaves);
   }
 }
 
