@@ -241,15 +241,23 @@ void scenario_values(const std::string& store) {
   {
     // Operand tracking: a tree call on leaves being reduced waits for the collective (an
     // in-place add that ran first would be summed across ranks: S + w instead of S + 1).
+    // The last rank joins each collective 100 ms late, so on the other ranks a tree call that
+    // did not wait would return while the collective is still pending: checked with ready().
+    const bool late = g.rank() == w - 1;
     std::vector<TreeTensor> ts;
     for (int k = 0; k < 5; ++k) {
       ts.push_back(TensorTree{{"v", at::full({1000 * (k + 1)}, rr * (k + 1), at::kFloat)}});
-      (void)dist::all_reduce_async(g, ts.back());
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      auto f = dist::all_reduce_async(g, ts.back());
       ts.back().add_(1);
+      check(f.ready(), "add_ after all_reduce_async " + std::to_string(k) +
+                           " returned before the collective finished");
     }
     auto gathered_from = TreeTensor(TensorTree{{"v", at::full({3}, rr, at::kDouble)}});
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     auto gathered = dist::all_gather_async(g, gathered_from);
     gathered_from.mul_(0);  // waits until the leaves have been sent
+    check(gathered.ready(), "mul_ after all_gather_async returned before the collective finished");
     for (int k = 0; k < 5; ++k)
       expect_equal(ts[k]["v"].leaf(), at::full({1000 * (k + 1)}, S * (k + 1) + 1, at::kFloat),
                    "tracked async all_reduce " + std::to_string(k));
