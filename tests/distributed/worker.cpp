@@ -206,6 +206,15 @@ void scenario_values(const std::string& store) {
         {"z.q", "equal chunks"}, "reduce_scatter of an odd leaf");
   }
   {
+    // A leaf off the CPU (here the meta device; CUDA the same) is refused before anything moves:
+    // only Gloo is built. The group stays usable (the collectives after this block).
+    const TensorTree off{{"p", {{"w", at::empty({2}, at::device(at::kMeta))}}}};
+    expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, off); }, {"p.w", "meta", "CPU"},
+                                        "all_reduce of a meta leaf");
+    expect_throw<std::invalid_argument>([&] { dist::send(g, off, (r + 1) % w); }, {"p.w", "CPU"},
+                                        "send of a meta leaf");
+  }
+  {
     // Ring: every rank sends its tree to the next and receives the previous one's.
     auto mine = make();
     auto into = make();
