@@ -6,6 +6,7 @@
 #include "treetensor/distributed/process_group.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -28,6 +29,7 @@
 #include <thread>
 #include <tuple>
 
+#include "treetensor/asyncs/operands.hpp"
 #include "treetensor/asyncs/thread.hpp"
 #include "treetensor/tensor/consolidate.hpp"
 #include "treetensor/tensor/dtype.hpp"
@@ -121,11 +123,22 @@ std::int64_t fnv1a(const std::string& s) {
   return static_cast<std::int64_t>(h);
 }
 
+// A path as one signature field: keys may hold any character, so the separators are escaped
+// (otherwise keys with tabs and newlines could make two different trees read the same).
+std::string path_field(const tree::Path& p) {
+  std::string s;
+  for (char c : p.describe()) {
+    if (c == '\\' || c == '\t' || c == '\n') s += '\\';
+    s += c == '\t' ? 't' : c == '\n' ? 'n' : c;
+  }
+  return s;
+}
+
 // One line per leaf, "path\tdtype [shape]": what ranks must agree on.
 std::string signature(const std::vector<tree::Path>& paths, const std::vector<at::Tensor>& leaves) {
   std::string s;
   for (std::size_t i = 0; i < leaves.size(); ++i)
-    s += paths[i].describe() + "\t" + leaf_text(leaves[i]) + "\n";
+    s += path_field(paths[i]) + "\t" + leaf_text(leaves[i]) + "\n";
   return s;
 }
 
@@ -201,6 +214,87 @@ void unpack(const at::Tensor& buffer, const Bucket& items, const std::vector<at:
   }
 }
 
+// The dtypes ProcessGroupGloo (1.13) takes for every collective.
+bool gloo_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether all_reduce can reduce `t` by `op`: Gloo's dtypes; bool (as uint8, with NCCL's
+// meaning: sum and max are "any", product and min "all"); complex by sum (and avg) of its
+// real and imaginary parts, as torch.distributed.all_reduce does.
+bool reducible(at::ScalarType t, ReduceOp op) {
+  if (gloo_dtype(t) || t == at::kBool) return true;
+  return at::isComplexType(t) && (op == ReduceOp::sum || op == ReduceOp::avg);
+}
+
+// The tensor Gloo gets for the 1-D contiguous `buffer` (a view, so results land in `buffer`):
+// Gloo's dtypes as they are; for a reduction bool as uint8 and complex as its real pairs; for
+// data movement (broadcast, all_gather) any other dtype as its bytes.
+at::Tensor wire(const at::Tensor& buffer, bool reduction) {
+  const auto t = buffer.scalar_type();
+  if (gloo_dtype(t)) return buffer;
+  if (reduction && at::isComplexType(t)) return at::view_as_real(buffer).view({-1});
+  return buffer.view(at::kByte);
+}
+
+// The c10d reduction for a buffer of dtype `t`.
+c10d::ReduceOp wire_op(ReduceOp op, at::ScalarType t) {
+  if (t == at::kBool && op == ReduceOp::sum) return to_c10d(ReduceOp::max);
+  if (t == at::kBool && op == ReduceOp::product) return to_c10d(ReduceOp::min);
+  return to_c10d(op);
+}
+
+// Memory extent [first, last] byte of a non-empty CPU tensor (non-negative strides).
+std::pair<std::uintptr_t, std::uintptr_t> extent(const at::Tensor& t) {
+  std::int64_t last = 0;
+  for (auto d : c10::irange(t.dim())) last += (t.size(d) - 1) * std::abs(t.stride(d));
+  const auto first = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  return {first, first + static_cast<std::uintptr_t>((last + 1) * t.element_size()) - 1};
+}
+
+// Why leaves that a collective writes cannot be written (empty when they can): a leaf with
+// elements that share memory (an expanded view), or two leaves that share memory (tied
+// weights: a per-leaf loop would reduce the shared memory twice, buckets would race).
+std::string write_conflict(const std::vector<tree::Path>& paths,
+                           const std::vector<at::Tensor>& leaves) {
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    if (leaves[i].numel() == 0) continue;
+    if (at::has_internal_overlap(leaves[i]) == at::MemOverlap::Yes)
+      return "path '" + paths[i].describe() +
+             "': elements of the leaf share memory (an expanded or stride-0 view); a collective "
+             "cannot write it";
+    order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return extent(leaves[a]).first < extent(leaves[b]).first;
+  });
+  // A sweep: each leaf against the one reaching furthest among those that start before it.
+  std::size_t reach = 0;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const std::size_t i = order[k];
+    if (k > 0 && extent(leaves[i]).first <= extent(leaves[reach]).second) {
+      const auto status = at::get_overlap_status(leaves[i], leaves[reach]);
+      if (status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial)
+        return "paths '" + paths[reach].describe() + "' and '" + paths[i].describe() +
+               "' share memory; a collective that writes both would write it twice (pass one)";
+    }
+    if (k == 0 || extent(leaves[i]).second > extent(leaves[reach]).second) reach = i;
+  }
+  return {};
+}
+
 }  // namespace
 
 // One tree collective requested on a group.
@@ -220,6 +314,10 @@ struct Request {
   std::vector<at::Tensor> buffers;
   std::int64_t buffers_hash = 0;
   bool use_buffers = false;
+  // Why this rank refused the request (its arguments failed a check; empty: not refused). A
+  // refused request still takes its place in the order, with `sig` holding the reason, so that
+  // the peers' matching request fails with it instead of pairing with this rank's next one.
+  std::string refused;
   std::promise<void> done;
   std::promise<TreeTensor> value;
   std::shared_future<void> done_future{done.get_future().share()};
@@ -246,6 +344,7 @@ enum Field {
   kHash,
   kSigLen,
   kBuffers,
+  kRefused,
   kRow
 };
 
@@ -363,7 +462,7 @@ class Group {
   // The same over r.buffers (a consolidated tree): one collective per buffer, no copies.
   void reduce_buffers(Request& r, std::uint64_t seq);
   // Starts r's all_reduce or broadcast of the 1-D tensor `buffer`, in place.
-  WorkPtr start(const Request& r, at::Tensor buffer);
+  WorkPtr start(const Request& r, const at::Tensor& buffer);
   // A bucket's flat buffer, reused from the last collective that had a bucket b of this dtype
   // and size (a fresh 25 MiB buffer costs its page faults on every call). Only the
   // communication thread uses buckets; a buffer is free again once its collective has been
@@ -397,6 +496,7 @@ class Group {
     row[kHash] = r->hash;
     row[kSigLen] = static_cast<std::int64_t>(r->sig.size());
     row[kBuffers] = r->buffers_hash;
+    row[kRefused] = r->refused.empty() ? 0 : 1;
     return row;
   }
 
@@ -420,6 +520,8 @@ class Group {
 };
 
 void Group::loop() {
+  // Collectives write leaves that may require grad, as torch.distributed does (outside autograd).
+  at::NoGradGuard no_grad;
   for (;;) {
     std::shared_ptr<Request> mine;
     {
@@ -517,9 +619,22 @@ void Group::round(const std::shared_ptr<Request>& mine) {
       throw CollectiveMismatch(
           where + "rank " + std::to_string(r) + " made no such request within " +
           std::to_string((opts_.timeout / 2).count()) + " ms (half the timeout)");
-  std::string mismatch;
   std::int64_t max_sig = 0;
   for (int r = 0; r < world_; ++r) max_sig = std::max(max_sig, rows[r][kSigLen]);
+  for (int r = 0; r < world_; ++r) {
+    if (!rows[r][kRefused]) continue;
+    // No data moves and the group stays usable: the refusing rank has thrown its
+    // invalid_argument already; the others learn why.
+    const auto reasons = gather_strings(cur->sig, max_sig);
+    auto e = cur->refused.empty()
+                 ? std::make_exception_ptr(CollectiveMismatch(
+                       where + "rank " + std::to_string(r) + " refused it: " + reasons[r]))
+                 : std::make_exception_ptr(std::invalid_argument(cur->refused));
+    cur->done.set_exception(e);
+    cur->value.set_exception(e);
+    return;
+  }
+  std::string mismatch;
   for (int r = 1; r < world_ && mismatch.empty(); ++r) {
     const auto &a = rows[0], &b = rows[r];
     auto describe = [&](const std::array<std::int64_t, kRow>& x) {
@@ -623,15 +738,16 @@ void Group::check_bucket(std::uint64_t seq, std::size_t b, const at::Tensor& buf
           std::to_string(rows[r][kNumel]) + " elements)");
 }
 
-WorkPtr Group::start(const Request& r, at::Tensor buffer) {
-  std::vector<at::Tensor> v{std::move(buffer)};
-  if (r.op == Op::broadcast) {
+WorkPtr Group::start(const Request& r, const at::Tensor& buffer) {
+  const bool reduction = r.op != Op::broadcast;
+  std::vector<at::Tensor> v{wire(buffer, reduction)};
+  if (!reduction) {
     c10d::BroadcastOptions o;
     o.rootRank = r.root;
     return pg_->broadcast(v, o);
   }
   c10d::AllreduceOptions o;
-  o.reduceOp = to_c10d(r.reduce);
+  o.reduceOp = wire_op(r.reduce, buffer.scalar_type());
   return pg_->allreduce(v, o);
 }
 
@@ -723,9 +839,9 @@ void Group::execute(Request& r, std::uint64_t seq) {
           pack(r.leaves, items, in);
         }
         if (opts_.debug) check_bucket(seq, b, in, r.paths[items[0].first].describe());
+        std::vector<at::Tensor> ins{wire(in, false)};
         outputs.emplace_back(1);
-        for (int k = 0; k < world_; ++k) outputs.back()[0].push_back(at::empty_like(in));
-        std::vector<at::Tensor> ins{in};
+        for (int k = 0; k < world_; ++k) outputs.back()[0].push_back(at::empty_like(ins[0]));
         works.push_back(pg_->allgather(outputs.back(), ins));
       }
       std::vector<at::Tensor> row(out.size());
@@ -733,7 +849,7 @@ void Group::execute(Request& r, std::uint64_t seq) {
         wait(works[b], "all_gather of bucket " + std::to_string(b));
         for (int k = 0; k < world_; ++k) {
           for (const auto& it : plan[b]) row[it.first] = out[it.first][k];
-          unpack(outputs[b][0][k], plan[b], row);
+          unpack(outputs[b][0][k].view(r.leaves[plan[b][0].first].scalar_type()), plan[b], row);
         }
       }
       r.value.set_value(TreeTensor(tree::unflatten(r.spec, std::move(out))));
@@ -770,6 +886,40 @@ void check_rank(int rank, int world) {
                                 " is outside [0, world size " + std::to_string(world) + ")");
 }
 
+// Why this rank cannot take part with these arguments (empty when it can): the checks the
+// header names, each message naming the leaf's path.
+std::string refusal(const Request& r, int world) {
+  const std::string op = detail::op_name(r.op);
+  if (r.op == Op::broadcast && (r.root < 0 || r.root >= world))
+    return "treetensor distributed: broadcast: root " + std::to_string(r.root) +
+           " is outside [0, world size " + std::to_string(world) + ")";
+  const bool reduction = r.op == Op::all_reduce || r.op == Op::reduce_scatter;
+  for (std::size_t i = 0; i < r.leaves.size(); ++i) {
+    const auto& x = r.leaves[i];
+    const std::string at = "treetensor distributed: " + op + " at path '" +
+                           r.paths[i].describe() + "': ";
+    if (!x.defined()) return at + "the leaf is an undefined tensor";
+    if (!x.device().is_cpu())
+      return at + "the leaf is on " + x.device().str() + "; the Gloo backend takes CPU tensors";
+    const auto t = x.scalar_type();
+    if (reduction && r.reduce == ReduceOp::avg && !at::isFloatingType(t) &&
+        !at::isComplexType(t))
+      return at + "ReduceOp::avg needs a floating dtype, the leaf is " + detail::dtype_text(t);
+    if (reduction && !detail::reducible(t, r.reduce))
+      return at + "Gloo cannot reduce " + detail::dtype_text(t) + " by " +
+             detail::reduce_name(r.reduce) +
+             " (it reduces float32, float64, float16, int8, uint8, int32, int64 and bool; "
+             "complex by sum and avg)";
+    if (r.op == Op::reduce_scatter && (x.dim() == 0 || x.size(0) % world != 0))
+      return at + "reduce_scatter splits dim 0 into " + std::to_string(world) +
+             " equal chunks; the leaf is " + detail::leaf_text(x);
+  }
+  if (r.op == Op::all_reduce || r.op == Op::broadcast)
+    if (auto why = detail::write_conflict(r.paths, r.leaves); !why.empty())
+      return "treetensor distributed: " + op + " at " + why;
+  return {};
+}
+
 std::shared_ptr<Request> make_request(const ProcessGroup& g, Op op, const TensorTree& t,
                                       ReduceOp reduce, int root) {
   auto r = std::make_shared<Request>();
@@ -780,24 +930,24 @@ std::shared_ptr<Request> make_request(const ProcessGroup& g, Op op, const Tensor
   r->spec = flat.spec;
   r->paths = flat.spec.paths();
   r->leaves = std::move(flat.leaves);
-  for (std::size_t i = 0; i < r->leaves.size(); ++i) {
-    const auto& x = r->leaves[i];
-    const std::string at = "treetensor distributed: " + std::string(detail::op_name(op)) +
-                           " at path '" + r->paths[i].describe() + "': ";
-    if (!x.defined()) throw std::invalid_argument(at + "the leaf is an undefined tensor");
-    if (!x.device().is_cpu())
-      throw std::invalid_argument(at + "the leaf is on " + x.device().str() +
-                                  "; the Gloo backend takes CPU tensors");
-    if (reduce == ReduceOp::avg && (op == Op::all_reduce || op == Op::reduce_scatter) &&
-        !at::isFloatingType(x.scalar_type()))
-      throw std::invalid_argument(at + "ReduceOp::avg needs a floating dtype, the leaf is " +
-                                  detail::dtype_text(x.scalar_type()));
-    if (op == Op::reduce_scatter && (x.dim() == 0 || x.size(0) % g.world_size() != 0))
-      throw std::invalid_argument(at + "reduce_scatter splits dim 0 into " +
-                                  std::to_string(g.world_size()) + " equal chunks; the leaf is " +
-                                  detail::leaf_text(x));
-    r->numel += x.numel();
+  r->refused = refusal(*r, g.world_size());
+  if (!r->refused.empty()) {
+    const std::string why = r->refused;
+    r->leaves.clear();
+    r->sig = why;
+    try {
+      g.impl().submit(std::move(r));
+    } catch (const std::exception&) {  // a broken group: the arguments are still the error
+    }
+    throw std::invalid_argument(why);
   }
+  // Pending asyncs work on the leaves finishes first, as before any tree call (DESIGN.md §10).
+  if (asyncs::tracking_active()) {
+    const bool writes = op == Op::all_reduce || op == Op::broadcast;
+    asyncs::await_operands(writes ? c10::ArrayRef<at::Tensor>() : r->leaves,
+                           writes ? r->leaves : c10::ArrayRef<at::Tensor>());
+  }
+  for (const auto& x : r->leaves) r->numel += x.numel();
   r->sig = detail::signature(r->paths, r->leaves);
   r->hash = detail::fnv1a(r->sig);
   if (const auto* c = consolidated_source(t); c && (op == Op::all_reduce || op == Op::broadcast)) {
@@ -923,13 +1073,11 @@ void all_reduce(const ProcessGroup& g, const TensorTree& t, ReduceOp op) {
 }
 
 asyncs::Future<void> broadcast_async(const ProcessGroup& g, const TensorTree& t, int root) {
-  check_rank(root, g.world_size());
   auto done = make_request(g, Op::broadcast, t, ReduceOp::sum, root)->done_future;
   return tracked(
       g, t, true, [done] { done.get(); }, "broadcast");
 }
 void broadcast(const ProcessGroup& g, const TensorTree& t, int root) {
-  check_rank(root, g.world_size());
   make_request(g, Op::broadcast, t, ReduceOp::sum, root)->done_future.get();
 }
 
@@ -959,37 +1107,75 @@ void barrier(const ProcessGroup& g) {
 }
 
 // send/recv: header [signature length, hash], the signature, the receiver's verdict
-// [0 = agree / its signature length], then (if agreed) one message per bucket.
+// [0 = agree / its signature length], then (if agreed) one message per bucket. A side that
+// refuses its arguments still answers in this exchange, with a negative length and the reason
+// in place of the signature, so that its peer fails with the reason instead of waiting.
+namespace {
+
+// Why this rank cannot send or receive `leaves` (empty when it can).
+std::string p2p_refusal(const char* op, const std::vector<tree::Path>& paths,
+                        const std::vector<at::Tensor>& leaves) {
+  for (std::size_t i = 0; i < leaves.size(); ++i)
+    if (!leaves[i].defined() || !leaves[i].device().is_cpu())
+      return std::string("treetensor distributed: ") + op + " at path '" + paths[i].describe() +
+             "': the leaf must be a defined CPU tensor";
+  if (std::string(op) == "recv")
+    if (auto why = detail::write_conflict(paths, leaves); !why.empty())
+      return "treetensor distributed: recv at " + why;
+  return {};
+}
+
+void check_peer(const ProcessGroup& g, int peer, const char* op) {
+  check_rank(peer, g.world_size());
+  if (peer == g.rank())
+    throw std::invalid_argument(std::string("treetensor distributed: ") + op + " with rank " +
+                                std::to_string(peer) + ", the calling rank itself");
+}
+
+at::Tensor text_bytes(const std::string& s) {
+  at::Tensor bytes =
+      at::zeros({static_cast<std::int64_t>(std::max<std::size_t>(s.size(), 1))}, at::kByte);
+  std::copy(s.begin(), s.end(), bytes.data_ptr<std::uint8_t>());
+  return bytes;
+}
+
+std::string recv_text(detail::Group& impl, std::int64_t len, int peer, int tag,
+                      const std::string& what) {
+  at::Tensor bytes = at::empty({std::max<std::int64_t>(len, 1)}, at::kByte);
+  impl.p2p_recv(bytes, peer, tag, what);
+  const auto* p = reinterpret_cast<const char*>(bytes.data_ptr<std::uint8_t>());
+  return std::string(p, strnlen(p, static_cast<std::size_t>(len)));
+}
+
+}  // namespace
+
 void send(const ProcessGroup& g, const TensorTree& t, int dst) {
-  check_rank(dst, g.world_size());
+  check_peer(g, dst, "send");
+  at::NoGradGuard no_grad;  // leaves may require grad, as with torch.distributed.send
   auto& impl = g.impl();
   auto flat = tree::flatten(t);
   const auto paths = flat.spec.paths();
-  for (std::size_t i = 0; i < flat.leaves.size(); ++i)
-    if (!flat.leaves[i].defined() || !flat.leaves[i].device().is_cpu())
-      throw std::invalid_argument("treetensor distributed: send at path '" + paths[i].describe() +
-                                  "': the leaf must be a defined CPU tensor");
-  const std::string sig = detail::signature(paths, flat.leaves);
+  const std::string refused = p2p_refusal("send", paths, flat.leaves);
+  const std::string sig = refused.empty() ? detail::signature(paths, flat.leaves) : refused;
+  const auto len = static_cast<std::int64_t>(sig.size());
   const int tag = impl.next_tag(true, dst);
   const std::string what = "send to rank " + std::to_string(dst);
-  at::Tensor header =
-      at::tensor({static_cast<std::int64_t>(sig.size()), detail::fnv1a(sig)}, at::kLong);
-  impl.p2p_send(header, dst, tag, what);
-  at::Tensor bytes =
-      at::empty({static_cast<std::int64_t>(std::max<std::size_t>(sig.size(), 1))}, at::kByte);
-  std::copy(sig.begin(), sig.end(), bytes.data_ptr<std::uint8_t>());
-  impl.p2p_send(bytes, dst, tag + 1, what);
+  impl.p2p_send(at::tensor({refused.empty() ? len : -len, detail::fnv1a(sig)}, at::kLong), dst,
+                tag, what);
+  impl.p2p_send(text_bytes(sig), dst, tag + 1, what);
+  if (!refused.empty()) throw std::invalid_argument(refused);
   at::Tensor verdict = at::empty({1}, at::kLong);
   impl.p2p_recv(verdict, dst, tag + 2, what);
-  if (const std::int64_t len = verdict.item<std::int64_t>(); len != 0) {
-    at::Tensor theirs = at::empty({len}, at::kByte);
-    impl.p2p_recv(theirs, dst, tag + 3, what);
-    const auto* p = reinterpret_cast<const char*>(theirs.data_ptr<std::uint8_t>());
-    const std::string other(p, strnlen(p, static_cast<std::size_t>(len)));
-    throw CollectiveMismatch("treetensor distributed: send from rank " + std::to_string(g.rank()) +
-                             " to rank " + std::to_string(dst) + ": " +
-                             detail::first_difference(g.rank(), sig, dst, other));
+  const std::string head = "treetensor distributed: send from rank " + std::to_string(g.rank()) +
+                           " to rank " + std::to_string(dst) + ": ";
+  if (const std::int64_t v = verdict.item<std::int64_t>(); v < 0) {
+    throw CollectiveMismatch(head + "the receiver refused it: " +
+                             recv_text(impl, -v, dst, tag + 3, what));
+  } else if (v > 0) {
+    const std::string other = recv_text(impl, v, dst, tag + 3, what);
+    throw CollectiveMismatch(head + detail::first_difference(g.rank(), sig, dst, other));
   }
+  if (asyncs::tracking_active()) asyncs::await_operands(flat.leaves, {});
   for (const auto& items : impl.buckets(flat.leaves)) {
     if (detail::is_one_leaf(flat.leaves, items)) {
       impl.p2p_send(flat.leaves[items[0].first].view({-1}), dst, tag + 3, what);
@@ -1003,39 +1189,35 @@ void send(const ProcessGroup& g, const TensorTree& t, int dst) {
 }
 
 void recv(const ProcessGroup& g, const TensorTree& t, int src) {
-  check_rank(src, g.world_size());
+  check_peer(g, src, "recv");
+  at::NoGradGuard no_grad;
   auto& impl = g.impl();
   auto flat = tree::flatten(t);
   const auto paths = flat.spec.paths();
-  for (std::size_t i = 0; i < flat.leaves.size(); ++i)
-    if (!flat.leaves[i].defined() || !flat.leaves[i].device().is_cpu())
-      throw std::invalid_argument("treetensor distributed: recv at path '" + paths[i].describe() +
-                                  "': the leaf must be a defined CPU tensor");
-  const std::string sig = detail::signature(paths, flat.leaves);
+  const std::string refused = p2p_refusal("recv", paths, flat.leaves);
+  const std::string sig = refused.empty() ? detail::signature(paths, flat.leaves) : refused;
   const int tag = impl.next_tag(false, src);
   const std::string what = "recv from rank " + std::to_string(src);
   at::Tensor header = at::empty({2}, at::kLong);
   impl.p2p_recv(header, src, tag, what);
   const std::int64_t len = header[0].item<std::int64_t>();
-  at::Tensor bytes = at::empty({std::max<std::int64_t>(len, 1)}, at::kByte);
-  impl.p2p_recv(bytes, src, tag + 1, what);
-  const std::string other(reinterpret_cast<const char*>(bytes.data_ptr<std::uint8_t>()),
-                          static_cast<std::size_t>(len));
-  const bool agree = other == sig;
-  impl.p2p_send(
-      at::tensor({agree ? std::int64_t{0}
-                        : static_cast<std::int64_t>(std::max<std::size_t>(sig.size(), 1))},
-                 at::kLong),
-      src, tag + 2, what);
-  if (!agree) {
-    at::Tensor mine =
-        at::zeros({static_cast<std::int64_t>(std::max<std::size_t>(sig.size(), 1))}, at::kByte);
-    std::copy(sig.begin(), sig.end(), mine.data_ptr<std::uint8_t>());
-    impl.p2p_send(mine, src, tag + 3, what);
-    throw CollectiveMismatch("treetensor distributed: send from rank " + std::to_string(src) +
-                             " to rank " + std::to_string(g.rank()) + ": " +
-                             detail::first_difference(src, other, g.rank(), sig));
+  const std::string other = recv_text(impl, std::abs(len), src, tag + 1, what);
+  const std::string head = "treetensor distributed: send from rank " + std::to_string(src) +
+                           " to rank " + std::to_string(g.rank()) + ": ";
+  if (len < 0) {  // the sender refused: it waits for no verdict
+    if (!refused.empty()) throw std::invalid_argument(refused);
+    throw CollectiveMismatch(head + "the sender refused it: " + other);
   }
+  const bool agree = refused.empty() && other == sig;
+  const auto mine = static_cast<std::int64_t>(std::max<std::size_t>(sig.size(), 1));
+  impl.p2p_send(at::tensor({agree ? 0 : refused.empty() ? mine : -mine}, at::kLong), src,
+                tag + 2, what);
+  if (!agree) {
+    impl.p2p_send(text_bytes(sig), src, tag + 3, what);
+    if (!refused.empty()) throw std::invalid_argument(refused);
+    throw CollectiveMismatch(head + detail::first_difference(src, other, g.rank(), sig));
+  }
+  if (asyncs::tracking_active()) asyncs::await_operands({}, flat.leaves);
   for (const auto& items : impl.buckets(flat.leaves)) {
     if (detail::is_one_leaf(flat.leaves, items)) {
       impl.p2p_recv(flat.leaves[items[0].first].view({-1}), src, tag + 3, what);

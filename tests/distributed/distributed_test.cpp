@@ -62,6 +62,13 @@ TEST(Distributed, EveryCollectiveInDebugMode) {  // per-bucket cross-rank checks
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
+// Refused arguments on one rank (both kinds of collective and send/recv), Gloo's missing
+// dtypes, leaves that need grad, share memory or have a pending asyncs writer.
+TEST(Distributed, RefusalsAndDtypes) {
+  const auto r = run("refusals", 2);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
 TEST(Distributed, EveryCollectiveWithFileStore) {
   const auto r = run("values", 2, file_store("values"));
   EXPECT_TRUE(r.ok()) << r.describe();

@@ -206,13 +206,12 @@ void scenario_values(const std::string& store) {
         {"z.q", "equal chunks"}, "reduce_scatter of an odd leaf");
   }
   {
-    // A leaf off the CPU (here the meta device; CUDA the same) is refused before anything moves:
-    // only Gloo is built. The group stays usable (the collectives after this block).
+    // A leaf off the CPU (here the meta device; CUDA the same) is refused on every rank before
+    // anything moves: only Gloo is built. The group stays usable (the collectives after this
+    // block). Refusals on one rank only: scenario_refusals.
     const TensorTree off{{"p", {{"w", at::empty({2}, at::device(at::kMeta))}}}};
     expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, off); }, {"p.w", "meta", "CPU"},
                                         "all_reduce of a meta leaf");
-    expect_throw<std::invalid_argument>([&] { dist::send(g, off, (r + 1) % w); }, {"p.w", "CPU"},
-                                        "send of a meta leaf");
   }
   {
     // Ring: every rank sends its tree to the next and receives the previous one's.
@@ -277,6 +276,168 @@ void scenario_values(const std::string& store) {
   }
   dist::barrier(g);
   check(g.sequence() > 0, "sequence counts collectives");
+}
+
+// Arguments one rank refuses, dtypes Gloo lacks, leaves that need grad, share memory or have
+// a pending asyncs writer (2 ranks).
+void scenario_refusals(const std::string& store) {
+  dist::Options o;
+  o.first_bucket_bytes = 64;
+  o.bucket_bytes = 256;
+  o.timeout = std::chrono::seconds(20);
+  auto g = make_group(store, o);
+  const int r = g.rank(), peer = 1 - r;
+  const double rr = r + 1;
+  auto bools = [](std::vector<int> v) { return at::tensor(v, at::kInt).to(at::kBool); };
+  auto tree = [&](double step) {
+    return TreeTensor(TensorTree{{"w", at::full({4}, 10 * rr + step, at::kDouble)},
+                                 {"b", at::full({2}, 10 * rr + step, at::kDouble)}});
+  };
+  {
+    // A check that fails on rank 1 only (an unused parameter's undefined grad) fails that
+    // request on both ranks, with the reason; the next steps pair up as they should (before,
+    // rank 0's step 0 was summed with rank 1's step 1, silently).
+    for (int step = 0; step < 3; ++step) {
+      TreeTensor t = tree(step);
+      if (r == 1 && step == 0) t["b"] = at::Tensor();
+      if (step == 0 && r == 1) {
+        expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, t); },
+                                            {"path 'b'", "undefined"}, "refusing rank");
+      } else if (step == 0) {
+        expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); },
+                                               {"rank 1 refused it", "path 'b'", "undefined"},
+                                               "the peer of a refusing rank");
+      } else {
+        dist::all_reduce(g, t);
+        expect_equal(t["w"].leaf(), at::full({4}, 30.0 + 2 * step, at::kDouble),
+                     "step " + std::to_string(step) + " after a refusal");
+      }
+    }
+    // A root outside the world on one rank only, the async form: the same.
+    TreeTensor t = tree(0);
+    if (r == 0)
+      expect_throw<std::invalid_argument>([&] { (void)dist::broadcast_async(g, t, 7); },
+                                          {"root 7"}, "broadcast root refused");
+    else
+      expect_throw<dist::CollectiveMismatch>([&] { dist::broadcast(g, t, 0); },
+                                             {"rank 0 refused it", "root 7"},
+                                             "broadcast peer of a refusing rank");
+  }
+  {
+    // send/recv: either side's refusal reaches the other instead of a wait for the timeout;
+    // then a good pair still matches.
+    const TreeTensor good = tree(0);
+    TreeTensor into = tree(0);
+    const TensorTree meta{{"b", at::empty({2}, at::device(at::kMeta).dtype(at::kDouble))},
+                          {"w", at::empty({4}, at::kDouble)}};
+    if (r == 0) {
+      expect_throw<std::invalid_argument>([&] { dist::send(g, meta, peer); }, {"path 'b'", "CPU"},
+                                          "send refused");
+      expect_throw<dist::CollectiveMismatch>([&] { dist::send(g, good, peer); },
+                                             {"receiver refused it", "'b'", "share memory"},
+                                             "send to a refusing receiver");
+      dist::send(g, good, peer);
+    } else {
+      expect_throw<dist::CollectiveMismatch>([&] { dist::recv(g, into, peer); },
+                                             {"sender refused it", "path 'b'"},
+                                             "recv from a refusing sender");
+      const at::Tensor x = at::zeros({4}, at::kDouble);
+      const TensorTree tied{{"b", x.narrow(0, 0, 2)}, {"w", x}};
+      expect_throw<std::invalid_argument>([&] { dist::recv(g, tied, peer); },
+                                          {"'b'", "'w'", "share memory"}, "recv refused");
+      dist::recv(g, into, peer);
+      expect_equal(into["w"].leaf(), at::full({4}, 10.0, at::kDouble), "recv after refusals");
+    }
+    expect_throw<std::invalid_argument>([&] { dist::send(g, good, r); }, {"itself"},
+                                        "send to the calling rank");
+  }
+  {
+    // Dtypes outside Gloo's: bool reduces as any/all (NCCL's meaning), complex by sum of its
+    // parts, and data movement takes every dtype as bytes; what cannot be reduced is refused
+    // on every rank and the group stays usable.
+    TreeTensor t = TensorTree{{"any", bools({r == 0, false, true})},
+                              {"z", at::full({3}, c10::complex<float>(rr, -rr))}};
+    dist::all_reduce(g, t);
+    expect_equal(t["any"].leaf(), bools({true, false, true}), "bool sum (any)");
+    expect_equal(t["z"].leaf(), at::full({3}, c10::complex<float>(3, -3)), "complex sum");
+    TreeTensor all = TensorTree{{"flag", bools({r == 1})}};
+    dist::all_reduce(g, all, dist::ReduceOp::product);
+    expect_equal(all["flag"].leaf(), bools({false}), "bool product (all)");
+    const TensorTree moved{{"bf", at::full({5}, rr / 4, at::kBFloat16)},
+                           {"h", at::full({2}, static_cast<std::int64_t>(r), at::kShort)},
+                           {"ok", bools({r == 1})}};
+    auto gathered = dist::all_gather(g, moved);
+    at::Tensor bf = at::empty({2, 5}, at::kBFloat16);
+    bf[0].fill_(0.25);
+    bf[1].fill_(0.5);
+    expect_equal(gathered["bf"].leaf(), bf, "all_gather bfloat16");
+    expect_equal(gathered["h"].leaf(), at::tensor({0, 1}, at::kShort).unsqueeze(1).expand({2, 2}),
+                 "all_gather int16");
+    expect_equal(gathered["ok"].leaf(), bools({false, true}).unsqueeze(1),
+                 "all_gather bool");
+    TreeTensor b = moved;
+    b = b.clone();
+    dist::broadcast(g, b, 1);
+    expect_equal(b["bf"].leaf(), at::full({5}, 0.5, at::kBFloat16), "broadcast bfloat16");
+    TreeTensor bad = TensorTree{{"x", {{"bf", at::ones({2}, at::kBFloat16)}}}};
+    expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, bad); },
+                                        {"path 'x.bf'", "bfloat16"}, "all_reduce of bfloat16");
+    TreeTensor zmax = TensorTree{{"z", at::ones({1}, at::kComplexFloat)}};
+    expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, zmax, dist::ReduceOp::max); },
+                                        {"path 'z'", "complex64", "max"}, "max of complex");
+  }
+  {
+    // Leaves that need grad are written outside autograd, as torch.distributed does.
+    TreeTensor p = TensorTree{{"w", at::full({2, 2}, rr, at::kFloat).requires_grad_()},
+                              {"b", at::full({100}, rr, at::kFloat).requires_grad_()}};
+    dist::all_reduce(g, p, dist::ReduceOp::avg);
+    expect_equal(p["w"].leaf().detach(), at::full({2, 2}, 1.5, at::kFloat), "avg of grad leaves");
+    expect_equal(p["b"].leaf().detach(), at::full({100}, 1.5, at::kFloat), "avg of a grad leaf");
+    dist::broadcast(g, p, 1);
+    auto gathered = dist::all_gather(g, p);
+    expect_equal(gathered["w"].leaf(), at::full({2, 2, 2}, 1.5, at::kFloat),
+                 "all_gather of grad leaves");
+  }
+  {
+    // Leaves that share memory cannot be written: refused on every rank, naming the paths.
+    const at::Tensor x = at::ones({100}, at::kFloat);
+    TreeTensor tied = TensorTree{{"a", x}, {"b", x}};
+    expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, tied); },
+                                        {"'a'", "'b'", "share memory"}, "tied leaves");
+    TreeTensor expanded = TensorTree{{"e", at::ones({1}).expand({4})}, {"f", at::ones({2})}};
+    expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, expanded); },
+                                        {"path 'e'", "expanded"}, "an expanded leaf");
+    auto gathered = dist::all_gather(g, expanded);  // read only: fine
+    expect_equal(gathered["e"].leaf(), at::ones({2, 4}), "all_gather of an expanded leaf");
+  }
+  {
+    // A blocking collective waits for a pending asyncs writer of its leaves (as a tree call
+    // does): the writer multiplies by r + 2 after 300 ms.
+    asyncs::Thread writer("writer");
+    TreeTensor t = TensorTree{{"x", at::ones({1000}, at::kFloat)}};
+    std::vector<at::Tensor> leaves{std::as_const(t)["x"].leaf()};
+    auto f = writer.submit(
+        [leaves, r] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          leaves[0].mul_(r + 2);
+        },
+        {}, leaves);
+    dist::all_reduce(g, t);
+    expect_equal(t["x"].leaf(), at::full({1000}, 5.0f), "all_reduce after a pending writer");
+    f.get();
+  }
+  {
+    // Keys holding the signature's separators cannot make two different trees read the same.
+    TreeTensor t = r == 0 ? TreeTensor(TensorTree{{"a\tfloat64 [2]\nb", at::zeros({2}, at::kDouble)},
+                                                  {"c", at::zeros({3}, at::kDouble)}})
+                          : TreeTensor(TensorTree{{"a", at::zeros({2}, at::kDouble)},
+                                                  {"b\tfloat64 [2]\nc", at::zeros({3}, at::kDouble)}});
+    expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); }, {"rank"},
+                                           "keys with tabs and newlines");
+  }
+  TreeTensor t = tree(9);
+  dist::all_reduce(g, t);  // the group is still usable after all of the above
+  expect_equal(t["b"].leaf(), at::full({2}, 48.0, at::kDouble), "after the refusals");
 }
 
 // OneFlow's shape: 7 asyncs threads per rank, each all-reducing trees whose sizes grow with the
@@ -444,7 +605,7 @@ void scenario_stall(const std::string& store) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr
-        << "usage: distributed_worker values|stress|stress-reverse|mismatch|missing|dead|stall "
+        << "usage: distributed_worker values|refusals|stress|stress-reverse|mismatch|missing|dead|stall "
            "[tcp|file:PATH]\n";
     return 2;
   }
@@ -458,6 +619,8 @@ int main(int argc, char** argv) {
       scenario_stress(store, false);
     else if (scenario == "stress-reverse")
       scenario_stress(store, true);
+    else if (scenario == "refusals")
+      scenario_refusals(store);
     else if (scenario == "mismatch")
       scenario_mismatch(store);
     else if (scenario == "dead")

@@ -32,6 +32,20 @@
 //    the group is broken.
 //    With Options::debug (or TREETENSOR_DIST_DEBUG=1) every bucket is also checked
 //    (sequence, bucket, dtype, element count) before it moves.
+//  - Refusals: arguments that fail a check on this rank (an undefined or non-CPU leaf, a dtype
+//    Gloo cannot reduce, a root outside the world, leaves that share memory in a collective
+//    that writes them) throw std::invalid_argument naming the path at the call; the request
+//    still takes its place in the order, so every peer's matching request fails with a
+//    CollectiveMismatch saying which rank refused and why (before this, a check failing on
+//    one rank only would pair the peers' request with that rank's next one). No data moves;
+//    the group stays usable.
+//  - Dtypes: Gloo's own (float32/64, float16, int8, uint8, int32, int64) everywhere; bool is
+//    reduced as uint8 with NCCL's meaning (sum and max: any; product and min: all), complex by
+//    sum and avg of its real and imaginary parts (torch.distributed's rule); broadcast,
+//    all_gather and send/recv move any dtype (as bytes). Other reductions are refused.
+//  - Leaves may require grad: collectives write them outside autograd, as torch.distributed
+//    does. Before a collective reads or writes its leaves, pending asyncs jobs that write them
+//    (or, for a written leaf, read them) finish, as before any tree call (DESIGN.md §10).
 //  - Time: every wait (a peer's request, a c10d collective) is bounded by Options::timeout.
 //    A peer that died or stalls gives a CollectiveError on the survivors within about that
 //    time, never a hang; the group is then broken and every later request throws.
@@ -124,9 +138,12 @@ class ProcessGroup {
 int local_rank();
 
 /// Sums (or reduces by `op`) every leaf across ranks, in place, as
-/// torch.distributed.all_reduce on each leaf. Leaves may be any dtype Gloo reduces and
-/// non-contiguous. @throws CollectiveMismatch, CollectiveError; std::invalid_argument naming
-/// the path of an undefined or non-CPU leaf, or of an integer leaf with ReduceOp::avg.
+/// torch.distributed.all_reduce on each leaf. Leaves may be any dtype reduced as the rules
+/// above say, and non-contiguous. @throws CollectiveMismatch, CollectiveError;
+/// std::invalid_argument naming the path of an undefined or non-CPU leaf, of an integer leaf
+/// with ReduceOp::avg, of a dtype that cannot be reduced by `op`, of a leaf whose elements
+/// share memory (an expanded view), or the two paths of leaves that share memory (tied
+/// weights: a per-leaf loop would reduce them twice).
 void all_reduce(const ProcessGroup& group, const TensorTree& tree, ReduceOp op = ReduceOp::sum);
 /// The same, queued: returns at once. The key is taken at the call, so program order on the
 /// calling thread is the order across ranks. The future is an asyncs job (on the group's
@@ -138,7 +155,8 @@ void all_reduce(const ProcessGroup& group, const TensorTree& tree, ReduceOp op =
 asyncs::Future<void> all_reduce_async(const ProcessGroup& group, const TensorTree& tree,
                                       ReduceOp op = ReduceOp::sum);
 
-/// Every rank's leaves become root's, in place (torch.distributed.broadcast).
+/// Every rank's leaves become root's, in place (torch.distributed.broadcast). @throws as
+/// all_reduce; std::invalid_argument for a root outside [0, world_size).
 void broadcast(const ProcessGroup& group, const TensorTree& tree, int root);
 /// Queued as all_reduce_async (the leaves are written operands).
 asyncs::Future<void> broadcast_async(const ProcessGroup& group, const TensorTree& tree, int root);
@@ -163,9 +181,13 @@ TreeTensor reduce_scatter(const ProcessGroup& group, const TensorTree& tree,
 /// structure first: a mismatch throws CollectiveMismatch on both, naming the first differing
 /// path, and no data moves. Point-to-point: not part of the group's collective order; messages
 /// between one pair of ranks match in call order (call send/recv to a peer from one thread).
-/// Blocks until the peer has received.
+/// Blocks until the peer has received. A side whose arguments fail a check (an undefined or
+/// non-CPU leaf; for recv, leaves that share memory) throws std::invalid_argument naming the
+/// path after telling its peer, which throws CollectiveMismatch with the reason instead of
+/// waiting for the timeout. @throws std::invalid_argument for `dst` outside the world or the
+/// calling rank itself; CollectiveMismatch; CollectiveError as above.
 void send(const ProcessGroup& group, const TensorTree& tree, int dst);
-/// Receives into `tree`'s leaves (in place) what rank `src` sent with send().
+/// Receives into `tree`'s leaves (in place) what rank `src` sent with send(). @throws as send.
 void recv(const ProcessGroup& group, const TensorTree& tree, int src);
 
 /// A baseline for measurement (treetensor-bench allreduce), not a tree collective: one plain
