@@ -358,6 +358,32 @@ TEST(FlatLayout, ReplacedLeafAndWritesThroughViews) {
   EXPECT_TRUE(std::as_const(back).at("a").leaf().is_same(std::as_const(touched).at("a").leaf()));
 }
 
+// consolidate() takes storage the leaves already lie in only when it held a consolidated
+// buffer, whose padding belongs to no other tensor (ReplacedLeafAndWritesThroughViews: taken).
+TEST(FlatLayout, TakesOnlyStorageNobodyElseSees) {
+  // Leaves sliced from a tensor at consolidate's offsets (16 floats = 64 bytes apart): the
+  // elements between them are the tensor's data, not padding: copied, and flat writes leave
+  // them alone.
+  const at::Tensor base = at::arange(19, at::kFloat);
+  const TensorTree sliced{{"a", base.narrow(0, 0, 3)}, {"b", base.narrow(0, 16, 3)}};
+  TreeTensor c = tt::consolidate(sliced);
+  EXPECT_FALSE(std::as_const(c).at("a").leaf().storage().is_alias_of(base.storage()));
+  c.mul_(2);
+  c.add_(1);
+  EXPECT_TRUE(at::equal(base, at::arange(19, at::kFloat)));
+  EXPECT_TRUE(at::equal(std::as_const(c).at("b").leaf(), at::arange(16, 19, at::kFloat) * 2 + 1));
+  // One storage seen as two dtypes is two groups over one storage: copied into two buffers.
+  const at::Tensor x = at::zeros({16}, at::kFloat);
+  const TreeTensor two = tt::consolidate(TensorTree{{"f", x}, {"i", x.view(at::kInt)}});
+  const auto groups = tt::consolidated_groups(two);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_FALSE(groups[0].buffer.storage().is_alias_of(groups[1].buffer.storage()));
+  TreeTensor f = two;
+  f.add_(1);
+  EXPECT_TRUE(at::equal(std::as_const(f).at("i").leaf(), at::ones({16}, at::kInt)));
+  EXPECT_TRUE(at::equal(x, at::zeros({16}, at::kFloat)));
+}
+
 TEST(FlatLayout, ConsolidatedConstruction) {
   const tt::ShapeTree shapes = {{"a", {2, 3}}, {"b", {{"x", {7}}, {"y", tt::Shape{}}}}};
   const TreeTensor z = tt::zeros(shapes, at::kDouble, tt::consolidated);

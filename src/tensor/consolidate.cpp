@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -55,6 +56,35 @@ LayoutRegistry& registry() {
   return *r;
 }
 
+// The storages that hold (or held) a consolidated tree's buffer. Their padding belongs to no
+// tensor outside consolidated trees, so consolidate() may take them back without a copy. The
+// weak references keep a dead StorageImpl's address from being reused while it is listed.
+class BufferRegistry {
+ public:
+  void add(const at::Tensor& buffer) {
+    if (!buffer.has_storage()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (++adds_ % 256 == 0) std::erase_if(known_, [](const auto& e) { return e.second.expired(); });
+    known_.insert_or_assign(buffer.storage().unsafeGetStorageImpl(),
+                            buffer.storage().getWeakStorageImpl());
+  }
+  bool contains(const c10::Storage& s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = known_.find(s.unsafeGetStorageImpl());
+    return it != known_.end() && !it->second.expired();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> known_;
+  std::size_t adds_ = 0;
+};
+
+BufferRegistry& buffer_registry() {
+  static auto* r = new BufferRegistry();  // leaked, as the layouts
+  return *r;
+}
+
 std::shared_ptr<const ConsolidatedLayout> layout_of(const tree::TreeSpec& spec,
                                                     const std::vector<const at::Tensor*>& leaves,
                                                     std::vector<Group>& groups) {
@@ -87,6 +117,9 @@ std::vector<int64_t> row_major_strides(at::IntArrayRef sizes) {
 }
 
 // The buffers the leaves already lie in as `layout` places them, or empty (O(leaves)).
+// Flat calls write a buffer's padding, which in someone else's storage (a tensor the leaves
+// were sliced from, a leaf of another group viewing it as another dtype) would be that
+// tensor's data: only storage that held a consolidated tree's buffer is taken, one per group.
 std::vector<at::Tensor> buffers_in_place(const ConsolidatedLayout& layout,
                                          const std::vector<const at::Tensor*>& leaves) {
   std::vector<at::Tensor> buffers(layout.groups());
@@ -96,7 +129,11 @@ std::vector<at::Tensor> buffers_in_place(const ConsolidatedLayout& layout,
     at::Tensor& b = buffers[layout.group(i)];
     if (!b.defined()) {
       const int64_t numel = layout.group_numel(layout.group(i));
-      if (int64_t(x.storage().nbytes()) != numel * int64_t(x.element_size())) return {};
+      if (int64_t(x.storage().nbytes()) != numel * int64_t(x.element_size()) ||
+          !buffer_registry().contains(x.storage()))
+        return {};
+      for (const at::Tensor& other : buffers)
+        if (other.defined() && other.storage().is_alias_of(x.storage())) return {};
       b = at::empty({0}, x.options().requires_grad(false));
       b.set_(x.storage(), 0, {numel}, {1});
     }
@@ -106,6 +143,14 @@ std::vector<at::Tensor> buffers_in_place(const ConsolidatedLayout& layout,
 }
 
 }  // namespace
+
+// ---- ConsolidatedTree ----------------------------------------------------------------------
+
+ConsolidatedTree::ConsolidatedTree(std::shared_ptr<const ConsolidatedLayout> layout,
+                                   std::vector<at::Tensor> buffers)
+    : layout_(std::move(layout)), buffers_(std::move(buffers)) {
+  for (const at::Tensor& b : buffers_) buffer_registry().add(b);
+}
 
 // ---- ConsolidatedLayout --------------------------------------------------------------------
 

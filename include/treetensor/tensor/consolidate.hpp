@@ -77,9 +77,9 @@ class ConsolidatedLayout {
 /// builds the leaves as views of the buffers (what a deferred result shows on first access).
 class ConsolidatedTree final : public TensorTree::Source {
  public:
+  /// Records the buffers' storage as consolidated buffers (see consolidate()).
   ConsolidatedTree(std::shared_ptr<const ConsolidatedLayout> layout,
-                   std::vector<at::Tensor> buffers)
-      : layout_(std::move(layout)), buffers_(std::move(buffers)) {}
+                   std::vector<at::Tensor> buffers);
   const ConsolidatedLayout& layout() const noexcept { return *layout_; }
   const std::shared_ptr<const ConsolidatedLayout>& layout_ptr() const noexcept { return layout_; }
   const std::vector<at::Tensor>& buffers() const noexcept { return buffers_; }
@@ -106,7 +106,11 @@ TreeTensor consolidated_tree(std::shared_ptr<const ConsolidatedLayout> layout,
 /// layout object (compared by pointer in flat calls).
 /// A consolidated tree is returned as is (O(1)); a tree whose leaves already lie in buffers as
 /// consolidate() lays them out (e.g. one that lost the property to a mutation) gets the
-/// property back without a copy (O(leaves)); otherwise every leaf is copied once.
+/// property back without a copy (O(leaves)), provided each group's storage is one that held a
+/// consolidated tree's buffer (flat calls write the padding between leaves, which must not be
+/// another tensor's data) and no two groups share storage; otherwise every leaf is copied once.
+/// Not detected: a leaf's storage swapped in place (at::Tensor::set_ through a const
+/// reference) after consolidation; flat calls then still use the buffer.
 /// @throws std::invalid_argument naming the path of an undefined leaf.
 TreeTensor consolidate(const TensorTree& t);
 
