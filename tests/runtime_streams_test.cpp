@@ -183,6 +183,13 @@ Outcome run_protocol(std::size_t lanes, rt::testing::ProtocolWaits waits) {
       const bool on_lane = SimBackend::current_id() != 0;
       on_lanes += on_lane;
       std::this_thread::sleep_for(200us);  // host-side work, so workers take part
+      // On a loaded machine (TSan, tests in parallel) the workers may wake only after the
+      // caller has run every leaf itself: the caller holds back (up to 2 s) until a worker has
+      // taken a leaf, so that the protocol is exercised however slow the machine is.
+      const auto until = std::chrono::steady_clock::now() + 2s;
+      while (lanes > 1 && !on_lane && on_lanes.load() == 0 &&
+             std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(100us);
       sim->enqueue_current([&, i, on_lane] {
         const int xi = x[i].load();
         // Lane kernels are slow (read early, write late); the caller's own share is quick so
