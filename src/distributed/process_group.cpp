@@ -268,29 +268,32 @@ std::pair<std::uintptr_t, std::uintptr_t> extent(const at::Tensor& t) {
 // weights: a per-leaf loop would reduce the shared memory twice, buckets would race).
 std::string write_conflict(const std::vector<tree::Path>& paths,
                            const std::vector<at::Tensor>& leaves) {
-  std::vector<std::size_t> order;
+  struct Span {
+    std::uintptr_t first, last;
+    std::size_t leaf;
+  };
+  std::vector<Span> spans;
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     if (leaves[i].numel() == 0) continue;
     if (at::has_internal_overlap(leaves[i]) == at::MemOverlap::Yes)
       return "path '" + paths[i].describe() +
              "': elements of the leaf share memory (an expanded or stride-0 view); a collective "
              "cannot write it";
-    order.push_back(i);
+    const auto [first, last] = extent(leaves[i]);
+    spans.push_back({first, last, i});
   }
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return extent(leaves[a]).first < extent(leaves[b]).first;
-  });
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.first < b.first; });
   // A sweep: each leaf against the one reaching furthest among those that start before it.
-  std::size_t reach = 0;
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    const std::size_t i = order[k];
-    if (k > 0 && extent(leaves[i]).first <= extent(leaves[reach]).second) {
-      const auto status = at::get_overlap_status(leaves[i], leaves[reach]);
+  for (std::size_t k = 1, reach = 0; k < spans.size(); ++k) {
+    const Span &s = spans[k], &r = spans[reach];
+    if (s.first <= r.last) {
+      const auto status = at::get_overlap_status(leaves[s.leaf], leaves[r.leaf]);
       if (status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial)
-        return "paths '" + paths[reach].describe() + "' and '" + paths[i].describe() +
+        return "paths '" + paths[r.leaf].describe() + "' and '" + paths[s.leaf].describe() +
                "' share memory; a collective that writes both would write it twice (pass one)";
     }
-    if (k == 0 || extent(leaves[i]).second > extent(leaves[reach]).second) reach = i;
+    if (s.last > r.last) reach = k;
   }
   return {};
 }
@@ -446,8 +449,7 @@ class Group {
     wait(pg_->recv(v, peer, tag), what);
   }
 
-  std::vector<Bucket> buckets(
-      const std::vector<at::Tensor>& leaves) const;
+  std::vector<Bucket> buckets(const std::vector<at::Tensor>& leaves) const;
 
  private:
   void loop();
@@ -627,8 +629,8 @@ void Group::round(const std::shared_ptr<Request>& mine) {
     // invalid_argument already; the others learn why.
     const auto reasons = gather_strings(cur->sig, max_sig);
     auto e = cur->refused.empty()
-                 ? std::make_exception_ptr(CollectiveMismatch(
-                       where + "rank " + std::to_string(r) + " refused it: " + reasons[r]))
+                 ? std::make_exception_ptr(CollectiveMismatch(where + "rank " + std::to_string(r) +
+                                                              " refused it: " + reasons[r]))
                  : std::make_exception_ptr(std::invalid_argument(cur->refused));
     cur->done.set_exception(e);
     cur->value.set_exception(e);
@@ -683,8 +685,7 @@ void Group::round(const std::shared_ptr<Request>& mine) {
   }
 }
 
-std::vector<Bucket> Group::buckets(
-    const std::vector<at::Tensor>& leaves) const {
+std::vector<Bucket> Group::buckets(const std::vector<at::Tensor>& leaves) const {
   // Per (dtype, device) group in flatten order: DDP's limits, the first bucket of each group
   // small so that its communication could start early.
   struct Open {
@@ -896,22 +897,23 @@ std::string refusal(const Request& r, int world) {
   const bool reduction = r.op == Op::all_reduce || r.op == Op::reduce_scatter;
   for (std::size_t i = 0; i < r.leaves.size(); ++i) {
     const auto& x = r.leaves[i];
-    const std::string at = "treetensor distributed: " + op + " at path '" +
-                           r.paths[i].describe() + "': ";
-    if (!x.defined()) return at + "the leaf is an undefined tensor";
+    // Made only for a message: this loop runs on every collective, over every leaf.
+    const auto at = [&] {
+      return "treetensor distributed: " + op + " at path '" + r.paths[i].describe() + "': ";
+    };
+    if (!x.defined()) return at() + "the leaf is an undefined tensor";
     if (!x.device().is_cpu())
-      return at + "the leaf is on " + x.device().str() + "; the Gloo backend takes CPU tensors";
+      return at() + "the leaf is on " + x.device().str() + "; the Gloo backend takes CPU tensors";
     const auto t = x.scalar_type();
-    if (reduction && r.reduce == ReduceOp::avg && !at::isFloatingType(t) &&
-        !at::isComplexType(t))
-      return at + "ReduceOp::avg needs a floating dtype, the leaf is " + detail::dtype_text(t);
+    if (reduction && r.reduce == ReduceOp::avg && !at::isFloatingType(t) && !at::isComplexType(t))
+      return at() + "ReduceOp::avg needs a floating dtype, the leaf is " + detail::dtype_text(t);
     if (reduction && !detail::reducible(t, r.reduce))
-      return at + "Gloo cannot reduce " + detail::dtype_text(t) + " by " +
+      return at() + "Gloo cannot reduce " + detail::dtype_text(t) + " by " +
              detail::reduce_name(r.reduce) +
              " (it reduces float32, float64, float16, int8, uint8, int32, int64 and bool; "
              "complex by sum and avg)";
     if (r.op == Op::reduce_scatter && (x.dim() == 0 || x.size(0) % world != 0))
-      return at + "reduce_scatter splits dim 0 into " + std::to_string(world) +
+      return at() + "reduce_scatter splits dim 0 into " + std::to_string(world) +
              " equal chunks; the leaf is " + detail::leaf_text(x);
   }
   if (r.op == Op::all_reduce || r.op == Op::broadcast)
@@ -1160,8 +1162,8 @@ void send(const ProcessGroup& g, const TensorTree& t, int dst) {
   const auto len = static_cast<std::int64_t>(sig.size());
   const int tag = impl.next_tag(true, dst);
   const std::string what = "send to rank " + std::to_string(dst);
-  impl.p2p_send(at::tensor({refused.empty() ? len : -len, detail::fnv1a(sig)}, at::kLong), dst,
-                tag, what);
+  impl.p2p_send(at::tensor({refused.empty() ? len : -len, detail::fnv1a(sig)}, at::kLong), dst, tag,
+                what);
   impl.p2p_send(text_bytes(sig), dst, tag + 1, what);
   if (!refused.empty()) throw std::invalid_argument(refused);
   at::Tensor verdict = at::empty({1}, at::kLong);
@@ -1169,8 +1171,8 @@ void send(const ProcessGroup& g, const TensorTree& t, int dst) {
   const std::string head = "treetensor distributed: send from rank " + std::to_string(g.rank()) +
                            " to rank " + std::to_string(dst) + ": ";
   if (const std::int64_t v = verdict.item<std::int64_t>(); v < 0) {
-    throw CollectiveMismatch(head + "the receiver refused it: " +
-                             recv_text(impl, -v, dst, tag + 3, what));
+    throw CollectiveMismatch(head +
+                             "the receiver refused it: " + recv_text(impl, -v, dst, tag + 3, what));
   } else if (v > 0) {
     const std::string other = recv_text(impl, v, dst, tag + 3, what);
     throw CollectiveMismatch(head + detail::first_difference(g.rank(), sig, dst, other));
@@ -1210,8 +1212,11 @@ void recv(const ProcessGroup& g, const TensorTree& t, int src) {
   }
   const bool agree = refused.empty() && other == sig;
   const auto mine = static_cast<std::int64_t>(std::max<std::size_t>(sig.size(), 1));
-  impl.p2p_send(at::tensor({agree ? 0 : refused.empty() ? mine : -mine}, at::kLong), src,
-                tag + 2, what);
+  impl.p2p_send(at::tensor({agree             ? 0
+                            : refused.empty() ? mine
+                                              : -mine},
+                           at::kLong),
+                src, tag + 2, what);
   if (!agree) {
     impl.p2p_send(text_bytes(sig), src, tag + 3, what);
     if (!refused.empty()) throw std::invalid_argument(refused);

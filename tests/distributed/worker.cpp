@@ -79,14 +79,19 @@ dist::ProcessGroup make_group(const std::string& store, dist::Options o = {}) {
   return dist::ProcessGroup::from_env(o);
 }
 
-// Every collective against values computed by hand, with small buckets so that trees span
-// several buckets and dtypes.
-void scenario_values(const std::string& store) {
+// Buckets of a few leaves each, so that trees span several buckets and dtypes.
+dist::Options small_buckets(std::chrono::milliseconds timeout) {
   dist::Options o;
   o.first_bucket_bytes = 64;
   o.bucket_bytes = 256;
-  o.timeout = std::chrono::seconds(60);
-  auto g = make_group(store, o);
+  o.timeout = timeout;
+  return o;
+}
+
+// Every collective against values computed by hand, with small buckets so that trees span
+// several buckets and dtypes.
+void scenario_values(const std::string& store) {
+  auto g = make_group(store, small_buckets(std::chrono::seconds(60)));
   const int r = g.rank(), w = g.world_size();
   const double rr = r + 1;  // rank r contributes multiples of r + 1
   auto ar = [](std::int64_t n, at::ScalarType t) { return at::arange(n, at::TensorOptions(t)); };
@@ -281,11 +286,7 @@ void scenario_values(const std::string& store) {
 // Arguments one rank refuses, dtypes Gloo lacks, leaves that need grad, share memory or have
 // a pending asyncs writer (2 ranks).
 void scenario_refusals(const std::string& store) {
-  dist::Options o;
-  o.first_bucket_bytes = 64;
-  o.bucket_bytes = 256;
-  o.timeout = std::chrono::seconds(20);
-  auto g = make_group(store, o);
+  auto g = make_group(store, small_buckets(std::chrono::seconds(20)));
   const int r = g.rank(), peer = 1 - r;
   const double rr = r + 1;
   auto bools = [](std::vector<int> v) { return at::tensor(v, at::kInt).to(at::kBool); };
@@ -316,8 +317,8 @@ void scenario_refusals(const std::string& store) {
     // A root outside the world on one rank only, the async form: the same.
     TreeTensor t = tree(0);
     if (r == 0)
-      expect_throw<std::invalid_argument>([&] { (void)dist::broadcast_async(g, t, 7); },
-                                          {"root 7"}, "broadcast root refused");
+      expect_throw<std::invalid_argument>([&] { (void)dist::broadcast_async(g, t, 7); }, {"root 7"},
+                                          "broadcast root refused");
     else
       expect_throw<dist::CollectiveMismatch>([&] { dist::broadcast(g, t, 0); },
                                              {"rank 0 refused it", "root 7"},
@@ -373,8 +374,7 @@ void scenario_refusals(const std::string& store) {
     expect_equal(gathered["bf"].leaf(), bf, "all_gather bfloat16");
     expect_equal(gathered["h"].leaf(), at::tensor({0, 1}, at::kShort).unsqueeze(1).expand({2, 2}),
                  "all_gather int16");
-    expect_equal(gathered["ok"].leaf(), bools({false, true}).unsqueeze(1),
-                 "all_gather bool");
+    expect_equal(gathered["ok"].leaf(), bools({false, true}).unsqueeze(1), "all_gather bool");
     TreeTensor b = moved;
     b = b.clone();
     dist::broadcast(g, b, 1);
@@ -428,10 +428,11 @@ void scenario_refusals(const std::string& store) {
   }
   {
     // Keys holding the signature's separators cannot make two different trees read the same.
-    TreeTensor t = r == 0 ? TreeTensor(TensorTree{{"a\tfloat64 [2]\nb", at::zeros({2}, at::kDouble)},
-                                                  {"c", at::zeros({3}, at::kDouble)}})
-                          : TreeTensor(TensorTree{{"a", at::zeros({2}, at::kDouble)},
-                                                  {"b\tfloat64 [2]\nc", at::zeros({3}, at::kDouble)}});
+    TreeTensor t = r == 0
+                       ? TreeTensor(TensorTree{{"a\tfloat64 [2]\nb", at::zeros({2}, at::kDouble)},
+                                               {"c", at::zeros({3}, at::kDouble)}})
+                       : TreeTensor(TensorTree{{"a", at::zeros({2}, at::kDouble)},
+                                               {"b\tfloat64 [2]\nc", at::zeros({3}, at::kDouble)}});
     expect_throw<dist::CollectiveMismatch>([&] { dist::all_reduce(g, t); }, {"rank"},
                                            "keys with tabs and newlines");
   }
@@ -604,9 +605,9 @@ void scenario_stall(const std::string& store) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr
-        << "usage: distributed_worker values|refusals|stress|stress-reverse|mismatch|missing|dead|stall "
-           "[tcp|file:PATH]\n";
+    std::cerr << "usage: distributed_worker "
+                 "values|refusals|stress|stress-reverse|mismatch|missing|dead|stall "
+                 "[tcp|file:PATH]\n";
     return 2;
   }
   const std::string scenario = argv[1];
