@@ -1,38 +1,64 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian 12 machine lacks to build, test and benchmark treetensor.
-# Idempotent: packages already present are skipped. apt-get only. python3-torch (Debian's PyTorch
-# 1.13, run as /usr/bin/python3) writes the io tests' fixture files and checks what C++ wrote;
-# with pybind11-dev, python3-dev and python3-pytest it builds and tests the Python module.
+# Installs what a fresh Debian 12 machine lacks to build, test and benchmark treetensor, and
+# prints the venv's path on stdout (scripts/env.sh reads it). Idempotent: what is present is
+# skipped, so a second run takes about a second.
+#
+# 1. Debian's packages (apt-get): the compiler, CMake, ninja, ccache, GoogleTest, Google
+#    Benchmark, CLI11, nlohmann-json, fmt, gnuplot, Gloo's headers (c10d's ProcessGroupGloo.hpp
+#    includes them; libtorch_cpu carries Gloo itself), python3-dev.
+# 2. The venv (TREETENSOR_VENV, default ~/.cache/treetensor/venv: one per machine, shared by
+#    every clone, so a second clone pays nothing): PyTorch from PyPI as the LibTorch
+#    (torch==$TREETENSOR_TORCH, default 2.11.0, a CUDA 13.0 build that also runs without a GPU:
+#    about 4 GB, 1 minute on a fresh machine here), numpy, pytest, pybind11, scikit-build-core.
+#    The io tests' fixtures are written by this torch; the Python module is built against it.
 set -euo pipefail
+
+torch_version="${TREETENSOR_TORCH:-2.11.0}"
+venv="${TREETENSOR_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/treetensor/venv}"
 
 packages=(
   g++ cmake ninja-build ccache pkg-config
-  libtorch-dev libopenblas0-pthread libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   gnuplot-nox
-  python3-torch
-  pybind11-dev python3-dev python3-pytest
-  libsleef-dev
   libgloo-dev
+  python3-dev python3-venv
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! $sudo apt-get update -q >/dev/null; then
+    echo "setup: 'apt-get update' failed; check the network or the apt sources" >&2; exit 1
+  fi
+  if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
+    echo "setup: could not install: ${missing[*]} (see apt-get's messages above)" >&2; exit 1
+  fi
+fi
 
-echo "setup: installing ${missing[*]}" >&2
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-  sudo=sudo
+# The venv's Python: python3 on PATH (3.9+; Debian's /usr/bin/python3 works as well).
+stamp="$venv/.treetensor-torch-$torch_version"
+if [ ! -f "$stamp" ]; then
+  python=$(command -v python3)
+  echo "setup: making the venv $venv (torch==$torch_version from PyPI, about 4 GB)" >&2
+  start=$(date +%s)
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" >&2
+  "$venv/bin/python" -m pip install -q --upgrade pip >&2
+  if ! "$venv/bin/python" -m pip install -q "torch==$torch_version" numpy pytest \
+         "pybind11>=2.12" "scikit-build-core>=0.10" >&2; then
+    echo "setup: pip could not install torch==$torch_version into $venv (see pip's messages above)" >&2
+    exit 1
+  fi
+  touch "$stamp"
+  echo "setup: venv ready in $(( $(date +%s) - start )) s" >&2
 fi
-export DEBIAN_FRONTEND=noninteractive
-if ! $sudo apt-get update -q >/dev/null; then
-  echo "setup: 'apt-get update' failed; check the network or the apt sources" >&2; exit 1
-fi
-if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
-  echo "setup: could not install: ${missing[*]} (see apt-get's messages above)" >&2; exit 1
-fi
+echo "$venv"

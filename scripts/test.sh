@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bash scripts/setup.sh
+source scripts/env.sh
 
 jobs=$(nproc)
 build=build
@@ -30,7 +30,9 @@ else
          -DTREETENSOR_TEST_TIMEOUT=900)
 fi
 
-cmake -S . -B "$build" -G Ninja "${args[@]}" >/dev/null
+configured=$(cmake -S . -B "$build" -G Ninja "${cmake_torch[@]}" "${args[@]}" 2>&1) || {
+  echo "$configured" >&2; echo "test.sh: cmake could not configure $build" >&2; exit 1; }
+grep "treetensor:" <<<"$configured"  # PyTorch's version, CUDA and NCCL compiled or not
 case "$sanitize" in
   thread)
     # The concurrency tests: the runtime (lanes, dispatch), the asyncs threads, deferred trees

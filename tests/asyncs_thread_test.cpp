@@ -5,6 +5,7 @@
 #include "treetensor/runtime/stream.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>

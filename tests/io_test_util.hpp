@@ -32,7 +32,7 @@ inline json expectation(const std::string& name) {
 
 /// Runs tests/io/fixtures.py with `args`; returns its exit status and output.
 inline tt_test::CommandResult python(const std::string& args) {
-  return tt_test::run_command("/usr/bin/python3 " + std::string(TREETENSOR_SOURCE_DIR) +
+  return tt_test::run_command(std::string(TREETENSOR_PYTHON) + " " + TREETENSOR_SOURCE_DIR +
                               "/tests/io/fixtures.py " + args + " 2>&1");
 }
 

@@ -2,6 +2,7 @@
 // strategy, bitwise equal to the hand-written per-leaf loop; results are consolidated and
 // deferred (no leaf tensor made until first access); autograd and 0-d cases fall back.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 // Adam over trees: the tree-op form and the foreach form equal a hand-written LibTorch loop
 // bitwise on the CPU, under every execution strategy, over several steps.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

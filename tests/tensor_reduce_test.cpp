@@ -1,6 +1,7 @@
 // Reductions (DESIGN.md §4) and autograd through tree ops, with issue 3's values, under every
 // execution strategy; non-contiguous leaves; empty trees.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -26,7 +26,7 @@ class CachingCpuAllocator final : public c10::Allocator {
  public:
   explicit CachingCpuAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
 
-  c10::DataPtr allocate(std::size_t n) const override {
+  c10::DataPtr allocate(std::size_t n) override {
     if (n < kMinCached) return fallback_->allocate(n);
     const std::size_t size = (n + kPage - 1) / kPage * kPage;
     void* user = take(size);
@@ -39,8 +39,7 @@ class CachingCpuAllocator final : public c10::Allocator {
     return {user, user, &release, c10::Device(c10::kCPU)};
   }
 
-  // PyTorch 2.3+ declares Allocator::copy_data pure virtual; 1.13 has no such member.
-  void copy_data(void* dest, const void* src, std::size_t count) const {
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);
   }
 

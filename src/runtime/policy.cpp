@@ -14,6 +14,7 @@
 #include "runtime/lanes.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <array>

@@ -3,6 +3,7 @@
 #include "treetensor/tensor/consolidate.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cstring>

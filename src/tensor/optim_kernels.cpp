@@ -22,7 +22,8 @@ TREETENSOR_DECLARE_KERNELS(isa_avx2)
 namespace {
 bool has_avx2() {
 #if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
   return yes;
 #else
   return false;

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes the io tests' fixture files with PyTorch (what Python users hand treetensor) and
 checks files that treetensor wrote (what Python users get back).
 
@@ -9,8 +9,8 @@ checks files that treetensor wrote (what Python users get back).
 
 The expect form lists every leaf with its key path (a list of keys; list items by index),
 Python type and value (tensors: dtype, shape, flat values, requires_grad, Parameter), every
-container's type, and which dict keys are ints. Run with /usr/bin/python3 (Debian's
-python3-torch)."""
+container's type, and which dict keys are ints. Run with the venv's Python (scripts/setup.sh:
+PyTorch 2.x from PyPI)."""
 import collections
 import copy
 import json
