@@ -17,14 +17,17 @@ struct Symbols {
   GetFn omp_get = nullptr;
   SetFn blas_set = nullptr;
   GetFn blas_get = nullptr;
-  SetFn mkl_set_local = nullptr;  // int mkl_set_num_threads_local(int); result unused
+  // int MKL_Set_Num_Threads_Local(int), result unused: the C interface (mkl_service.h maps
+  // mkl_set_num_threads_local to it). The lower-case symbol is the Fortran one, taking int*;
+  // PyTorch's wheel links MKL into libtorch_cpu, and calling that one with 1 crashed.
+  SetFn mkl_set_local = nullptr;
 
   Symbols() {
     omp_set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
     omp_get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
     blas_set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
     blas_get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-    mkl_set_local = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "mkl_set_num_threads_local"));
+    mkl_set_local = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
   }
 };
 
