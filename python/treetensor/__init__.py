@@ -12,12 +12,12 @@ trees with it (``treetensor/python.hpp``)::
 """
 import os as _os
 
-import torch  # noqa: F401  (LibTorch's Python state before the module loads)
+# LibTorch's Python state before the module loads. Bound privately: a package attribute named
+# `torch` would make `from . import torch` below return it instead of importing treetensor.torch.
+import torch as _torch  # noqa: F401
 
 from . import _C  # noqa: E402
-
-from . import torch as torch  # noqa: E402,F811
-from . import asyncs  # noqa: E402,F401
+from . import asyncs, torch  # noqa: E402
 
 #: The CMake prefix of the installed C++ package (lib/cmake/treetensor), like
 #: ``torch.utils.cmake_prefix_path``; its config finds the torch installed beside it.
