@@ -1,7 +1,8 @@
 # ctest driver: installs this build into a fresh prefix, then configures, builds and runs
 # examples/consumer against it with find_package(treetensor CONFIG REQUIRED).
-# Usage: cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -P ConsumerTest.cmake
-foreach(var BUILD_DIR SOURCE_DIR WORK_DIR)
+# Usage: cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DTORCH_DIR=... -P ConsumerTest.cmake
+# (TORCH_DIR: the TorchConfig.cmake folder the build used, as a consumer would pass it.)
+foreach(var BUILD_DIR SOURCE_DIR WORK_DIR TORCH_DIR)
   if(NOT ${var})
     message(FATAL_ERROR "ConsumerTest.cmake needs -D${var}=...")
   endif()
@@ -17,6 +18,6 @@ endfunction()
 file(REMOVE_RECURSE ${WORK_DIR})
 step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK_DIR}/build -G Ninja
-     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
+     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DTorch_DIR=${TORCH_DIR} -DCMAKE_BUILD_TYPE=Release)
 step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 step(${WORK_DIR}/build/consumer)

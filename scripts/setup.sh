@@ -4,7 +4,7 @@
 # skipped, so a second run takes about a second.
 #
 # 1. Debian's packages (apt-get): the compiler, CMake, ninja, ccache, GoogleTest, Google
-#    Benchmark, CLI11, nlohmann-json, fmt, gnuplot, Gloo's headers (c10d's ProcessGroupGloo.hpp
+#    Benchmark, CLI11, nlohmann-json, gnuplot, Gloo's headers (c10d's ProcessGroupGloo.hpp
 #    includes them; libtorch_cpu carries Gloo itself), python3-dev.
 # 2. The venv (TREETENSOR_VENV, default ~/.cache/treetensor/venv: one per machine, shared by
 #    every clone, so a second clone pays nothing): PyTorch from PyPI as the LibTorch
@@ -19,7 +19,7 @@ venv="${TREETENSOR_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/treetensor/venv}"
 packages=(
   g++ cmake ninja-build ccache pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev
   gnuplot-nox
   libgloo-dev
   python3-dev python3-venv

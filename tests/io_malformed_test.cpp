@@ -249,10 +249,21 @@ TEST_F(Malformed, Safetensors) {
       safetensors_error(file("tail.safetensors",
                              R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", f32x2)),
       "the tensors use 4 bytes of data, the file holds 8");
-  EXPECT_HAS(safetensors_error(file("f8.safetensors",
-                                    R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})",
-                                    f32x2)),
-             "dtype F8_E4M3 has no LibTorch 1.13 type");
+  // The float8 and unsigned dtypes PyTorch 2.x has load as those dtypes.
+  EXPECT_EQ(io::load_safetensors(file("f8.safetensors",
+                                      R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})",
+                                      f32x2))
+                .tensors.at("a")
+                .leaf()
+                .scalar_type(),
+            at::kFloat8_e4m3fn);
+  EXPECT_EQ(io::load_safetensors(file("u32.safetensors",
+                                      R"({"a":{"dtype":"U32","shape":[2],"data_offsets":[0,8]}})",
+                                      f32x2))
+                .tensors.at("a")
+                .leaf()
+                .scalar_type(),
+            at::kUInt32);
   EXPECT_HAS(
       safetensors_error(file("q7.safetensors",
                              R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", f32x2)),

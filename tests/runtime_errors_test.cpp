@@ -39,13 +39,15 @@ void expect_std_type_kept() {
 
 template <class E>
 void expect_c10_type_kept() {
-  auto out = rethrown(std::make_exception_ptr(E("bad shape", "the-backtrace", &typeid(E))));
+  const c10::Backtrace backtrace =
+      std::make_shared<c10::PrecomputedLazyValue<std::string>>("the-backtrace");
+  auto out = rethrown(std::make_exception_ptr(E("bad shape", backtrace, &typeid(E))));
   try {
     std::rethrow_exception(out);
   } catch (const c10::Error& err) {
     EXPECT_EQ(typeid(err), typeid(E));
     EXPECT_EQ(err.msg(), "matmul at leaf 'a.b': bad shape");
-    EXPECT_EQ(err.backtrace(), "the-backtrace");
+    EXPECT_EQ(err.backtrace()->get(), "the-backtrace");
     EXPECT_EQ(err.caller(), &typeid(E));
   }
 }

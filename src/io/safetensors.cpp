@@ -28,8 +28,9 @@ struct DtypeName {
 constexpr DtypeName kDtypes[] = {
     {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf},  {"BF16", c10::kBFloat16},
     {"I64", c10::kLong},   {"I32", c10::kInt},   {"I16", c10::kShort}, {"I8", c10::kChar},
-    {"U8", c10::kByte},    {"BOOL", c10::kBool}};
-constexpr const char* kUnsupported[] = {"F8_E4M3", "F8_E5M2", "U16", "U32", "U64"};
+    {"U8", c10::kByte},    {"BOOL", c10::kBool},  {"F8_E4M3", c10::kFloat8_e4m3fn},
+    {"F8_E5M2", c10::kFloat8_e5m2}, {"U16", c10::kUInt16}, {"U32", c10::kUInt32},
+    {"U64", c10::kUInt64}};
 
 struct Entry {
   std::string name;
@@ -89,9 +90,6 @@ c10::ScalarType dtype_of(const Input& file, const std::string& name, const json&
   const auto text = d.get<std::string>();
   for (const auto& [n, t] : kDtypes)
     if (text == n) return t;
-  for (const char* n : kUnsupported)
-    if (text == n)
-      file.fail(8, "tensor '" + name + "': dtype " + text + " has no LibTorch 1.13 type");
   file.fail(8, "tensor '" + name + "': unknown dtype '" + text + "'");
 }
 

@@ -17,14 +17,17 @@ struct Symbols {
   GetFn omp_get = nullptr;
   SetFn blas_set = nullptr;
   GetFn blas_get = nullptr;
-  SetFn mkl_set_local = nullptr;  // int mkl_set_num_threads_local(int); result unused
+  // int MKL_Set_Num_Threads_Local(int), MKL's C interface (PyTorch's wheels link MKL into
+  // libtorch_cpu); result unused. Its lowercase mkl_set_num_threads_local is the Fortran
+  // interface and takes an int*.
+  SetFn mkl_set_local = nullptr;
 
   Symbols() {
     omp_set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
     omp_get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
     blas_set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
     blas_get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-    mkl_set_local = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "mkl_set_num_threads_local"));
+    mkl_set_local = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
   }
 };
 
@@ -46,14 +49,25 @@ int blas_threads() {
   return symbols().blas_get ? symbols().blas_get() : 0;
 }
 
-void pin_intra_op_to_one_thread() {
+namespace {
+// ATen sets a thread's OpenMP count to the process-wide one on the thread's first parallel
+// call (lazy_init_num_threads). That function is inline with a thread_local flag, so each
+// library has its own flag: ours, and LibTorch's behind at::get_num_threads(). Both run here,
+// before the count is changed, or a later first call would undo the change.
+void init_kernel_threads_here() {
   at::internal::lazy_init_num_threads();
+  (void)at::get_num_threads();
+}
+}  // namespace
+
+void pin_intra_op_to_one_thread() {
+  init_kernel_threads_here();
   if (symbols().omp_set) symbols().omp_set(1);
   if (symbols().mkl_set_local) symbols().mkl_set_local(1);
 }
 
 OneIntraOpThread::OneIntraOpThread() : previous_(0) {
-  at::internal::lazy_init_num_threads();
+  init_kernel_threads_here();
   previous_ = omp_threads();
   if (previous_ > 1) symbols().omp_set(1);
 }

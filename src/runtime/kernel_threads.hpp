@@ -1,14 +1,15 @@
 #pragma once
 // One intra-op thread and one BLAS thread for leaf kernels inside lanes (DESIGN.md §6).
 //
-// Found by reading LibTorch 1.13 (ATen/ParallelOpenMP.cpp) and OpenBLAS 0.3.21:
+// Found by reading ATen/ParallelOpenMP.cpp (LibTorch 1.13 and 2.x) and OpenBLAS 0.3.21:
 //  - at::set_num_threads(n) is process-wide: it stores a global atomic that every thread's lazy
 //    init copies, resizes the global pthreadpool and (with MKL) MKL's global count. Calling it
 //    from a lane would change every other thread's kernels. But at::parallel_for with the
 //    OpenMP backend opens `#pragma omp parallel` with the calling thread's own nthreads-var ICV,
 //    so omp_set_num_threads(1) on a lane thread limits exactly that thread. The ICV must be set
 //    after ATen's per-thread lazy init, which otherwise overwrites it on the thread's first
-//    parallel_for — hence at::internal::lazy_init_num_threads() first.
+//    parallel_for — hence the lazy init first (in 2.x once per library: the inline function's
+//    thread_local flag is not shared between our code and LibTorch's).
 //  - OpenBLAS built with pthreads (Debian's 0.3.21, NO_AFFINITY) keeps one global thread count
 //    (blas_cpu_number) that gemm reads per call; openblas_set_num_threads only stores it. What
 //    serialises concurrent BLAS calls is the threaded path: gemm asks for m·n·k / 2^18 threads
@@ -24,8 +25,9 @@
 //    call they busy-wait (sched_yield) for OpenBLAS's thread timeout before sleeping, while
 //    OPENBLAS_NUM_THREADS=1 at start-up never creates them — the start-up/run-time difference
 //    the seed experiment measured. So here the count is set to 1 while any parallel tree call is in
-//    flight (reference-counted across threads) and restored when the last one ends; MKL's
-//    per-thread mkl_set_num_threads_local is used when present.
+//    flight (reference-counted across threads) and restored when the last one ends.
+//  - MKL (PyTorch's x86 wheels link it into libtorch_cpu, over GNU OpenMP): its per-thread
+//    MKL_Set_Num_Threads_Local(1) is called on lane threads beside the OpenMP count.
 // All symbols are looked up with dlsym, so nothing is hard-linked and a missing library is a
 // no-op.
 

@@ -2,6 +2,8 @@
 // worker.cpp) with the built-in launcher and a deadline, so a hang fails instead of eating CI.
 #include <gtest/gtest.h>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -36,6 +38,23 @@ dist::LaunchResult run(const std::string& scenario, int nprocs, const std::strin
     o.env["TSAN_OPTIONS"] = std::string(t ? t : "") + " ignore_noninstrumented_modules=1";
   }
   return dist::launch(TREETENSOR_DIST_WORKER, {scenario, store}, o);
+}
+
+// CUDA devices here, through c10's device-generic API: no CUDA headers, so this builds with
+// any LibTorch (a CPU-only one registers no CUDA implementation).
+int cuda_devices() {
+  if (!c10::impl::hasDeviceGuardImpl(c10::kCUDA)) return 0;
+  return c10::impl::getDeviceGuardImpl(c10::kCUDA)->deviceCount();
+}
+
+// Why a CUDA case cannot run here (empty when it can): fewer than `gpus` GPUs (NCCL puts one
+// rank on each), or this build has no NCCL.
+std::string cuda_missing(int gpus) {
+  if (const int n = cuda_devices(); n < gpus)
+    return "needs " + std::to_string(gpus) + " CUDA device(s), this machine has " +
+           std::to_string(n);
+  if (!TREETENSOR_WITH_NCCL) return "this build has no NCCL (TREETENSOR_WITH_NCCL is off)";
+  return {};
 }
 
 std::string file_store(const std::string& name) {
@@ -103,6 +122,35 @@ TEST(Distributed, DeadRankIsAnErrorOnTheSurvivorWithinTheTimeout) {
 
 TEST(Distributed, StalledRankIsAnErrorWithinTheTimeout) {
   const auto r = run("stall", 2, "tcp", {}, 60);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+// CUDA leaves over NCCL: values of every collective, trees mixing CPU and CUDA leaves,
+// consolidated CUDA trees, a caller on a non-default stream, the _async forms through asyncs.
+TEST(DistributedCuda, EveryCollectiveOneRank) {
+  if (const auto why = cuda_missing(1); !why.empty()) GTEST_SKIP() << why;
+  const auto r = run("cuda", 1);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+TEST(DistributedCuda, EveryCollectiveTwoRanks) {
+  if (const auto why = cuda_missing(2); !why.empty()) GTEST_SKIP() << why;
+  const auto r = run("cuda", 2);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+// Only rank 0 uses the GPU: a cuda-vs-cpu leaf is a mismatch naming the path on both ranks,
+// and send of a CUDA leaf is refused with the receiver told why.
+TEST(DistributedCuda, DeviceTypeMismatchAndCudaSendTwoRanksOneGpu) {
+  if (const auto why = cuda_missing(1); !why.empty()) GTEST_SKIP() << why;
+  const auto r = run("cuda-mismatch", 2);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+TEST(DistributedCuda, WithoutNcclACudaLeafIsRefused) {
+  if (cuda_devices() < 1) GTEST_SKIP() << "needs a CUDA device, this machine has none";
+  if (TREETENSOR_WITH_NCCL) GTEST_SKIP() << "this build has NCCL: the cases above cover CUDA";
+  const auto r = run("cuda-without-nccl", 1);
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 

@@ -8,7 +8,9 @@
 // max over ranks are exact in every dtype and results are compared exactly.
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -24,6 +26,7 @@
 #include "treetensor/distributed/process_group.hpp"
 #include "treetensor/runtime/dispatch.hpp"
 #include "treetensor/tensor/consolidate.hpp"
+#include "treetensor/tree/flatten.hpp"
 
 namespace dist = treetensor::distributed;
 namespace asyncs = treetensor::asyncs;
@@ -211,11 +214,12 @@ void scenario_values(const std::string& store) {
         {"z.q", "equal chunks"}, "reduce_scatter of an odd leaf");
   }
   {
-    // A leaf off the CPU (here the meta device; CUDA the same) is refused on every rank before
-    // anything moves: only Gloo is built. The group stays usable (the collectives after this
-    // block). Refusals on one rank only: scenario_refusals.
+    // A leaf on neither the CPU nor CUDA (here the meta device) is refused on every rank before
+    // anything moves. The group stays usable (the collectives after this block). Refusals on
+    // one rank only: scenario_refusals; CUDA leaves: scenario_cuda.
     const TensorTree off{{"p", {{"w", at::empty({2}, at::device(at::kMeta))}}}};
-    expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, off); }, {"p.w", "meta", "CPU"},
+    expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, off); },
+                                        {"p.w", "meta", "CPU", "CUDA"},
                                         "all_reduce of a meta leaf");
   }
   {
@@ -601,12 +605,320 @@ void scenario_stall(const std::string& store) {
   std::_Exit(failures ? 1 : 0);
 }
 
+// ---- CUDA leaves over NCCL: distributed_test runs these only where CUDA devices exist, and
+// they use c10's device-generic API only, so this file builds with any LibTorch. --------------
+
+const c10::impl::DeviceGuardImplInterface& cuda() {
+  return *c10::impl::getDeviceGuardImpl(c10::kCUDA);
+}
+
+// This rank's GPU, LOCAL_RANK's as torchrun programs choose it (NCCL needs one GPU per rank).
+c10::Device rank_gpu() {
+  const c10::Device d(c10::kCUDA,
+                      static_cast<c10::DeviceIndex>(dist::local_rank() % cuda().deviceCount()));
+  cuda().setDevice(d);
+  return d;
+}
+
+// A stream of c10's pool current on this thread for a scope: not the default stream, so the
+// checks see whether collectives order themselves against the caller's own stream.
+class SideStream {
+ public:
+  explicit SideStream(c10::Device d)
+      : previous_(cuda().exchangeStream(cuda().getStreamFromGlobalPool(d))) {}
+  ~SideStream() { cuda().exchangeStream(previous_); }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+ private:
+  c10::Stream previous_;
+};
+
+// Tens of milliseconds of matmuls on the current stream of a's device: what is enqueued after
+// them is still pending when the host moves on.
+void keep_stream_busy(const at::Tensor& a) {
+  for (int i = 0; i < 8; ++i) (void)at::mm(a, a);
+}
+
+// Every dtype NCCL takes, an empty and a non-contiguous leaf, each arange(n) * f, on `d`.
+TensorTree cuda_tree(std::int64_t f, c10::Device d) {
+  auto ar = [&](std::int64_t n, at::ScalarType t) {
+    return (at::arange(n, at::kLong) * f).to(t).to(d);
+  };
+  return TensorTree{{"f", ar(40, at::kFloat)},
+                    {"d", ar(100, at::kDouble)},
+                    {"h", ar(8, at::kHalf)},
+                    {"bf", ar(8, at::kBFloat16)},
+                    {"i", {{"l", ar(6, at::kLong).reshape({2, 3})}, {"b", ar(5, at::kChar)}}},
+                    {"n", ar(12, at::kFloat).reshape({3, 4}).t()},
+                    {"e", at::empty({0}, at::device(d))}};
+}
+
+// `got` holds `want`'s values (CPU) on the devices of `like`'s leaves, path by path.
+void expect_tree(const TensorTree& got, const TensorTree& want, const TensorTree& like,
+                 const std::string& what) {
+  const auto g = treetensor::tree::flatten(got), e = treetensor::tree::flatten(want),
+             l = treetensor::tree::flatten(like);
+  check(g.leaves.size() == e.leaves.size(), what + ": leaf count");
+  const auto paths = e.spec.paths();
+  for (std::size_t i = 0; i < std::min(g.leaves.size(), e.leaves.size()); ++i) {
+    const std::string at_path = what + " at '" + paths[i].describe() + "'";
+    check(g.leaves[i].device() == l.leaves[i].device(), at_path + ": on the wrong device");
+    expect_equal(g.leaves[i].to(at::kCPU), e.leaves[i], at_path);
+  }
+}
+
+std::int64_t triangle(int w) {  // the sum over ranks of r + 1
+  return std::int64_t{w} * (w + 1) / 2;
+}
+
+// all_reduce by every op of CUDA leaves of every dtype NCCL takes.
+void cuda_reductions(const dist::ProcessGroup& g, c10::Device gpu) {
+  const int r = g.rank(), w = g.world_size();
+  const std::int64_t S = triangle(w);
+  const c10::Device cpu(at::kCPU);
+  TreeTensor t = cuda_tree(r + 1, gpu);
+  dist::all_reduce(g, t);
+  expect_tree(t, cuda_tree(S, cpu), cuda_tree(1, gpu), "cuda all_reduce sum");
+  auto floats = [](TreeTensor x) {  // avg needs floating leaves
+    x.erase("i");
+    return x;
+  };
+  t = floats(cuda_tree(r + 1, gpu));
+  dist::all_reduce(g, t, dist::ReduceOp::avg);
+  TreeTensor avg = floats(cuda_tree(S, cpu));
+  avg /= w;
+  expect_tree(t, avg, floats(cuda_tree(1, gpu)), "cuda all_reduce avg");
+  std::int64_t P = 1;
+  for (int k = 1; k <= w; ++k) P *= k;
+  for (auto [op, want, name] : {std::tuple{dist::ReduceOp::min, std::int64_t{1}, "min"},
+                                std::tuple{dist::ReduceOp::max, std::int64_t{w}, "max"},
+                                std::tuple{dist::ReduceOp::product, P, "product"}}) {
+    auto full = [&](std::int64_t v, c10::Device d) {
+      return TensorTree{{"x", at::full({5}, v, at::device(d).dtype(at::kHalf))},
+                        {"y", at::full({3}, v, at::device(d).dtype(at::kLong))}};
+    };
+    const TensorTree mine = full(r + 1, gpu);
+    dist::all_reduce(g, mine, op);
+    expect_tree(mine, full(want, cpu), full(1, gpu), std::string("cuda all_reduce ") + name);
+  }
+}
+
+// bool reduces as any (sum) and all (product), complex by the sum of its parts, on NCCL too.
+void cuda_any_all_complex(const dist::ProcessGroup& g, c10::Device gpu) {
+  const int r = g.rank(), w = g.world_size();
+  const auto S = static_cast<float>(triangle(w));
+  auto bools = [](std::vector<int> v) { return at::tensor(v, at::kInt).to(at::kBool); };
+  const TensorTree any{{"any", bools({r == 0, 0, 1}).to(gpu)},
+                       {"z", at::full({3}, c10::complex<float>(r + 1, -(r + 1))).to(gpu)}};
+  const TensorTree all{{"all", bools({r == 0, 1}).to(gpu)}};
+  dist::all_reduce(g, any);
+  dist::all_reduce(g, all, dist::ReduceOp::product);
+  expect_tree(
+      any, TensorTree{{"any", bools({1, 0, 1})}, {"z", at::full({3}, c10::complex<float>(S, -S))}},
+      any, "cuda bool sum (any), complex sum");
+  expect_tree(all, TensorTree{{"all", bools({w == 1, 1})}}, all, "cuda bool product (all)");
+}
+
+// broadcast, all_gather (leaves stacked in rank order) and reduce_scatter of CUDA leaves.
+void cuda_movement(const dist::ProcessGroup& g, c10::Device gpu) {
+  const int r = g.rank(), w = g.world_size();
+  const std::int64_t S = triangle(w);
+  const c10::Device cpu(at::kCPU);
+  const TensorTree like = cuda_tree(1, gpu);
+  for (int root = 0; root < w; ++root) {
+    TreeTensor t = cuda_tree(r + 1, gpu);
+    dist::broadcast(g, t, root);
+    expect_tree(t, cuda_tree(root + 1, cpu), like, "cuda broadcast from " + std::to_string(root));
+  }
+  std::vector<std::vector<at::Tensor>> ranks;
+  for (int k = 0; k < w; ++k)
+    ranks.push_back(treetensor::tree::flatten(cuda_tree(k + 1, cpu)).leaves);
+  std::vector<at::Tensor> stacked;
+  for (std::size_t i = 0; i < ranks[0].size(); ++i) {
+    std::vector<at::Tensor> column;
+    for (const auto& leaves : ranks) column.push_back(leaves[i]);
+    stacked.push_back(at::stack(column));
+  }
+  expect_tree(dist::all_gather(g, cuda_tree(r + 1, gpu)),
+              treetensor::tree::unflatten(treetensor::tree::flatten(like).spec, stacked), like,
+              "cuda all_gather");
+  auto scattered = [&](std::int64_t f, c10::Device d) {
+    return TensorTree{{"a", (at::arange(6 * w, at::kFloat).reshape({2 * w, 3}) * f).to(d)},
+                      {"b", (at::arange(w, at::kLong) * f).to(d)}};
+  };
+  const TensorTree sum = scattered(S, cpu);
+  expect_tree(dist::reduce_scatter(g, scattered(r + 1, gpu)),
+              TensorTree{{"a", sum["a"].leaf().narrow(0, 2 * r, 2)},
+                         {"b", sum["b"].leaf().narrow(0, r, 1)}},
+              scattered(1, gpu), "cuda reduce_scatter");
+}
+
+// Trees mixing CPU and CUDA leaves (Gloo and NCCL in one request), and consolidated trees
+// whose buffers are on CUDA (or on both): their buffers are the buckets.
+void cuda_mixed_and_consolidated(const dist::ProcessGroup& g, c10::Device gpu) {
+  const int r = g.rank(), w = g.world_size();
+  const std::int64_t S = triangle(w);
+  const c10::Device cpu(at::kCPU);
+  auto mixed = [&](std::int64_t f, c10::Device d) {
+    return TensorTree{{"cpu", cuda_tree(f, cpu)}, {"gpu", cuda_tree(f, d)}};
+  };
+  const TensorTree like = mixed(1, gpu);
+  TreeTensor t = mixed(r + 1, gpu);
+  dist::all_reduce(g, t);
+  expect_tree(t, mixed(S, cpu), like, "mixed all_reduce");
+  t = mixed(r + 1, gpu);
+  dist::broadcast(g, t, w - 1);
+  expect_tree(t, mixed(w, cpu), like, "mixed broadcast");
+  const auto gathered = dist::all_gather(g, mixed(r + 1, gpu));
+  for (int k = 0; k < w; ++k) {
+    expect_equal(gathered["gpu"]["d"].leaf()[k].to(at::kCPU),
+                 at::arange(100, at::kDouble) * (k + 1), "mixed all_gather, gpu part");
+    expect_equal(gathered["cpu"]["d"].leaf()[k], at::arange(100, at::kDouble) * (k + 1),
+                 "mixed all_gather, cpu part");
+  }
+  auto ct = treetensor::consolidate(TreeTensor(cuda_tree(r + 1, gpu)));
+  const at::Tensor buffer = treetensor::consolidated_groups(ct)[0].buffer;
+  check(buffer.is_cuda(), "a consolidated CUDA tree has CUDA buffers");
+  dist::all_reduce(g, ct);
+  check(treetensor::is_consolidated(ct), "a reduced consolidated CUDA tree stays consolidated");
+  check(treetensor::consolidated_groups(ct)[0].buffer.data_ptr() == buffer.data_ptr(),
+        "reduced in its own CUDA buffer");
+  expect_tree(ct, cuda_tree(S, cpu), cuda_tree(1, gpu), "consolidated CUDA all_reduce");
+  auto cm = treetensor::consolidate(TreeTensor(mixed(r + 1, gpu)));
+  dist::broadcast(g, cm, 0);
+  expect_tree(cm, mixed(1, cpu), like, "consolidated mixed broadcast");
+  dist::all_reduce(g, cm);
+  expect_tree(cm, mixed(w, cpu), like, "consolidated mixed all_reduce");
+}
+
+// A caller on a non-default stream whose leaves get their values behind pending work, reading
+// the results on that stream with no synchronize: wrong values if the collective did not wait
+// for the caller's stream, or the caller's stream for the collective.
+void cuda_streams(const dist::ProcessGroup& g, c10::Device gpu) {
+  const int r = g.rank(), w = g.world_size();
+  const std::int64_t S = triangle(w);
+  SideStream side(gpu);
+  const at::Tensor a = at::randn({4096, 4096}, at::device(gpu));
+  for (std::int64_t k = 1; k <= 4; ++k) {
+    at::Tensor x = at::zeros({1 << 20}, at::device(gpu));
+    at::Tensor y = at::zeros({1000}, at::device(gpu).dtype(at::kDouble));
+    keep_stream_busy(a);
+    x.fill_(k * (r + 1));
+    y.fill_(k * (r + 1));
+    TreeTensor t = TensorTree{{"x", x}, {"y", y}};
+    const auto gathered = dist::all_gather(g, t);
+    dist::all_reduce(g, t);
+    const std::string step = " (step " + std::to_string(k) + ")";
+    expect_equal(x.to(at::kCPU), at::full({1 << 20}, k * S, at::kFloat),
+                 "side stream all_reduce" + step);
+    expect_equal(y.to(at::kCPU), at::full({1000}, k * S, at::kDouble),
+                 "side stream all_reduce y" + step);
+    for (int q = 0; q < w; ++q)
+      expect_equal(gathered["x"].leaf()[q].to(at::kCPU),
+                   at::full({1 << 20}, k * (q + 1), at::kFloat), "side stream all_gather" + step);
+  }
+}
+
+// The _async forms read through asyncs: a job taking the leaves as operands, a job calling
+// get(), and a tree call on the leaves, each after the collective with no synchronize.
+void cuda_async(const dist::ProcessGroup& g, c10::Device gpu) {
+  const int r = g.rank(), w = g.world_size();
+  const std::int64_t S = triangle(w);
+  SideStream side(gpu);
+  asyncs::Thread reader("reader");
+  const at::Tensor a = at::randn({4096, 4096}, at::device(gpu));
+  for (std::int64_t k = 1; k <= 3; ++k) {
+    at::Tensor x = at::zeros({1 << 20}, at::device(gpu));
+    keep_stream_busy(a);
+    x.fill_(k * (r + 1));
+    TreeTensor t = TensorTree{{"x", x}};
+    const auto gathered = dist::all_gather_async(g, t);
+    (void)dist::all_reduce_async(g, t);
+    auto read = reader.submit([x] { return x.to(at::kCPU); }, {x}, {}, "read x");
+    auto rows = reader.submit([gathered] { return gathered.get()["x"].leaf().to(at::kCPU); }, {},
+                              {}, "read gathered");
+    const std::string step = " (step " + std::to_string(k) + ")";
+    expect_equal(read.get(), at::full({1 << 20}, k * S, at::kFloat),
+                 "job reading all_reduce_async" + step);
+    for (int q = 0; q < w; ++q)
+      expect_equal(rows.get()[q], at::full({1 << 20}, k * (q + 1), at::kFloat),
+                   "job reading all_gather_async" + step);
+    (void)dist::all_reduce_async(g, t);
+    t.add_(1);  // waits for the reduction (operand tracking), then runs on this stream
+    expect_equal(x.to(at::kCPU), at::full({1 << 20}, k * S * w + 1, at::kFloat),
+                 "tree call after all_reduce_async" + step);
+  }
+  treetensor::runtime::synchronize();
+}
+
+// What NCCL cannot reduce is refused on every rank, naming the path; data movement takes it.
+void cuda_refusals(const dist::ProcessGroup& g, c10::Device gpu) {
+  const TensorTree shorts{{"q", {{"s", at::ones({4}, at::device(gpu).dtype(at::kShort))}}}};
+  expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, shorts); },
+                                      {"path 'q.s'", "NCCL cannot reduce int16"},
+                                      "all_reduce of an int16 CUDA leaf");
+  const auto moved = dist::all_gather(g, shorts);
+  expect_equal(moved["q"]["s"].leaf().to(at::kCPU), at::ones({g.world_size(), 4}, at::kShort),
+               "all_gather of int16 CUDA leaves");
+}
+
+// Every collective on CUDA leaves, one GPU per rank.
+void scenario_cuda(const std::string& store) {
+  auto g = make_group(store, small_buckets(std::chrono::seconds(60)));
+  const c10::Device gpu = rank_gpu();
+  cuda_reductions(g, gpu);
+  cuda_any_all_complex(g, gpu);
+  cuda_movement(g, gpu);
+  cuda_mixed_and_consolidated(g, gpu);
+  cuda_streams(g, gpu);
+  cuda_async(g, gpu);
+  cuda_refusals(g, gpu);
+  dist::barrier(g);
+}
+
+// 2 ranks, only rank 0 on a GPU (so one GPU is enough: NCCL is never started): a leaf on CUDA
+// on one rank and on the CPU on the other is a mismatch naming the path on both; send of a
+// CUDA leaf is refused, and the receiver hears why.
+void scenario_cuda_mismatch(const std::string& store) {
+  dist::Options o;
+  o.timeout = std::chrono::seconds(30);
+  auto g = make_group(store, o);
+  const int r = g.rank();
+  const c10::Device d = r == 0 ? rank_gpu() : c10::Device(at::kCPU);
+  const TensorTree t{{"x", {{"w", at::ones({3}, at::device(d))}}}, {"y", at::ones({2})}};
+  expect_throw<dist::CollectiveMismatch>(
+      [&] { dist::all_reduce(g, t); },
+      {"at path 'x.w'", "float32 [3] on cuda", "float32 [3] on cpu"},
+      "a leaf on cuda on rank 0, on cpu on rank 1");
+  if (r == 0)
+    expect_throw<std::invalid_argument>([&] { dist::send(g, t, 1); }, {"path 'x.w'", "cuda"},
+                                        "send of a CUDA leaf");
+  else
+    expect_throw<dist::CollectiveMismatch>(
+        [&] {
+          dist::recv(g, TensorTree{{"x", {{"w", at::ones({3})}}}, {"y", at::ones({2})}}, 0);
+        },
+        {"sender refused it", "path 'x.w'", "CPU"}, "recv from a sender of a CUDA leaf");
+  const TensorTree c{{"v", at::full({3}, r + 1.0)}};
+  dist::all_reduce(g, c);
+  expect_equal(c["v"].leaf(), at::full({3}, 3.0), "all_reduce after the mismatch");
+}
+
+// A build without NCCL on a machine with a GPU: a CUDA leaf is refused naming the path.
+void scenario_cuda_without_nccl(const std::string& store) {
+  auto g = make_group(store);
+  const TensorTree t{{"x", at::ones({3}, at::device(rank_gpu()))}};
+  expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, t); }, {"path 'x'", "no NCCL"},
+                                      "a CUDA leaf without NCCL");
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: distributed_worker "
-                 "values|refusals|stress|stress-reverse|mismatch|missing|dead|stall "
+                 "values|refusals|stress|stress-reverse|mismatch|missing|dead|stall|cuda|"
+                 "cuda-mismatch|cuda-without-nccl "
                  "[tcp|file:PATH]\n";
     return 2;
   }
@@ -630,6 +942,12 @@ int main(int argc, char** argv) {
       scenario_missing(store);
     else if (scenario == "stall")
       scenario_stall(store);
+    else if (scenario == "cuda")
+      scenario_cuda(store);
+    else if (scenario == "cuda-mismatch")
+      scenario_cuda_mismatch(store);
+    else if (scenario == "cuda-without-nccl")
+      scenario_cuda_without_nccl(store);
     else {
       std::cerr << "unknown scenario " << scenario << "\n";
       return 2;

@@ -6,8 +6,9 @@
 //     distributed::all_reduce(group, grads, distributed::ReduceOp::avg);   // in place
 //
 // Rules that hold for every collective below:
-//  - Backend: c10d's ProcessGroupGloo (CPU tensors). Results are those of the matching
-//    torch.distributed call (named at each function).
+//  - Backends: c10d's ProcessGroupGloo for CPU leaves and for the cross-rank agreement, and
+//    c10d's ProcessGroupNCCL for CUDA leaves when this build has NCCL (see CUDA below). Results
+//    are those of the matching torch.distributed call (named at each function).
 //  - Buckets: leaves are packed DDP-style into flat buffers per (dtype, device) in flatten
 //    (sorted-path) order, the first bucket up to Options::first_bucket_bytes (1 MiB), the
 //    others up to Options::bucket_bytes (25 MiB); a leaf larger than a bucket gets its own. One
@@ -24,7 +25,7 @@
 //    makes the same sequence of requests on every rank. Requests made concurrently by two
 //    threads that are not asyncs jobs share key 0 and are NOT ordered: make them from one.
 //  - Checks: the same allgather compares (key, op, reduce op, root, leaf count, element count,
-//    structure hash over paths, dtypes and shapes) across ranks. A disagreement is a
+//    structure hash over paths, dtypes, shapes and device types) across ranks. A disagreement is a
 //    CollectiveMismatch thrown on every rank, naming the first differing path (or field) and
 //    what each rank has; no data moves and the group stays usable. A request that some rank
 //    does not make within half of Options::timeout (rank 0 ran it first) is a
@@ -32,23 +33,46 @@
 //    the group is broken.
 //    With Options::debug (or TREETENSOR_DIST_DEBUG=1) every bucket is also checked
 //    (sequence, bucket, dtype, element count) before it moves.
-//  - Refusals: arguments that fail a check on this rank (an undefined or non-CPU leaf, a dtype
-//    Gloo cannot reduce, a root outside the world, leaves that share memory in a collective
-//    that writes them) throw std::invalid_argument naming the path at the call; the request
-//    still takes its place in the order, so every peer's matching request fails with a
-//    CollectiveMismatch saying which rank refused and why (before this, a check failing on
-//    one rank only would pair the peers' request with that rank's next one). No data moves;
-//    the group stays usable.
-//  - Dtypes: Gloo's own (float32/64, float16, int8, uint8, int32, int64) everywhere; bool is
-//    reduced as uint8 with NCCL's meaning (sum and max: any; product and min: all), complex by
-//    sum and avg of its real and imaginary parts (torch.distributed's rule); broadcast,
-//    all_gather and send/recv move any dtype (as bytes). Other reductions are refused.
+//  - Refusals: arguments that fail a check on this rank (an undefined leaf, a leaf on neither
+//    the CPU nor CUDA, a CUDA leaf in a build without NCCL, a dtype its backend cannot reduce,
+//    a root outside the world, leaves that share memory in a collective that writes them)
+//    throw std::invalid_argument naming the path at the call; the request still takes its
+//    place in the order, so every peer's matching request fails with a CollectiveMismatch
+//    saying which rank refused and why (before this, a check failing on one rank only would
+//    pair the peers' request with that rank's next one). No data moves; the group stays usable.
+//  - Dtypes: the backend's own, Gloo's (float32/64, float16, int8, uint8, int32, int64) on the
+//    CPU, NCCL's (the same and bfloat16) on CUDA; bool is reduced as uint8 with NCCL's meaning
+//    (sum and max: any; product and min: all), complex by sum and avg of its real and
+//    imaginary parts (torch.distributed's rule); broadcast, all_gather and send/recv move any
+//    dtype (as bytes). Other reductions are refused.
 //  - Leaves may require grad: collectives write them outside autograd, as torch.distributed
 //    does. Before a collective reads or writes its leaves, pending asyncs jobs that write them
 //    (or, for a written leaf, read them) finish, as before any tree call (DESIGN.md §10).
 //  - Time: every wait (a peer's request, a c10d collective) is bounded by Options::timeout.
 //    A peer that died or stalls gives a CollectiveError on the survivors within about that
-//    time, never a hang; the group is then broken and every later request throws.
+//    time, never a hang; the group is then broken and every later request throws. (Inside an
+//    NCCL collective, see CUDA below.)
+//  - CUDA (DESIGN.md §7, §14): when this build has NCCL (TREETENSOR_WITH_NCCL at configure:
+//    a CUDA LibTorch and nccl.h), the buckets of CUDA leaves, and a consolidated tree's CUDA
+//    buffers, go to ProcessGroupNCCL, which the group makes at its first request with a CUDA
+//    leaf; CPU leaves of the same request still go to Gloo. Each rank uses its own GPU (NCCL
+//    cannot put two ranks of a group on one device); ranks compare device types, not indices.
+//    Streams: the collective starts after the work enqueued so far on the calling thread's
+//    current stream of each device it uses, and runs on the group's own streams; by the time
+//    the blocking form returns, the caller's current stream waits (device-side) for the
+//    results, so work the caller enqueues next sees them with no synchronize: the host does
+//    not wait for the GPU. For the _async forms the future's job's stream waits instead, so
+//    get(), tree calls ordered after it by operand tracking and asyncs jobs that take the
+//    leaves as operands see the results. New tensors (all_gather, reduce_scatter) are
+//    recorded for the caching allocator on the requesting thread's stream; another stream
+//    that uses them must wait for that one (or record them itself).
+//    Errors: an NCCL failure when a collective is issued (two ranks on one GPU, no NCCL
+//    library) is a CollectiveError that breaks the group. A peer that dies or stalls inside
+//    an NCCL collective is caught by c10d's NCCL watchdog after Options::timeout, which by
+//    default (TORCH_NCCL_ASYNC_ERROR_HANDLING) ends the process, as under torch.distributed;
+//    the agreement over Gloo before every collective usually reports a dead peer first.
+//    Without NCCL a CUDA leaf is refused (std::invalid_argument naming the path: "this build
+//    has no NCCL").
 //  - Errors name the tree path where one leaf is at fault (std::invalid_argument).
 
 #include <ATen/core/Tensor.h>
@@ -84,8 +108,8 @@ class CollectiveError : public std::runtime_error {
 };
 
 struct Options {
-  /// Bound on every wait for peers (c10d's timeout, the store's, and the wait for a peer's
-  /// request). torch.distributed's default is 30 minutes; ours is 5.
+  /// Bound on every wait for peers (Gloo's timeout, NCCL's watchdog timeout, the store's, and
+  /// the wait for a peer's request). torch.distributed's default is 30 minutes; ours is 5.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   std::int64_t first_bucket_bytes = std::int64_t{1} << 20;  ///< DDP's first bucket, bytes
   std::int64_t bucket_bytes = std::int64_t{25} << 20;       ///< DDP's bucket_cap_mb, bytes
@@ -139,11 +163,12 @@ int local_rank();
 
 /// Sums (or reduces by `op`) every leaf across ranks, in place, as
 /// torch.distributed.all_reduce on each leaf. Leaves may be any dtype reduced as the rules
-/// above say, and non-contiguous. @throws CollectiveMismatch, CollectiveError;
-/// std::invalid_argument naming the path of an undefined or non-CPU leaf, of an integer leaf
-/// with ReduceOp::avg, of a dtype that cannot be reduced by `op`, of a leaf whose elements
-/// share memory (an expanded view), or the two paths of leaves that share memory (tied
-/// weights: a per-leaf loop would reduce them twice).
+/// above say, and non-contiguous, on the CPU or (with NCCL) CUDA. @throws CollectiveMismatch,
+/// CollectiveError; std::invalid_argument naming the path of an undefined leaf, of a leaf on
+/// another device (or on CUDA without NCCL), of an integer leaf with ReduceOp::avg, of a dtype
+/// that cannot be reduced by `op` on its backend, of a leaf whose elements share memory (an
+/// expanded view), or the two paths of leaves that share memory (tied weights: a per-leaf loop
+/// would reduce them twice).
 void all_reduce(const ProcessGroup& group, const TensorTree& tree, ReduceOp op = ReduceOp::sum);
 /// The same, queued: returns at once. The key is taken at the call, so program order on the
 /// calling thread is the order across ranks. The future is an asyncs job (on the group's
@@ -171,7 +196,7 @@ asyncs::Future<TreeTensor> all_gather_async(const ProcessGroup& group, const Ten
 
 /// Each leaf reduced across ranks, then split along dim 0 into world_size equal chunks; rank r
 /// gets chunk r (torch.distributed.reduce_scatter_tensor). Done as an all_reduce and a narrow
-/// (Gloo 1.13 has no reduce_scatter). @throws std::invalid_argument naming the path of a leaf
+/// (the same on both backends). @throws std::invalid_argument naming the path of a leaf
 /// whose dim 0 is not a multiple of world_size (or that is 0-d).
 TreeTensor reduce_scatter(const ProcessGroup& group, const TensorTree& tree,
                           ReduceOp op = ReduceOp::sum);
@@ -181,8 +206,10 @@ TreeTensor reduce_scatter(const ProcessGroup& group, const TensorTree& tree,
 /// structure first: a mismatch throws CollectiveMismatch on both, naming the first differing
 /// path, and no data moves. Point-to-point: not part of the group's collective order; messages
 /// between one pair of ranks match in call order (call send/recv to a peer from one thread).
-/// Blocks until the peer has received. A side whose arguments fail a check (an undefined or
-/// non-CPU leaf; for recv, leaves that share memory) throws std::invalid_argument naming the
+/// Blocks until the peer has received. CPU leaves only, over Gloo on the calling thread: CUDA
+/// leaves are refused (point-to-point over NCCL is not built; copy them to the CPU, or use
+/// broadcast). A side whose arguments fail a check (an undefined or non-CPU leaf; for recv,
+/// leaves that share memory) throws std::invalid_argument naming the
 /// path after telling its peer, which throws CollectiveMismatch with the reason instead of
 /// waiting for the timeout. @throws std::invalid_argument for `dst` outside the world or the
 /// calling rank itself; CollectiveMismatch; CollectiveError as above.
@@ -194,7 +221,7 @@ void recv(const ProcessGroup& group, const TensorTree& tree, int src);
 /// c10d allreduce (sum) per tensor, each issued and waited before the next, on the calling
 /// thread, as a hand-written loop over torch.distributed.all_reduce does. No ordering and no
 /// checks: call it from one thread, while no tree collective of this group is pending, in the
-/// same sequence on every rank. Tensors must be contiguous CPU tensors.
+/// same sequence on every rank. Tensors must be contiguous CPU tensors (Gloo).
 /// @throws CollectiveError as above; std::invalid_argument for a non-contiguous tensor.
 void all_reduce_each(const ProcessGroup& group, const std::vector<at::Tensor>& tensors);
 

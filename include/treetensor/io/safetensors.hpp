@@ -7,7 +7,8 @@
 // within the file; the header is valid UTF-8 JSON with no duplicate keys; every entry has a
 // known dtype, a shape and two offsets; offsets are contiguous from 0 with no gap or overlap and
 // the last ends where the file does; each byte size equals numel × the dtype's size (overflow
-// checked). Dtypes LibTorch 1.13 lacks (F8_E4M3, F8_E5M2, U16, U32, U64) are refused by name.
+// checked). Every safetensors dtype loads, F8_E4M3/F8_E5M2/U16/U32/U64 as PyTorch 2.x's
+// float8_e4m3fn/float8_e5m2/uint16/uint32/uint64.
 // Errors are io::IoError naming the file, the offset and the tensor.
 //
 // Memory: the file is memory-mapped (private, copy-on-write) and each tensor is a view into it

@@ -14,7 +14,7 @@
 //
 // Empty trees (no leaves) and trees without elements:
 //   sum → 0 (the default dtype for an empty tree, as torch.sum(torch.tensor([]))), mean → nan, all
-//   → true, any → false, norm → 0, std → nan, masked_select → an empty 1-D tensor; min/max throw
+//   → true, any → false, norm → 0 (p = ±inf: c10::Error, as torch 2.x), std → nan, masked_select → an empty 1-D tensor; min/max throw
 //   std::invalid_argument
 //   ("no elements"), as at::min of an empty tensor does. Leaves with no elements contribute
 //   nothing to min/max.
@@ -48,7 +48,8 @@ at::Tensor std(const TensorTree& t, bool unbiased = true);
 /// p-norm of every element of every leaf as one vector, as at::norm of their concatenation for
 /// every p torch accepts: finite p != 0 as the p-norm of the leaf p-norms; p = 0 the number of
 /// nonzero elements; p = inf / -inf the largest / smallest |x| over the elements that exist
-/// (0-element leaves contribute nothing). With no element at all, at::norm of an empty tensor.
+/// (0-element leaves contribute nothing). With no element at all, at::norm of an empty tensor
+/// (0, or for p = ±inf the c10::Error torch 2.x raises: that norm has no identity).
 at::Tensor norm(const TensorTree& t, double p = 2);
 /// Every leaf's elements where the mask is true, concatenated in flatten order into one 1-D
 /// tensor (DI-treetensor's masked_select). `mask` is a tree of bool tensors or one tensor.
