@@ -117,7 +117,8 @@ def member(name, attr):
     for kind in (staticmethod, classmethod):
         if isinstance(attr, kind):
             return ["    @" + kind.__name__] + function(name, attr.__func__, "    ")
-    if callable(attr) and not isinstance(attr, type) and type(attr).__name__ != "wrapper_descriptor":
+    slot = type(attr).__name__ == "wrapper_descriptor"  # object's, where pybind11 binds no init
+    if callable(attr) and not isinstance(attr, type) and not slot:
         return function(name, attr, "    ", method=True)
     return []
 
@@ -134,18 +135,21 @@ def class_stub(name, cls, private):
     return (with_doc(head, doc, "") if doc.strip() else [head[: -len(" ...")]]) + body
 
 
+def defined_in_c(obj):
+    return getattr(obj, "__module__", None) == "treetensor._C"
+
+
 def module_stub(module, names, prelude=""):
-    """The stub of module: names from _C re-exported, the others written out (sorted)."""
-    own = sorted(n for n in names if getattr(getattr(module, n), "__module__", None) != "treetensor._C"
-                 or module.__name__ == "treetensor._C")
+    """The stub of module: what torch and asyncs take from _C re-exported, the rest written out."""
+    private = module.__name__ == "treetensor._C"
+    reexports = [] if private else sorted(n for n in set(names) if defined_in_c(getattr(module, n)))
     out = [HEADER + prelude]
-    reexports = sorted(set(names) - set(own))
     if reexports:
         out.append("from ._C import (\n%s\n)\n" % "\n".join("    %s as %s," % (n, n) for n in reexports))
     if hasattr(module, "__all__"):
-        out.append("__all__ = [\n%s\n]\n" % "\n".join('    "%s",' % n for n in dict.fromkeys(module.__all__)))
-    private = module.__name__ == "treetensor._C"
-    for n in own:
+        listed = "\n".join('    "%s",' % n for n in dict.fromkeys(module.__all__))
+        out.append("__all__ = [\n%s\n]\n" % listed)
+    for n in sorted(set(names) - set(reexports)):
         obj = getattr(module, n)
         lines = class_stub(n, obj, private) if isinstance(obj, type) else function(n, obj)
         out.append("\n".join(lines) + "\n")

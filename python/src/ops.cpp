@@ -621,7 +621,8 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def("_shape", [](const PyTree& s) {
     // torch.Size(sizes): libtorch_python 2.x exports the type but not THPSize_New.
     const py::handle size_type(reinterpret_cast<PyObject*>(&THPSizeType));
-    return values(s.node(), [size_type](const at::Tensor& t) { return size_type(t.sizes().vec()); });
+    return values(s.node(),
+                  [size_type](const at::Tensor& t) { return size_type(t.sizes().vec()); });
   });
   cls.def("_dtype", [](const PyTree& s) {
     return values(s.node(), [](const at::Tensor& t) {

@@ -30,6 +30,7 @@ def test_package_carries_stubs_headers_libraries_and_cmake_package():
 def test_stubs_parse_and_are_current():
     for stub in PACKAGE.glob("*.pyi"):
         ast.parse(stub.read_text(), str(stub))
-    check = subprocess.run([sys.executable, str(pathlib.Path(ROOT, "scripts", "gen_stubs.py")), "--check"],
-                           capture_output=True, text=True, timeout=120)
+    generator = pathlib.Path(ROOT, "scripts", "gen_stubs.py")
+    check = subprocess.run([sys.executable, str(generator), "--check"], capture_output=True, text=True,
+                           timeout=120)
     assert check.returncode == 0, check.stderr
