@@ -55,7 +55,13 @@ case "$sanitize" in
     export ASAN_OPTIONS="detect_leaks=0 abort_on_error=1 ${ASAN_OPTIONS:-}"
     export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1 ${UBSAN_OPTIONS:-}"
     ;;
-  "") cmake --build "$build" -j"$jobs" ;;
+  "")
+    cmake --build "$build" -j"$jobs"
+    # The Python package into the venv (pyproject.toml): python_pytest imports it from there. Its
+    # build folder persists, so a second run rebuilds only what changed.
+    CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$python" -m pip install -q --no-build-isolation --no-deps \
+      -Cbuild-dir="$build/wheel" .
+    ;;
   *) echo "test.sh: --sanitize takes thread or address, not '$sanitize'" >&2; exit 2 ;;
 esac
 

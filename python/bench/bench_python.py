@@ -8,7 +8,7 @@
 Strategies are interleaved round by round; each row is the median over rounds of the per-call
 time of a batch of calls.
 
-    PYTHONPATH=build/python:python /usr/bin/python3 python/bench/bench_python.py [--rounds R]
+    python python/bench/bench_python.py [--rounds R]   # the Python treetensor is installed in
 """
 import argparse
 import os

@@ -4,7 +4,7 @@ min / native / linear / stream: N independent matmuls S1xS2 @ S2xS3 as a Python 
 torch, as one tree call, and as one tree call over M lanes (ttorch.stream(M)). The seed used
 N=200, S=512 on a GPU; only the device ('cpu') and S changed here.
 
-    PYTHONPATH=build/python:python /usr/bin/python3 python/examples/seed_stream.py [S] [M] [N] [T]
+    python python/examples/seed_stream.py [S] [M] [N] [T]   # the Python treetensor is installed in
 """
 import sys
 import time

@@ -14,37 +14,52 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "treetensor/treetensor.hpp"
 
-// Python numbers (bool, int, float) and 0-d tensors as at::Scalar (torch's pybind.h, included
-// through python_variable.h, has casters for c10::optional and at::Tensor but not Scalar).
+namespace treetensor::python {
+/// A Python number (bool, int, float) or 0-d tensor taken as an at::Scalar argument. Bindings
+/// take this, not at::Scalar: torch 2.x's pybind.h has its own caster for at::Scalar, which
+/// converts to Python only (loading one is "NYI" there).
+struct Number {
+  at::Scalar value;
+  operator const at::Scalar&() const { return value; }  // NOLINT: passed where ATen takes one
+};
+/// An optional Number as the std::optional<at::Scalar> ATen-style functions take.
+inline std::optional<at::Scalar> scalar(const std::optional<Number>& n) {
+  if (!n) return std::nullopt;
+  return n->value;
+}
+}  // namespace treetensor::python
+
 namespace pybind11::detail {
 template <>
-struct type_caster<c10::Scalar> {
-  PYBIND11_TYPE_CASTER(c10::Scalar, const_name("number"));
+struct type_caster<treetensor::python::Number> {
+  PYBIND11_TYPE_CASTER(treetensor::python::Number, const_name("number"));
   bool load(handle src, bool) {
     PyObject* o = src.ptr();
     if (PyBool_Check(o)) {
-      value = c10::Scalar(o == Py_True);
+      value.value = c10::Scalar(o == Py_True);
     } else if (PyLong_Check(o)) {
       int overflow = 0;
       const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
       if (overflow) return false;
-      value = c10::Scalar(static_cast<int64_t>(v));
+      value.value = c10::Scalar(static_cast<int64_t>(v));
     } else if (PyFloat_Check(o)) {
-      value = c10::Scalar(PyFloat_AS_DOUBLE(o));
+      value.value = c10::Scalar(PyFloat_AS_DOUBLE(o));
     } else if (THPVariable_Check(o) && THPVariable_Unpack(o).dim() == 0) {
-      value = THPVariable_Unpack(o).item();
+      value.value = THPVariable_Unpack(o).item();
     } else {
       return false;
     }
     return true;
   }
-  static handle cast(const c10::Scalar& s, return_value_policy, handle) {
+  static handle cast(const treetensor::python::Number& n, return_value_policy, handle) {
+    const c10::Scalar& s = n.value;
     if (s.isBoolean()) return PyBool_FromLong(s.toBool());
     if (s.isIntegral(false)) return PyLong_FromLongLong(s.toLong());
     return PyFloat_FromDouble(s.toDouble());

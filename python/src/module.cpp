@@ -1,4 +1,4 @@
-// The module `_treetensor`: the tree class (construction, access, printing, conversions), the
+// The module `treetensor._C`: the tree class (construction, access, printing, conversions), the
 // error translation, and the module init that binds the rest (ops.cpp, runtime.cpp).
 // Python-facing documentation lives in the docstrings here and in python/treetensor/*.py.
 
@@ -207,7 +207,7 @@ void translate_errors() {
 
 }  // namespace
 
-PYBIND11_MODULE(_treetensor, m) {
+PYBIND11_MODULE(_C, m) {
   py::module_::import("torch");  // LibTorch's Python state (THPVariableClass, dtypes) first
   m.doc() = "treetensor's C++ core for Python; use the package `treetensor` (treetensor.torch).";
   translate_errors();

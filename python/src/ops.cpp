@@ -198,7 +198,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   auto add_like = [&](const char* name, auto fn, auto fn_) {
     cls.def(
         name,
-        [fn](const PyTree& s, py::handle other, const at::Scalar& alpha) {
+        [fn](const PyTree& s, py::handle other, const Number& alpha) {
           Args a;
           const Operand x(s.node()), y = a.add(other);
           return wrap(nogil([&] { return fn(x, y, alpha); }));
@@ -206,7 +206,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
         py::arg("other"), py::kw_only(), py::arg("alpha") = 1);
     m.def(
         name,
-        [fn, name](py::handle l, py::handle r, const at::Scalar& alpha) -> py::object {
+        [fn, name](py::handle l, py::handle r, const Number& alpha) -> py::object {
           if (!tree_like(l) && !tree_like(r))
             return torch_attr(name)(l, r, py::arg("alpha") = alpha);
           Args a;
@@ -215,7 +215,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
         },
         py::arg("input"), py::arg("other"), py::kw_only(), py::arg("alpha") = 1);
     cls.def((std::string(name) + "_").c_str(),
-            [fn_](py::object self, py::handle other, const at::Scalar& alpha) {
+            [fn_](py::object self, py::handle other, const Number& alpha) {
               Args a;
               const Operand y = a.add(other);
               return inplace(self, [&](TreeTensor& t) { fn_(t, y, alpha); });
@@ -355,15 +355,15 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   // ---- more leaf-wise functions -----------------------------------------------------------
   cls.def(
       "clamp",
-      [](const PyTree& s, c10::optional<at::Scalar> lo, c10::optional<at::Scalar> hi) {
+      [](const PyTree& s, std::optional<Number> lo, std::optional<Number> hi) {
         const TensorTree& n = s.node();
-        return wrap(nogil([&] { return treetensor::clamp(n, lo, hi); }));
+        return wrap(nogil([&] { return treetensor::clamp(n, scalar(lo), scalar(hi)); }));
       },
       py::arg("min") = py::none(), py::arg("max") = py::none());
   cls.def(
       "clamp_",
-      [](py::object self, c10::optional<at::Scalar> lo, c10::optional<at::Scalar> hi) {
-        return inplace(self, [&](TreeTensor& t) { treetensor::clamp_(t, lo, hi); });
+      [](py::object self, std::optional<Number> lo, std::optional<Number> hi) {
+        return inplace(self, [&](TreeTensor& t) { treetensor::clamp_(t, scalar(lo), scalar(hi)); });
       },
       py::arg("min") = py::none(), py::arg("max") = py::none());
   cls.def("copy_", [](py::object self, py::handle src) {
@@ -374,7 +374,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def("zero_", [](py::object self) {
     return inplace(self, [](TreeTensor& t) { treetensor::zero_(t); });
   });
-  cls.def("fill_", [](py::object self, const at::Scalar& v) {
+  cls.def("fill_", [](py::object self, const Number& v) {
     return inplace(self, [&](TreeTensor& t) { treetensor::fill_(t, v); });
   });
   cls.def(
@@ -418,17 +418,17 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       },
       py::arg("input"), py::arg("other"), py::arg("rtol") = 1e-5, py::arg("atol") = 1e-8,
       py::arg("equal_nan") = false);
-  m.def("_lerp", [](py::handle s, py::handle e, const at::Scalar& w) {
+  m.def("_lerp", [](py::handle s, py::handle e, const Number& w) {
     Args a;
     const Operand x = a.add(s), y = a.add(e);
     return wrap(nogil([&] { return treetensor::lerp(x, y, w); }));
   });
-  m.def("_addcmul", [](py::handle s, py::handle t1, py::handle t2, const at::Scalar& v) {
+  m.def("_addcmul", [](py::handle s, py::handle t1, py::handle t2, const Number& v) {
     Args a;
     const Operand x = a.add(s), y = a.add(t1), z = a.add(t2);
     return wrap(nogil([&] { return treetensor::addcmul(x, y, z, v); }));
   });
-  m.def("_addcdiv", [](py::handle s, py::handle t1, py::handle t2, const at::Scalar& v) {
+  m.def("_addcdiv", [](py::handle s, py::handle t1, py::handle t2, const Number& v) {
     Args a;
     const Operand x = a.add(s), y = a.add(t1), z = a.add(t2);
     return wrap(nogil([&] { return treetensor::addcdiv(x, y, z, v); }));
@@ -619,9 +619,10 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
 
   // ---- attributes (nested dicts; treetensor.torch wraps them as trees of values) -----------
   cls.def("_shape", [](const PyTree& s) {
-    return values(s.node(), [](const at::Tensor& t) {
-      return py::reinterpret_steal<py::object>(THPSize_New(t));
-    });
+    // torch.Size(sizes): libtorch_python 2.x exports the type but not THPSize_New.
+    const py::handle size_type(reinterpret_cast<PyObject*>(&THPSizeType));
+    return values(s.node(),
+                  [size_type](const at::Tensor& t) { return size_type(t.sizes().vec()); });
   });
   cls.def("_dtype", [](const PyTree& s) {
     return values(s.node(), [](const at::Tensor& t) {
@@ -682,7 +683,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   shaped("_empty", &treetensor::empty);
   m.def(
       "_full",
-      [](py::handle shapes, const at::Scalar& v, py::handle dtype, py::handle device, bool rg) {
+      [](py::handle shapes, const Number& v, py::handle dtype, py::handle device, bool rg) {
         const ShapeTree sh = to_shapes(shapes);
         const at::TensorOptions o = options(dtype, device);
         return finish(nogil([&] { return treetensor::full(sh, v, o); }), rg);
@@ -718,7 +719,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   like("_rand_like", &treetensor::rand_like);
   m.def(
       "_full_like",
-      [](py::handle t, const at::Scalar& v, py::handle dtype, py::handle device) {
+      [](py::handle t, const Number& v, py::handle dtype, py::handle device) {
         const at::TensorOptions o = options(dtype, device);
         return wrap(with_tree(t, [&](const TensorTree& n) {
           return nogil([&] { return treetensor::full_like(n, v, o); });

@@ -151,6 +151,18 @@ void bind_runtime(py::module_& m) {
       "Waits for every tree call and asyncs job in flight; raises the first unobserved asyncs "
       "job error.");
 
+  // Before _AsyncThread, whose submit returns one: its signature then names the Python type.
+  py::class_<PyFuture>(m, "_Future")
+      .def("done", [](const PyFuture& f) { return f.future.ready(); })
+      .def("result", [](const PyFuture& f) -> py::object {
+        const PyOutcome* out = nullptr;
+        nogil([&] { out = &f.future.get(); });
+        if (out->raised) {
+          PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(out->value.p)), out->value.p);
+          throw py::error_already_set();
+        }
+        return py::reinterpret_borrow<py::object>(out->value.p);
+      });
   py::class_<PyThread>(m, "_AsyncThread")
       .def(py::init([](const std::string& name) {
              return PyThread(std::make_unique<asyncs::Thread>(name));
@@ -180,17 +192,6 @@ void bind_runtime(py::module_& m) {
             return PyFuture{std::move(fut)};
           },
           py::arg("fn"));
-  py::class_<PyFuture>(m, "_Future")
-      .def("done", [](const PyFuture& f) { return f.future.ready(); })
-      .def("result", [](const PyFuture& f) -> py::object {
-        const PyOutcome* out = nullptr;
-        nogil([&] { out = &f.future.get(); });
-        if (out->raised) {
-          PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(out->value.p)), out->value.p);
-          throw py::error_already_set();
-        }
-        return py::reinterpret_borrow<py::object>(out->value.p);
-      });
   m.def("_thread_scope", [](const PyThread& t) {
     if (!t.thread) throw py::value_error("treetensor: the asyncs thread is closed");
     Guard g;

@@ -1,5 +1,6 @@
 """Structure, access, printing, conversions and identity."""
 import gc
+import os
 import sys
 import tracemalloc
 import weakref
@@ -184,8 +185,22 @@ def test_pickle_and_copy():
     assert ttorch.equal(dc, t) and dc.a is not t.a
 
 
+def interop_module():
+    """python/tests/interop, a user's C++ extension built against the installed package by
+    ctest's fixture (python_interop_build), which names its folder in TREETENSOR_INTEROP_DIR."""
+    where = os.environ.get("TREETENSOR_INTEROP_DIR")
+    if not where:
+        pytest.skip("TREETENSOR_INTEROP_DIR is not set (ctest builds python/tests/interop)")
+    sys.path.insert(0, where)
+    try:
+        import _treetensor_interop
+    finally:
+        sys.path.remove(where)
+    return _treetensor_interop
+
+
 def test_cpp_extension_exchanges_trees():
-    _interop = pytest.importorskip("_treetensor_interop")
+    _interop = interop_module()
     d = sample()
     t = ttorch.Tensor(d)
     back = _interop.same(t)
@@ -194,3 +209,9 @@ def test_cpp_extension_exchanges_trees():
     assert torch.equal(dicts.x, d["b"]["x"] * 2) and dicts.keys() == ["x", "y"]
     with pytest.raises(ValueError, match="not a treetensor.torch.Tensor"):
         _interop.same(torch.ones(1))
+
+
+def test_cpp_extension_shares_the_runtime():
+    _interop = interop_module()
+    ttorch.stream(2)  # process-wide: the extension's calls see it only through the one library
+    assert _interop.stream_mode() == "stream(2)"

@@ -3,14 +3,24 @@
     import treetensor.torch as ttorch      # DI-treetensor's everyday surface
     import treetensor.asyncs as asyncs     # OneFlow's asyncs.thread
 
-The compiled module is ``_treetensor`` (built by CMake with -DTREETENSOR_BUILD_PYTHON=ON into
-build/python); put that folder and python/ on PYTHONPATH.
+Installed by ``pip install .``; the compiled core is ``treetensor._C``. The package also
+carries the C++ headers, libtreetensor and its CMake package, for C++ extensions that exchange
+trees with it (``treetensor/python.hpp``)::
+
+    cmake -DCMAKE_PREFIX_PATH="$(python -c 'import treetensor; print(treetensor.cmake_prefix_path)')"
+    find_package(treetensor CONFIG REQUIRED)   # then link treetensor::treetensor
 """
-import torch  # noqa: F401  (LibTorch's Python state before the module loads)
+import os as _os
 
-import _treetensor as _C  # noqa: E402
+# LibTorch's Python state before the module loads. Bound privately: a package attribute named
+# `torch` would make `from . import torch` below return it instead of importing treetensor.torch.
+import torch as _torch  # noqa: F401
 
-from . import torch as torch  # noqa: E402,F811
-from . import asyncs  # noqa: E402,F401
+from . import _C  # noqa: E402
+from . import asyncs, torch  # noqa: E402
 
-__all__ = ["torch", "asyncs"]
+#: The CMake prefix of the installed C++ package (lib/cmake/treetensor), like
+#: ``torch.utils.cmake_prefix_path``; its config finds the torch installed beside it.
+cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
+
+__all__ = ["torch", "asyncs", "cmake_prefix_path"]

@@ -16,7 +16,7 @@ import atexit as _atexit
 import threading as _threading
 import weakref as _weakref
 
-import _treetensor as _C
+from . import _C
 
 __all__ = ["Thread", "Future", "thread", "synchronize", "current_thread_id"]
 

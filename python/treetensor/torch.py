@@ -22,7 +22,7 @@ core.
 """
 import torch as _torch
 
-import _treetensor as _C
+from . import _C
 
 Tensor = _C.Tensor
 

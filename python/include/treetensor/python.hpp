@@ -9,10 +9,12 @@
 // The hand-over is a PyCapsule named "treetensor.TreeTensor" holding a heap TreeTensor
 // (`Tensor._to_capsule()` / `treetensor.torch.Tensor._from_capsule(capsule)`), so it works
 // across extension modules whatever pybind11 internals they use. Both sides must be built
-// against the same treetensor headers and LibTorch (the TreeTensor layout crosses the boundary).
-// With the static libtreetensor (the default build) your extension holds its own copy of the
-// runtime: tree calls it makes follow its own execution mode (runtime::stream / StreamGuard),
-// not the one set by ttorch.stream in Python. python/tests/interop_module.cpp is an example.
+// against the same treetensor headers and LibTorch (the TreeTensor layout crosses the boundary):
+// build it with find_package(treetensor) from the installed Python package
+// (treetensor.cmake_prefix_path), and it loads the package's shared libtreetensor, whose
+// runtime (execution mode, lanes, asyncs workers) treetensor.torch uses too. Linked with a
+// static libtreetensor (a plain CMake build's default) it would hold its own copy, whose tree
+// calls ignore ttorch.stream. python/tests/interop/ is an example.
 
 #include <Python.h>
 
