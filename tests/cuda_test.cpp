@@ -26,11 +26,11 @@ int cuda_devices() {
   return c10::impl::getDeviceGuardImpl(c10::kCUDA)->deviceCount();
 }
 
-#define REQUIRE_GPU()                                                                        \
-  do {                                                                                       \
-    if (cuda_devices() == 0)                                                                 \
+#define REQUIRE_GPU()                                                                          \
+  do {                                                                                         \
+    if (cuda_devices() == 0)                                                                   \
       GTEST_SKIP() << "needs a CUDA device: this machine has none (the CUDA code is compiled " \
-                      "and linked; scripts/gpu-check.sh runs these tests on a GPU machine)";  \
+                      "and linked; scripts/gpu-check.sh runs these tests on a GPU machine)";   \
   } while (0)
 
 const at::Device kGpu(at::kCUDA, 0);
@@ -50,7 +50,8 @@ TreeTensor gpu_tree(int n, std::int64_t r, std::int64_t c, std::uint64_t seed) {
 // right without the caller ever touching the default stream (DESIGN.md §7).
 class OnPoolStream {
  public:
-  OnPoolStream() : impl_(c10::kCUDA), previous_(impl_.exchangeStream(impl_.getStreamFromGlobalPool(kGpu))) {}
+  OnPoolStream()
+      : impl_(c10::kCUDA), previous_(impl_.exchangeStream(impl_.getStreamFromGlobalPool(kGpu))) {}
   ~OnPoolStream() { impl_.exchangeStream(previous_); }
   c10::Stream stream() const { return impl_.getStream(kGpu); }
 
@@ -167,7 +168,8 @@ TEST(CudaAsyncs, WorkerStreamOrderedWithTheSubmitter) {
 TEST(CudaTensors, DeviceMovesAndFlatExecutionOnCudaBuffers) {
   REQUIRE_GPU();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
-  TreeTensor cpu{{"a", at::randn({3, 5}, gen)}, {"b", {{"x", at::randn({7}, gen)}, {"y", at::randn({2, 2}, gen)}}}};
+  TreeTensor cpu{{"a", at::randn({3, 5}, gen)},
+                 {"b", {{"x", at::randn({7}, gen)}, {"y", at::randn({2, 2}, gen)}}}};
   const TreeTensor gpu = cpu.to(kGpu);
   EXPECT_EQ(tt::single(gpu.device()).type(), at::kCUDA);
   expect_bitwise(gpu.to(at::Device(at::kCPU)), cpu);

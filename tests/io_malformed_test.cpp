@@ -250,20 +250,14 @@ TEST_F(Malformed, Safetensors) {
                              R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", f32x2)),
       "the tensors use 4 bytes of data, the file holds 8");
   // The float8 and unsigned dtypes PyTorch 2.x has load as those dtypes.
-  EXPECT_EQ(io::load_safetensors(file("f8.safetensors",
-                                      R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})",
-                                      f32x2))
-                .tensors.at("a")
-                .leaf()
-                .scalar_type(),
-            at::kFloat8_e4m3fn);
-  EXPECT_EQ(io::load_safetensors(file("u32.safetensors",
-                                      R"({"a":{"dtype":"U32","shape":[2],"data_offsets":[0,8]}})",
-                                      f32x2))
-                .tensors.at("a")
-                .leaf()
-                .scalar_type(),
-            at::kUInt32);
+  for (const auto& [name, dtype] :
+       {std::pair{"F8_E4M3", at::kFloat8_e4m3fn}, std::pair{"U32", at::kUInt32}}) {
+    const std::string shape = std::string(name) == "U32" ? "2" : "8";
+    const std::string header = std::string(R"({"a":{"dtype":")") + name + R"(","shape":[)" + shape +
+                               R"(],"data_offsets":[0,8]}})";
+    const auto path = file(std::string(name) + ".safetensors", header, f32x2);
+    EXPECT_EQ(io::load_safetensors(path).tensors.at("a").leaf().scalar_type(), dtype) << name;
+  }
   EXPECT_HAS(
       safetensors_error(file("q7.safetensors",
                              R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", f32x2)),

@@ -8,9 +8,9 @@
 #include "treetensor/tensor/rounding.hpp"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 

@@ -25,12 +25,21 @@ struct DtypeName {
   const char* name;
   c10::ScalarType dtype;
 };
-constexpr DtypeName kDtypes[] = {
-    {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf},  {"BF16", c10::kBFloat16},
-    {"I64", c10::kLong},   {"I32", c10::kInt},   {"I16", c10::kShort}, {"I8", c10::kChar},
-    {"U8", c10::kByte},    {"BOOL", c10::kBool},  {"F8_E4M3", c10::kFloat8_e4m3fn},
-    {"F8_E5M2", c10::kFloat8_e5m2}, {"U16", c10::kUInt16}, {"U32", c10::kUInt32},
-    {"U64", c10::kUInt64}};
+constexpr DtypeName kDtypes[] = {{"F64", c10::kDouble},
+                                 {"F32", c10::kFloat},
+                                 {"F16", c10::kHalf},
+                                 {"BF16", c10::kBFloat16},
+                                 {"I64", c10::kLong},
+                                 {"I32", c10::kInt},
+                                 {"I16", c10::kShort},
+                                 {"I8", c10::kChar},
+                                 {"U8", c10::kByte},
+                                 {"BOOL", c10::kBool},
+                                 {"F8_E4M3", c10::kFloat8_e4m3fn},
+                                 {"F8_E5M2", c10::kFloat8_e5m2},
+                                 {"U16", c10::kUInt16},
+                                 {"U32", c10::kUInt32},
+                                 {"U64", c10::kUInt64}};
 
 struct Entry {
   std::string name;

@@ -14,8 +14,8 @@
 //
 // Empty trees (no leaves) and trees without elements:
 //   sum → 0 (the default dtype for an empty tree, as torch.sum(torch.tensor([]))), mean → nan, all
-//   → true, any → false, norm → 0 (p = ±inf: c10::Error, as torch 2.x), std → nan, masked_select → an empty 1-D tensor; min/max throw
-//   std::invalid_argument
+//   → true, any → false, norm → 0 (p = ±inf: c10::Error, as torch 2.x), std → nan, masked_select →
+//   an empty 1-D tensor; min/max throw std::invalid_argument
 //   ("no elements"), as at::min of an empty tensor does. Leaves with no elements contribute
 //   nothing to min/max.
 //
