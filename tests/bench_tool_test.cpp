@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -51,8 +52,29 @@ class BenchTool : public ::testing::Test {
   fs::path dir_;
 };
 
-const std::set<std::string> kRecordKeys = {
-    "workload", "strategy", "size", "mean_ms", "std_ms", "gflops", "speedup_vs_native", "verified"};
+const std::set<std::string> kRecordKeys = {"workload",          "strategy", "role",   "size",
+                                           "mean_ms",           "std_ms",   "gflops", "gbps",
+                                           "speedup_vs_native", "verified"};
+
+// Bounds and references are told apart from strategies, in the JSON and in the table.
+std::string expected_role(const std::string& strategy) {
+  if (strategy == "min" || strategy == "limit" || strategy == "one-call") return "bound";
+  if (strategy == "compute" || strategy == "native-discard") return "reference";
+  return "strategy";
+}
+
+// The table line of `strategy` at `size` (the first column), or "" when there is none.
+std::string table_line(const std::string& output, const std::string& size,
+                       const std::string& strategy) {
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string first, second;
+    words >> first >> second;
+    if (first == size && second == strategy) return line;
+  }
+  return "";
+}
 
 void expect_record_shape(const json& r) {
   std::set<std::string> keys;
@@ -62,6 +84,7 @@ void expect_record_shape(const json& r) {
   EXPECT_GT(r.at("mean_ms").get<double>(), 0) << r.dump();
   EXPECT_GE(r.at("std_ms").get<double>(), 0) << r.dump();
   EXPECT_GT(r.at("speedup_vs_native").get<double>(), 0) << r.dump();
+  EXPECT_EQ(r.at("role"), expected_role(r.at("strategy").get<std::string>())) << r.dump();
 }
 
 TEST_F(BenchTool, SeedWritesEveryRowVerifiedWithDocumentedNames) {
@@ -101,6 +124,16 @@ TEST_F(BenchTool, SeedWritesEveryRowVerifiedWithDocumentedNames) {
       }
     }
     EXPECT_EQ(seen, rows) << "size " << s;
+    // A bound's speed-up in brackets, none for a reference, a strategy's as is.
+    EXPECT_NE(table_line(out.output, std::to_string(s), "min").find(")    2  bound"),
+              std::string::npos)
+        << out.output;
+    EXPECT_NE(table_line(out.output, std::to_string(s), "native-discard").find("-    2  reference"),
+              std::string::npos)
+        << out.output;
+    EXPECT_NE(table_line(out.output, std::to_string(s), "stream").find("x    2  yes"),
+              std::string::npos)
+        << out.output;
   }
   // The plot is a PNG where gnuplot is installed, and the tool says how to get it otherwise.
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
@@ -140,6 +173,10 @@ void check_optimizer(const json& j, const std::string& model, std::size_t tensor
     EXPECT_EQ(r.at("workload"), "optimizer");
     EXPECT_EQ(r.at("size"), model);
     EXPECT_TRUE(r.at("gflops").is_null());
+    // GB/s: p, g, m, v read and p, m, v written once each (float32).
+    EXPECT_NEAR(r.at("gbps").get<double>(),
+                7.0 * 4 * double(elements) / (r.at("mean_ms").get<double>() * 1e6),
+                1e-9 * r.at("gbps").get<double>());
     seen.insert(r.at("strategy").get<std::string>());
   }
   EXPECT_EQ(seen, (std::set<std::string>{"native", "flat", "limit", "foreach", "linear", "stream",
@@ -170,8 +207,11 @@ TEST_F(BenchTool, OptimizerMobileNetV3SmallTakesOnlyTrainableParameters) {
 TEST_F(BenchTool, ElementwiseGridRecordsEveryRowVerified) {
   const auto out =
       run_bench("elementwise --leaves 3,5 --elements 4,33 -T 1 --warmup 0 --no-progress --json " +
-                path("ew.json"));
+                path("ew.json") + " --plot " + path("ew.png"));
   ASSERT_EQ(out.status, 0) << out.output;
+  // One panel per op, log axis (gnuplot would fail on a non-positive value there).
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0)
+    EXPECT_GT(fs::file_size(path("ew.png")), 0u) << out.output;
   EXPECT_NE(out.output.find("3x4 add: all 4 strategies match native before timing; bitwise "
                             "equal: linear, stream, auto, flat"),
             std::string::npos)
@@ -185,6 +225,11 @@ TEST_F(BenchTool, ElementwiseGridRecordsEveryRowVerified) {
          {"op", "leaves", "elements", "strategy", "mean_ms", "speedup_vs_native", "verified"})
       EXPECT_TRUE(r.contains(k)) << k << " missing in " << r.dump();
     EXPECT_TRUE(r.at("verified").get<bool>()) << r.dump();
+    EXPECT_EQ(r.at("role"), expected_role(r.at("strategy").get<std::string>())) << r.dump();
+    // GB/s: x and y read, the result written once (float32).
+    const double bytes = 3.0 * 4 * r.at("leaves").get<double>() * r.at("elements").get<double>();
+    EXPECT_NEAR(r.at("gbps").get<double>(), bytes / (r.at("mean_ms").get<double>() * 1e6),
+                1e-9 * r.at("gbps").get<double>());
     rows[r.at("size").get<std::string>()].insert(r.at("strategy").get<std::string>());
   }
   const std::set<std::string> want = {"native", "linear",    "stream",  "auto",
@@ -219,10 +264,17 @@ TEST_F(BenchTool, AllreduceOnTwoRanksVerifiesEveryRow) {
     EXPECT_EQ(r.at("workload"), "allreduce");
     EXPECT_EQ(r.at("size"), "mobilenet_v3_small");
     EXPECT_TRUE(r.at("verified").get<bool>()) << r.dump();
+    EXPECT_EQ(r.at("role"), expected_role(r.at("strategy").get<std::string>())) << r.dump();
+    // compute moves no gradient bytes: no GB/s; every other row reduces them all.
+    EXPECT_EQ(r.at("gbps").is_null(), r.at("strategy") == "compute") << r.dump();
     seen.insert(r.at("strategy").get<std::string>());
   }
   EXPECT_EQ(seen, (std::set<std::string>{"native", "tree", "consolidated", "limit", "tree+compute",
                                          "async", "compute"}));
+  // The compute row times other work: the table claims no speed-up for it.
+  EXPECT_NE(table_line(out.output, "mobilenet_v3_small", "compute").find("-    1  reference"),
+            std::string::npos)
+      << out.output;
 }
 
 // An unverified row never stops a run: every workload writes its table, JSON and plot, the

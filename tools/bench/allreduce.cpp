@@ -194,8 +194,20 @@ WorkloadResult run_allreduce(const Config& cfg, Progress& progress) {
         ok = !failed_on_any("limit");
       else if (rows[k] != "compute")
         ok = !failed_on_any(rows[k]);
-      out.records.push_back({"allreduce", rows[k], model.name, t[k].mean_ms, t[k].std_ms,
-                             std::nullopt, t[0].mean_ms / t[k].mean_ms, ok, measured.reps});
+      Record r{"allreduce",
+               rows[k],
+               model.name,
+               t[k].mean_ms,
+               t[k].std_ms,
+               std::nullopt,
+               t[0].mean_ms / t[k].mean_ms,
+               ok,
+               measured.reps};
+      // Algorithm bandwidth, as nccl-tests' algbw: the bytes each rank reduces / mean time.
+      if (rows[k] != "compute")
+        r.gbps =
+            double(model.elements) * double(c10::elementSize(cfg.dtype)) / (t[k].mean_ms * 1e6);
+      out.records.push_back(std::move(r));
       out.all_verified = out.all_verified && ok;
     }
     std::string note =
@@ -212,7 +224,8 @@ WorkloadResult run_allreduce(const Config& cfg, Progress& progress) {
     reps_used[model.name] = measured.reps;
   }
   out.notes.push_back(fmt::format(
-      "compute: {} matmuls 384x384 @ 384x384 on the main thread (one intra-op thread per rank)",
+      "compute: {} matmuls 384x384 @ 384x384 on the main thread (one intra-op thread per rank), "
+      "a reference, not a strategy; GB/s: gradient bytes per rank / mean time (algbw)",
       cfg.compute_matmuls));
   out.config = {{"models", cfg.models},
                 {"ranks", world},

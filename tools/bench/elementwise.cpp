@@ -179,6 +179,9 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
                    verified,
                    measured.reps};
           r.extra = {{"op", op}, {"leaves", n}, {"elements", e}};
+          // Bytes the op must move: x and y read, the result written, once each.
+          const double bytes = 3.0 * double(n) * double(e) * double(c10::elementSize(cfg.dtype));
+          r.gbps = bytes / (t[i].mean_ms * 1e6);
           out.records.push_back(std::move(r));
         }
       }
@@ -190,6 +193,7 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
         "every call; under stream(fused) or with the caching allocator it stays flat)",
         fmt::join(per_leaf, ", ")));
   out.notes.push_back(
+      "GB/s: 3*N*E*element bytes (x and y read, the result written once) / mean time; "
       "flat: consolidated trees, one ATen call per buffer, result leaves not yet made; "
       "flat+read: the same, then every result leaf made once; one-call: one ATen call over a "
       "tensor of all N*E elements (the floor, nothing to verify)");

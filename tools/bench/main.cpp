@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -153,15 +154,18 @@ int run(const tb::Config& cfg) {
                               machine.cpu + ", " + std::to_string(machine.cores) +
                               " cores, LibTorch " + machine.torch_version + ", " +
                               machine.date.substr(0, 10);
-    const std::string xlabel = seed          ? "leaf size S (each leaf: S x 2S @ 2S x 4S)"
-                               : elementwise ? "N leaves x E elements, op"
-                                             : "model";
-    // allreduce's `compute` row moves no data: a reference for the overlap rows, not a strategy.
-    std::vector<tb::Record> plotted;
-    for (const auto& r : result.records)
-      if (!(allreduce && r.strategy == "compute")) plotted.push_back(r);
-    if (auto missing =
-            tb::write_plot(*cfg.plot_path, plotted, title, seed ? "S =" : "model", xlabel))
+    tb::PlotSpec spec;
+    spec.title = title;
+    spec.size_name = seed ? "S =" : "model";
+    spec.xlabel = seed          ? "leaf size S (each leaf: S x 2S @ 2S x 4S)"
+                  : elementwise ? "N leaves x E elements"
+                                : "model";
+    // A sweep of S draws as lines; named shapes, models and N x E grids are categories.
+    const bool sweep = seed && std::all_of(result.records.begin(), result.records.end(),
+                                           [](const tb::Record& r) { return r.size.is_number(); });
+    spec.axis = sweep ? tb::Axis::numeric : tb::Axis::categorical;
+    if (elementwise) spec.panel_key = "op";
+    if (auto missing = tb::write_plot(*cfg.plot_path, result.records, spec))
       std::cout << *missing << "\n";
     else
       std::cout << "wrote " << *cfg.plot_path << "\n";

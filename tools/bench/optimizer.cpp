@@ -337,7 +337,8 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
   }
   out.notes.push_back(
       "limit: one streaming pass, 16 bytes read and 12 written per element, no Adam "
-      "arithmetic (the memory-bandwidth floor; nothing to verify)");
+      "arithmetic (the memory-bandwidth floor; nothing to verify); GB/s: 7 * elements * "
+      "element bytes (p, g, m, v read, p, m, v written once) / mean time");
   out.all_verified = verification.all_passed();
   out.notes.push_back(verification.note());
 
@@ -362,9 +363,19 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress) {
   progress.clear();
   for (std::size_t i = 0, checked = 0; i < rows.size(); ++i) {
     const bool floor_row = rows[i].first == "limit";
-    out.records.push_back({"optimizer", rows[i].first, model.name, timings[i].mean_ms,
-                           timings[i].std_ms, std::nullopt, timings[0].mean_ms / timings[i].mean_ms,
-                           floor_row || verification.passed(checked), measured.reps});
+    Record r{"optimizer",
+             rows[i].first,
+             model.name,
+             timings[i].mean_ms,
+             timings[i].std_ms,
+             std::nullopt,
+             timings[0].mean_ms / timings[i].mean_ms,
+             floor_row || verification.passed(checked),
+             measured.reps};
+    // Bytes a step must move: p, g, m, v read and p, m, v written, once each.
+    r.gbps = 7.0 * double(model.elements) * double(c10::elementSize(cfg.dtype)) /
+             (timings[i].mean_ms * 1e6);
+    out.records.push_back(std::move(r));
     if (!floor_row) ++checked;
   }
 

@@ -10,6 +10,15 @@
 
 namespace treetensor::bench {
 
+/// What a row is. Only strategies are ways to run the user's work; a bound is a floor no strategy
+/// can beat by construction (seed `min`, optimizer and allreduce `limit`, elementwise `one-call`),
+/// a reference is other work timed beside them (allreduce `compute`, seed `native-discard`).
+/// Tables and plots show bounds and references apart, never as strategies.
+enum class Role { strategy, bound, reference };
+
+/// The role of a row by its strategy name (names are unique across the workloads).
+Role role_of(const std::string& strategy);
+
 /// One row: a strategy at one size (seed) or on one model (optimizer). Field names are the
 /// JSON names other tools read; keep them.
 struct Record {
@@ -23,11 +32,18 @@ struct Record {
   bool verified = false;         ///< agrees with native before timing (see Verification)
   std::size_t reps = 0;          ///< timed repetitions (table only; in the JSON config)
   nlohmann::json extra = nlohmann::json::object();  ///< workload fields (elementwise: op, ...)
+  /// GB/s (1e9 bytes per second) where bytes are the cost: the bytes the work must move
+  /// (each workload's footer says which) / mean time; null where not meaningful.
+  std::optional<double> gbps;
+
+  Role role() const { return role_of(strategy); }
 
   nlohmann::json to_json() const;
 };
 
-/// Prints the table, one row per record, grouped by size in record order.
+/// Prints the table, one row per record, grouped by size in record order; in each group the
+/// strategies first, then bounds with their speed-up in brackets and references without one. A
+/// GFLOP/s or GB/s column appears when a row has one.
 /// @param size_header  the first column's title ("S" or "model").
 void print_table(std::ostream& out, const std::vector<Record>& records,
                  const std::string& size_header);
@@ -44,17 +60,32 @@ void write_json(const std::string& path, const nlohmann::json& config,
 /// @throws std::runtime_error naming the flag and the path when it cannot be written.
 void check_output_path(const std::string& flag, const std::string& path);
 
-/// Draws speed-up against native versus size (verified rows only), one line per strategy, into
-/// `path` (PNG) with gnuplot; with a single size (an optimizer run), one labelled bar per strategy
-/// instead.
+/// How the sizes of a run are drawn.
+enum class Axis {
+  numeric,      ///< sizes are a sweep (seed's S): one line per strategy across them
+  categorical,  ///< sizes are unrelated (models, N x E): points, never joined by lines
+};
+
+/// Draws speed-up against native (log scale) versus size (verified rows whose std is below their
+/// mean only) into `path` (PNG)
+/// with gnuplot: one series per strategy, bounds as grey dashed or hollow marks named
+/// "(bound)"; references are left out. With a single size (an optimizer run), one labelled bar
+/// per row instead. With `panel_key`, one panel per distinct value of that `extra` field
+/// (elementwise: one per op), sizes stripped of it.
 /// @param size_name  what a size is ("S", "model"), for the bar chart's axis label.
-/// @param xlabel     the line chart's x-axis label. When gnuplot (or a PNG terminal) is missing,
+/// @param xlabel     the x-axis label. When gnuplot (or a PNG terminal) is missing,
 /// writes nothing and returns a message saying how to install it; returns std::nullopt on success.
 /// gnuplot's stdout is discarded (it falls back to stdout when it cannot open `path`, which
 /// would put PNG bytes into the table); its error messages go to stderr.
 /// @throws std::runtime_error when gnuplot is present but fails or does not write `path`.
+struct PlotSpec {
+  std::string title;
+  std::string size_name;
+  std::string xlabel;
+  Axis axis = Axis::categorical;
+  std::string panel_key;  ///< empty: one panel
+};
 std::optional<std::string> write_plot(const std::string& path, const std::vector<Record>& records,
-                                      const std::string& title, const std::string& size_name,
-                                      const std::string& xlabel);
+                                      const PlotSpec& spec);
 
 }  // namespace treetensor::bench
