@@ -253,12 +253,12 @@ TEST_F(BenchTool, AllreduceOnTwoRanksVerifiesEveryRow) {
   const auto out = run_bench(
       "allreduce --models mobilenet_v3_small --compute-matmuls 1 -T 1 --warmup 0 --no-progress "
       "--json " +
-      path("ar.json"));
+      path("allreduce.json"));
   ASSERT_EQ(out.status, 0) << out.output;
   EXPECT_NE(out.output.find("every row, limit included, equal to the hand-computed sum"),
             std::string::npos)
       << out.output;
-  const json j = read_json(path("ar.json"));
+  const json j = read_json(path("allreduce.json"));
   std::set<std::string> seen;
   for (const auto& r : j.at("results")) {
     EXPECT_EQ(r.at("workload"), "allreduce");
@@ -275,6 +275,16 @@ TEST_F(BenchTool, AllreduceOnTwoRanksVerifiesEveryRow) {
   EXPECT_NE(table_line(out.output, "mobilenet_v3_small", "compute").find("-    1  reference"),
             std::string::npos)
       << out.output;
+  // The README's tables come from the JSON with the same roles (scripts/readme_tables.py).
+  const auto md =
+      tt_test::run_command("python3 " + std::string(TREETENSOR_SOURCE_DIR) +
+                           "/scripts/readme_tables.py --print --out " + path("") + " 2>&1");
+  ASSERT_EQ(md.status, 0) << md.output;
+  EXPECT_NE(md.output.find("| mobilenet_v3_small | `compute` |"), std::string::npos) << md.output;
+  EXPECT_NE(md.output.find("| (reference) |"), std::string::npos) << md.output;
+  EXPECT_NE(md.output.find(" bound) |"), std::string::npos) << md.output;
+  EXPECT_NE(md.output.find("**all_reduce over 2 local ranks** — `"), std::string::npos)
+      << md.output;
 }
 
 // An unverified row never stops a run: every workload writes its table, JSON and plot, the
