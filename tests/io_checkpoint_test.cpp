@@ -14,7 +14,8 @@ namespace tt = treetensor;
 
 namespace {
 const char* const kFixtures[] = {"module_state", "adam_state", "checkpoint",   "views",
-                                 "dtypes",       "params",     "plain_tensor", "legacy"};
+                                 "dtypes",       "params",     "plain_tensor", "legacy",
+                                 "tied",         "adam_named"};
 }  // namespace
 
 TEST(IoCheckpoint, LoadsWhatPythonWrote) {
@@ -37,6 +38,44 @@ TEST(IoCheckpoint, ViewsShareOneStorageAndTheFileIsNeverWritten) {
   rows.fill_(-1);  // written through a view: the base sees it, the file does not
   EXPECT_EQ(base[1][0].item<float>(), -1.0f);
   expect_matches(io::load(fixture("views.pt")), expectation("views"));
+}
+
+// Trees iterate sorted (DESIGN.md §1); the file's order stays in key_order, and save() writes
+// it back (PythonLoadsWhatCppWrote checks the order torch.load sees).
+TEST(IoCheckpoint, KeepsTheFileKeyOrder) {
+  const io::Object module = io::load(fixture("module_state.pt"));
+  const std::vector<std::string> order = module.key_order.at({});
+  ASSERT_EQ(order.size(), 9u);
+  EXPECT_EQ(order[0], "conv.weight");
+  EXPECT_EQ(order[2], "bn.weight");
+  EXPECT_EQ(order[8], "fc.bias");
+  const io::Object adam = io::load(fixture("adam_named.pt"));
+  const std::vector<std::string> ids = adam.key_order.at(tr::Path{"state"});
+  ASSERT_EQ(ids.size(), 12u);
+  for (std::size_t k = 0; k < ids.size(); ++k) EXPECT_EQ(ids[k], std::to_string(k));
+  EXPECT_EQ(adam.key_order.count(tr::Path{"state", "0"}), 1u) << "step, exp_avg, exp_avg_sq";
+  // A sorted dict needs no entry; keys added after loading are written after the listed ones.
+  EXPECT_EQ(io::load(fixture("checkpoint.pt")).key_order.count(tr::Path{"metrics", "best"}), 0u);
+  io::Object grown = module;
+  grown.tree.insert(tr::Path{"aaa"}, io::Value(at::ones({1})));
+  grown.tree.erase(tr::Path{"bn.bias"});
+  const auto dir = scratch("order");
+  const std::string out = (dir / "grown.pt").string();
+  io::save(out, grown);
+  std::vector<std::string> want = order;
+  want.erase(std::find(want.begin(), want.end(), "bn.bias"));
+  want.push_back("aaa");
+  EXPECT_EQ(file_order(io::load(out), {}), want);
+  std::filesystem::remove_all(dir);
+}
+
+// Tied weights: one tensor at two paths (a memo reference) loads as two views of one storage.
+TEST(IoCheckpoint, SharedTensorsLoadAtEveryPath) {
+  const io::Object tied = io::load(fixture("tied.pt"));
+  const auto& enc = std::get<at::Tensor>(tied.tree.at(tr::Path{"encoder.weight"}).leaf());
+  const auto& dec = std::get<at::Tensor>(tied.tree.at(tr::Path{"decoder.weight"}).leaf());
+  EXPECT_TRUE(enc.storage().is_alias_of(dec.storage()));
+  EXPECT_TRUE(enc.equal(at::arange(24, at::kFloat).reshape({4, 6})));
 }
 
 TEST(IoCheckpoint, TensorsAndStateDictForms) {

@@ -9,7 +9,7 @@ checks files that treetensor wrote (what Python users get back).
 
 The expect form lists every leaf with its key path (a list of keys; list items by index),
 Python type and value (tensors: dtype, shape, flat values, requires_grad, Parameter), every
-container's type, and which dict keys are ints. Run with the venv's Python (scripts/setup.sh:
+container's type (dicts: with their keys in order), and which dict keys are ints. Run with the venv's Python (scripts/setup.sh:
 PyTorch 2.x from PyPI)."""
 import collections
 import copy
@@ -53,7 +53,7 @@ def describe(obj, path, out):
                               "parameter": isinstance(obj, torch.nn.Parameter)})
     elif isinstance(obj, dict):
         kind = "OrderedDict" if isinstance(obj, collections.OrderedDict) else "dict"
-        out["containers"].append({"path": path, "kind": kind})
+        out["containers"].append({"path": path, "kind": kind, "keys": [str(k) for k in obj]})
         for k, v in obj.items():
             if isinstance(k, int) and not isinstance(k, bool):
                 out["int_keys"].append(path + [str(k)])
@@ -97,6 +97,17 @@ def adam_state(model):
     return opt.state_dict()
 
 
+def adam_named_state():
+    """Adam over 12 parameters (ids 0..11: their order is not the sorted order of "0".."11"),
+    constructed from named_parameters(), so the state dict has param_names (PyTorch >= 2.6)."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(6)])
+    opt = torch.optim.Adam(model.named_parameters(), lr=1e-2, betas=(0.8, 0.99), weight_decay=0.01)
+    model(torch.randn(3, 2)).sum().backward()
+    opt.step()
+    return opt.state_dict()
+
+
 def fixtures():
     torch.manual_seed(0)
     model = TinyNet()
@@ -128,6 +139,8 @@ def fixtures():
         "params": {"w": torch.nn.Parameter(torch.randn(3)), "frozen": torch.nn.Parameter(torch.ones(2), requires_grad=False),
                    "grad": torch.ones(2, requires_grad=True)},
         "plain_tensor": torch.arange(5),
+        "tied": {"encoder.weight": base, "decoder.weight": base, "decoder.bias": torch.ones(2)},
+        "adam_named": adam_named_state(),
     }
 
 
