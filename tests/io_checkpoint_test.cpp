@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "io_test_util.hpp"
+#include "treetensor/io/adam_state.hpp"
 #include "treetensor/io/safetensors.hpp"
 #include "treetensor/tensor/tensor.hpp"
 
@@ -192,4 +193,60 @@ TEST(IoCheckpoint, OneStorageAsTwoDtypesIsRefusedOnSave) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir / "x.pt")) << "nothing half-written";
   std::filesystem::remove_all(dir);
+}
+
+// Continuing a PyTorch Adam in C++ by parameter names: from the file's param_names, one step,
+// back to a state dict that PyTorch's next step matches (ids in order).
+TEST(IoAdamState, ContinuesAPyTorchOptimizerByName) {
+  const io::Object file = io::load(fixture("adam_named.pt"));
+  io::AdamState s = io::adam_state_from(file);
+  ASSERT_EQ(s.names.size(), 12u);
+  EXPECT_EQ(s.names[2], "1.weight");
+  EXPECT_EQ(s.names[11], "5.bias");
+  EXPECT_EQ(s.step, 1);
+  EXPECT_DOUBLE_EQ(s.options.lr(), 1e-2);
+  EXPECT_DOUBLE_EQ(s.options.beta1(), 0.8);
+  EXPECT_DOUBLE_EQ(s.options.beta2(), 0.99);
+  EXPECT_DOUBLE_EQ(s.options.weight_decay(), 0.01);
+  EXPECT_TRUE(
+      s.exp_avg.at(tr::Path{"5", "bias"})
+          .leaf()
+          .equal(std::get<at::Tensor>(file.tree.at(tr::Path{"state", "11", "exp_avg"}).leaf())))
+      << "id 11 is '5.bias', not the 11th key in sorted order";
+  tt::TreeTensor params = tt::zeros_like(s.exp_avg);
+  const tt::TreeTensor grads = tt::ones_like(s.exp_avg);
+  tt::adam_step(params, grads, s.exp_avg, s.exp_avg_sq, ++s.step, s.options);
+  const auto dir = scratch("adam");
+  const std::string out = (dir / "adam.pt").string();
+  io::save(out, io::adam_state_dict(s, file));
+  const auto [status, text] = python("check-adam " + fixture("adam_named.pt") + " " + out);
+  EXPECT_EQ(status, 0) << text;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IoAdamState, NamesComeFromTheFileOrTheCallerNeverAGuess) {
+  const io::Object file = io::load(fixture("adam_state.pt"));  // model.parameters(): no names
+  auto message = [&](const std::vector<std::string>& names) -> std::string {
+    try {
+      io::adam_state_from(file, names);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message({}).find("the file has no param_names: pass the parameters' names in id "
+                             "order"),
+            std::string::npos)
+      << message({});
+  EXPECT_NE(message({"conv.weight"}).find("1 names for the group's 6 parameters"),
+            std::string::npos);
+  const std::vector<std::string> names = {"conv.weight", "conv.bias", "bn.weight",
+                                          "bn.bias",     "fc.weight", "fc.bias"};
+  const io::AdamState s = io::adam_state_from(file, names);
+  EXPECT_EQ(s.exp_avg.at(tr::Path{"fc", "weight"}).leaf().sizes(), (std::vector<int64_t>{2, 12}));
+  EXPECT_NE(message({"a", "b"}).find("2 names"), std::string::npos);
+  EXPECT_NE(io::adam_state_dict(s).key_order.at(tr::Path{"state"}).size(), 0u);
+  const io::Object named = io::load(fixture("adam_named.pt"));
+  EXPECT_THROW(io::adam_state_from(named, std::vector<std::string>(12, "x")), std::invalid_argument)
+      << "names that disagree with the file's param_names";
 }
