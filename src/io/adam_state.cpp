@@ -27,13 +27,16 @@ const Value* leaf(const Node& n, const std::string& key) {
   return c && c->is_leaf() ? &c->leaf() : nullptr;
 }
 
+double number(const Value& v, const std::string& what) {
+  if (const auto* d = std::get_if<double>(&v)) return *d;
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return static_cast<double>(*i);
+  if (const auto* t = std::get_if<at::Tensor>(&v); t && t->numel() == 1) return t->item<double>();
+  bad("param group entry '" + what + "' is a " + value_type_name(v) + ", not a number");
+}
+
 double number(const Node& group, const std::string& key, double fallback) {
   const Value* v = leaf(group, key);
-  if (!v) return fallback;
-  if (const auto* d = std::get_if<double>(v)) return *d;
-  if (const auto* i = std::get_if<std::int64_t>(v)) return static_cast<double>(*i);
-  if (const auto* t = std::get_if<at::Tensor>(v); t && t->numel() == 1) return t->item<double>();
-  bad("param group entry '" + key + "' is a " + value_type_name(*v) + ", not a number");
+  return v ? number(*v, key) : fallback;
 }
 
 bool flag(const Node& group, const std::string& key) {
@@ -158,9 +161,8 @@ AdamState adam_state_from(const Object& state_dict, const std::vector<std::strin
   const auto betas = items(group, "betas");
   double beta1 = 0.9, beta2 = 0.999;
   if (betas.size() == 2) {
-    Node pair = list_of({*betas[0], *betas[1]});
-    beta1 = number(pair, "0", beta1);
-    beta2 = number(pair, "1", beta2);
+    beta1 = number(*betas[0], "betas");
+    beta2 = number(*betas[1], "betas");
   }
   out.options = AdamOptions()
                     .lr(number(group, "lr", 1e-3))
