@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "io_test_util.hpp"
+#include "treetensor/io/adam_state.hpp"
 #include "treetensor/io/safetensors.hpp"
 #include "treetensor/tensor/tensor.hpp"
 
@@ -14,7 +15,8 @@ namespace tt = treetensor;
 
 namespace {
 const char* const kFixtures[] = {"module_state", "adam_state", "checkpoint",   "views",
-                                 "dtypes",       "params",     "plain_tensor", "legacy"};
+                                 "dtypes",       "params",     "plain_tensor", "legacy",
+                                 "tied",         "adam_named"};
 }  // namespace
 
 TEST(IoCheckpoint, LoadsWhatPythonWrote) {
@@ -37,6 +39,44 @@ TEST(IoCheckpoint, ViewsShareOneStorageAndTheFileIsNeverWritten) {
   rows.fill_(-1);  // written through a view: the base sees it, the file does not
   EXPECT_EQ(base[1][0].item<float>(), -1.0f);
   expect_matches(io::load(fixture("views.pt")), expectation("views"));
+}
+
+// Trees iterate sorted (DESIGN.md §1); the file's order stays in key_order, and save() writes
+// it back (PythonLoadsWhatCppWrote checks the order torch.load sees).
+TEST(IoCheckpoint, KeepsTheFileKeyOrder) {
+  const io::Object module = io::load(fixture("module_state.pt"));
+  const std::vector<std::string> order = module.key_order.at({});
+  ASSERT_EQ(order.size(), 9u);
+  EXPECT_EQ(order[0], "conv.weight");
+  EXPECT_EQ(order[2], "bn.weight");
+  EXPECT_EQ(order[8], "fc.bias");
+  const io::Object adam = io::load(fixture("adam_named.pt"));
+  const std::vector<std::string> ids = adam.key_order.at(tr::Path{"state"});
+  ASSERT_EQ(ids.size(), 12u);
+  for (std::size_t k = 0; k < ids.size(); ++k) EXPECT_EQ(ids[k], std::to_string(k));
+  EXPECT_EQ(adam.key_order.count(tr::Path{"state", "0"}), 1u) << "step, exp_avg, exp_avg_sq";
+  // A sorted dict needs no entry; keys added after loading are written after the listed ones.
+  EXPECT_EQ(io::load(fixture("checkpoint.pt")).key_order.count(tr::Path{"metrics", "best"}), 0u);
+  io::Object grown = module;
+  grown.tree.insert(tr::Path{"aaa"}, io::Value(at::ones({1})));
+  grown.tree.erase(tr::Path{"bn.bias"});
+  const auto dir = scratch("order");
+  const std::string out = (dir / "grown.pt").string();
+  io::save(out, grown);
+  std::vector<std::string> want = order;
+  want.erase(std::find(want.begin(), want.end(), "bn.bias"));
+  want.push_back("aaa");
+  EXPECT_EQ(file_order(io::load(out), {}), want);
+  std::filesystem::remove_all(dir);
+}
+
+// Tied weights: one tensor at two paths (a memo reference) loads as two views of one storage.
+TEST(IoCheckpoint, SharedTensorsLoadAtEveryPath) {
+  const io::Object tied = io::load(fixture("tied.pt"));
+  const auto& enc = std::get<at::Tensor>(tied.tree.at(tr::Path{"encoder.weight"}).leaf());
+  const auto& dec = std::get<at::Tensor>(tied.tree.at(tr::Path{"decoder.weight"}).leaf());
+  EXPECT_TRUE(enc.storage().is_alias_of(dec.storage()));
+  EXPECT_TRUE(enc.equal(at::arange(24, at::kFloat).reshape({4, 6})));
 }
 
 TEST(IoCheckpoint, TensorsAndStateDictForms) {
@@ -153,4 +193,60 @@ TEST(IoCheckpoint, OneStorageAsTwoDtypesIsRefusedOnSave) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir / "x.pt")) << "nothing half-written";
   std::filesystem::remove_all(dir);
+}
+
+// Continuing a PyTorch Adam in C++ by parameter names: from the file's param_names, one step,
+// back to a state dict that PyTorch's next step matches (ids in order).
+TEST(IoAdamState, ContinuesAPyTorchOptimizerByName) {
+  const io::Object file = io::load(fixture("adam_named.pt"));
+  io::AdamState s = io::adam_state_from(file);
+  ASSERT_EQ(s.names.size(), 12u);
+  EXPECT_EQ(s.names[2], "1.weight");
+  EXPECT_EQ(s.names[11], "5.bias");
+  EXPECT_EQ(s.step, 1);
+  EXPECT_DOUBLE_EQ(s.options.lr(), 1e-2);
+  EXPECT_DOUBLE_EQ(s.options.beta1(), 0.8);
+  EXPECT_DOUBLE_EQ(s.options.beta2(), 0.99);
+  EXPECT_DOUBLE_EQ(s.options.weight_decay(), 0.01);
+  EXPECT_TRUE(
+      s.exp_avg.at(tr::Path{"5", "bias"})
+          .leaf()
+          .equal(std::get<at::Tensor>(file.tree.at(tr::Path{"state", "11", "exp_avg"}).leaf())))
+      << "id 11 is '5.bias', not the 11th key in sorted order";
+  tt::TreeTensor params = tt::zeros_like(s.exp_avg);
+  const tt::TreeTensor grads = tt::ones_like(s.exp_avg);
+  tt::adam_step(params, grads, s.exp_avg, s.exp_avg_sq, ++s.step, s.options);
+  const auto dir = scratch("adam");
+  const std::string out = (dir / "adam.pt").string();
+  io::save(out, io::adam_state_dict(s, file));
+  const auto [status, text] = python("check-adam " + fixture("adam_named.pt") + " " + out);
+  EXPECT_EQ(status, 0) << text;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IoAdamState, NamesComeFromTheFileOrTheCallerNeverAGuess) {
+  const io::Object file = io::load(fixture("adam_state.pt"));  // model.parameters(): no names
+  auto message = [&](const std::vector<std::string>& names) -> std::string {
+    try {
+      io::adam_state_from(file, names);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message({}).find("the file has no param_names: pass the parameters' names in id "
+                             "order"),
+            std::string::npos)
+      << message({});
+  EXPECT_NE(message({"conv.weight"}).find("1 names for the group's 6 parameters"),
+            std::string::npos);
+  const std::vector<std::string> names = {"conv.weight", "conv.bias", "bn.weight",
+                                          "bn.bias",     "fc.weight", "fc.bias"};
+  const io::AdamState s = io::adam_state_from(file, names);
+  EXPECT_EQ(s.exp_avg.at(tr::Path{"fc", "weight"}).leaf().sizes(), (std::vector<int64_t>{2, 12}));
+  EXPECT_NE(message({"a", "b"}).find("2 names"), std::string::npos);
+  EXPECT_NE(io::adam_state_dict(s).key_order.at(tr::Path{"state"}).size(), 0u);
+  const io::Object named = io::load(fixture("adam_named.pt"));
+  EXPECT_THROW(io::adam_state_from(named, std::vector<std::string>(12, "x")), std::invalid_argument)
+      << "names that disagree with the file's param_names";
 }

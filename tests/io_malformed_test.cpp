@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "treetensor/io/safetensors.hpp"
 
 using namespace io_test;
+using namespace std::string_literals;
 
 namespace {
 
@@ -314,13 +316,88 @@ TEST_F(Malformed, SharedReferencesCannotMultiplyWithoutBound) {
     dag += "\x86q";
     dag += static_cast<char>(k + 1);
   }
-  EXPECT_HAS(load_error(archive("dag.pt", dag + "t.")),
-             "the pickle refers to its objects more than");
+  EXPECT_HAS(load_error(archive("dag.pt", dag + "t.")), "would expand to more than");
   // A list shared by set() many times: no copies while reading.
   std::string sets = "\x80\x02(](" + std::string(2000, 'N') + "eq\x01";
   for (int k = 0; k < 2000; ++k) sets += "c__builtin__\nset\nh\x01\x85R";
-  EXPECT_HAS(load_error(archive("sets.pt", sets + "t.")),
-             "the pickle refers to its objects more than");
+  EXPECT_HAS(load_error(archive("sets.pt", sets + "t.")), "would expand to more than");
+}
+
+// The break-it pass's memory bombs: small files whose memo references (or long keys) would
+// expand, as a tree, to gigabytes. Each is refused by the expansion budget (checkpoint.hpp:
+// 128 bytes per pickle byte plus 64 MiB), naming the object's offset, before the memory is
+// taken (so these tests need a few hundred MB at most, where the files asked for 2 to 100 GB).
+struct Refusal {
+  std::string what;
+  std::optional<std::uint64_t> offset;
+};
+Refusal refusal(const std::string& path) {
+  try {
+    io::load(path);
+  } catch (const io::IoError& e) {
+    EXPECT_EQ(e.file(), path);
+    return {e.what(), e.offset()};
+  }
+  ADD_FAILURE() << "no IoError for " << path;
+  return {};
+}
+std::string repeat(const std::string& piece, std::size_t n) {
+  std::string out;
+  out.reserve(piece.size() * n);
+  for (std::size_t k = 0; k < n; ++k) out += piece;
+  return out;
+}
+
+TEST_F(Malformed, MemoBombsAreRefusedWithinTheBudget) {
+  const std::string mib(1 << 20, 'x');
+  // 1. One 1 MiB string referenced 100k times (1.2 MB asking for 100 GB): the string at byte 4.
+  const std::string strings = "\x80\x02](" + str(mib) + "q\x00"s + repeat("h\x00"s, 99'999) + "e.";
+  Refusal r = refusal(archive("strings.pt", strings));
+  EXPECT_HAS(r.what, "the object made at byte 4 would expand to more than");
+  EXPECT_EQ(r.offset, std::optional<std::uint64_t>(4));
+  // 2. 999 nested lists around 100k references to one empty list (200 KB; each reference's
+  //    path, 1000 keys, is recorded as a list): the empty list at byte 2 + 998 + 2.
+  const std::string nested = "\x80\x02" + std::string(998, ']') + "](]q\x00"s +
+                             repeat("h\x00"s, 99'999) + "e" + std::string(998, 'a') + ".";
+  r = refusal(archive("nested.pt", nested));
+  EXPECT_HAS(r.what, "the object made at byte 1002 would expand to more than");
+  EXPECT_HAS(r.what, ". ... (999 keys)");
+  // 3. One 1 MiB dict key above 2000 lists (each list's recorded path holds the key).
+  const std::string keyed = "\x80\x02}" + str(mib) + "](" + std::string(2000, ']') + "es.";
+  r = refusal(archive("keyed.pt", keyed));
+  EXPECT_HAS(r.what, "at 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx (1048576 bytes in all).");
+  EXPECT_HAS(r.what, "would expand to more than");
+  ASSERT_TRUE(r.offset.has_value());
+  EXPECT_GT(*r.offset, mib.size());  // one of the inner lists
+  // 4. While reading: _codecs.encode of one memo'd 1 MiB string called 100k times.
+  const std::string encoded = "\x80\x02(c_codecs\nencode\nq\x00"s + str(mib) + str("latin1") +
+                              "\x86q\x01" + repeat("h\x00h\x01R"s, 99'999) + "t.";
+  r = refusal(archive("encoded.pt", encoded));
+  EXPECT_HAS(r.what, "the pickle would expand to more than");
+  ASSERT_TRUE(r.offset.has_value());
+  EXPECT_EQ(static_cast<unsigned char>(encoded[*r.offset]), 'R');
+  // 5. While reading: a tensor's memo'd 100k-dim size and stride, re-read by 100k tensors.
+  const std::string pid =
+      "(" + str("storage") + "ctorch\nFloatStorage\n" + str("0") + str("cpu") + integer(2) + "tQ";
+  const std::string dims = "(" + repeat("K\x01", 100'000) + "t";
+  const std::string tensor = "ctorch._utils\n_rebuild_tensor_v2\nq\x00("s + pid + integer(0) +
+                             dims + dims +
+                             "\x89"
+                             "ccollections\nOrderedDict\n)Rtq\x01R";
+  const std::string sizes = "\x80\x02](" + tensor + repeat("h\x00h\x01R"s, 99'999) + "e.";
+  r = refusal(archive("sizes.pt", sizes));
+  EXPECT_HAS(r.what, "the pickle would expand to more than");
+  ASSERT_TRUE(r.offset.has_value());
+  EXPECT_EQ(static_cast<unsigned char>(sizes[*r.offset]), 'R');
+}
+
+// Where the budget stops: the same shapes, small enough, load (a shared value at many paths).
+TEST_F(Malformed, SharingWithinTheBudgetLoads) {
+  const std::string strings =
+      "\x80\x02](" + str(std::string(1000, 'y')) + "q\x00"s + repeat("h\x00"s, 9'999) + "e.";
+  const io::Object o = io::load(archive("strings.pt", strings));
+  ASSERT_EQ(o.tree.size(), 10'000u);
+  EXPECT_EQ(std::get<std::string>(o.tree.at(tr::Path{"9999"}).leaf()), std::string(1000, 'y'));
 }
 
 TEST_F(Malformed, OverlappingZipRecords) {

@@ -81,7 +81,18 @@ inline json values_of(const at::Tensor& t) {
   return out;
 }
 
-/// Every leaf, container kind and int key of `expect` is in `got`, with the same values.
+/// The keys of the dict at `path` in the order save() writes them: key_order's, else sorted.
+inline std::vector<std::string> file_order(const io::Object& o, const tr::Path& path) {
+  if (auto it = o.key_order.find(path); it != o.key_order.end()) return it->second;
+  std::vector<std::string> keys;
+  const auto* node = o.tree.find(path);
+  if (node && !node->is_leaf())
+    for (const auto& [key, child] : node->children()) keys.push_back(key);
+  return keys;
+}
+
+/// Every leaf, container kind and int key of `expect` is in `got`, with the same values, and
+/// every dict's keys in the file's order.
 inline void expect_matches(const io::Object& got, const json& expect) {
   std::size_t leaves = 0;
   for (const auto& e : expect.at("leaves")) {
@@ -128,6 +139,9 @@ inline void expect_matches(const io::Object& got, const json& expect) {
     const tr::Path path = path_of(c.at("path"));
     EXPECT_EQ(io::container_name(got.kind(path)), c.at("kind").get<std::string>())
         << path.describe();
+    if (c.contains("keys")) {
+      EXPECT_EQ(json(file_order(got, path)), c.at("keys")) << "key order at " << path.describe();
+    }
   }
   std::set<tr::Path> int_keys;
   for (const auto& k : expect.at("int_keys")) int_keys.insert(path_of(k));

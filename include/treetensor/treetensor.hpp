@@ -12,6 +12,7 @@
 
 #include "treetensor/asyncs/operands.hpp"   // IWYU pragma: export
 #include "treetensor/asyncs/thread.hpp"     // IWYU pragma: export
+#include "treetensor/io/adam_state.hpp"     // IWYU pragma: export
 #include "treetensor/io/checkpoint.hpp"     // IWYU pragma: export
 #include "treetensor/io/safetensors.hpp"    // IWYU pragma: export
 #include "treetensor/runtime/dispatch.hpp"  // IWYU pragma: export

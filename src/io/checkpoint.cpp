@@ -68,7 +68,9 @@ TreeTensor Object::tensors() const {
 }
 
 Object to_object(const TensorTree& t) {
-  return Object{values_of(t), {}, {}, {}};
+  Object out;
+  out.tree = values_of(t);
+  return out;
 }
 
 namespace {

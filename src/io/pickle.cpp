@@ -3,10 +3,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -89,7 +91,7 @@ const std::unordered_map<std::string, Allowed>& allowlist() {
 // ---- the reader -----------------------------------------------------------------------------
 class Reader {
  public:
-  Reader(const Input& bytes, std::uint64_t start) : in_(bytes, start) {
+  Reader(const Input& bytes, std::uint64_t start) : in_(bytes, start), start_(start) {
     out_.name = bytes.name;
     out_.nodes.emplace_back();  // index 0: unused
   }
@@ -103,6 +105,7 @@ class Reader {
                                      " values on the stack (1 expected)");
     out_.root = stack_.back();
     end = in_.pos();
+    out_.pickle_bytes = end - start_;
     return std::move(out_);
   }
 
@@ -110,6 +113,7 @@ class Reader {
   Node& node(std::uint32_t i) { return out_.nodes[i]; }
 
   std::uint32_t add(Node n) {
+    n.at = op_at_;
     out_.nodes.push_back(std::move(n));
     return static_cast<std::uint32_t>(out_.nodes.size() - 1);
   }
@@ -141,6 +145,19 @@ class Reader {
     if (stack_.size() <= floor())
       in_.fail_at(op_at_, std::string("stack underflow at ") + for_what);
     return stack_.back();
+  }
+
+  // Charges `bytes` that an op copies from objects already read (a memo reference makes such
+  // copies repeatable) against the expansion budget of the pickle read so far (pickle.hpp).
+  void charge(std::uint64_t bytes) {
+    const std::uint64_t limit = kExpansionPerByte * (in_.pos() - start_) + kExpansionBase;
+    if (bytes > limit - out_.charged)
+      in_.fail_at(op_at_, "the pickle would expand to more than " + std::to_string(limit) +
+                              " bytes in memory here (copies of objects it refers to again, "
+                              "e.g. a memo bomb; at most " +
+                              std::to_string(kExpansionPerByte) +
+                              " bytes per pickle byte plus 64 MiB)");
+    out_.charged += bytes;
   }
 
   Node& expect(std::uint32_t i, std::initializer_list<Kind> kinds, const char* what) {
@@ -222,7 +239,7 @@ class Reader {
   bool step();
   void reduce();
   void persistent_id();
-  std::uint32_t rebuild_tensor(const Node& args, bool v3);
+  std::uint32_t rebuild_tensor(std::uint32_t args_i, bool v3);
 
   Cursor in_;
   Unpickled out_;
@@ -231,6 +248,7 @@ class Reader {
   std::unordered_map<std::uint64_t, std::uint32_t> memo_;
   std::map<std::string, std::size_t> storage_index_;
   std::uint64_t op_at_ = 0;
+  std::uint64_t start_;
 };
 
 std::string opcode_name(std::uint8_t op) {
@@ -451,16 +469,18 @@ std::vector<std::int64_t> ints_of(const Unpickled& u, const Node& t, Cursor& in,
   return out;
 }
 
-std::uint32_t Reader::rebuild_tensor(const Node& args, bool v3) {
+std::uint32_t Reader::rebuild_tensor(std::uint32_t args_i, bool v3) {
   const std::size_t want = v3 ? 8 : 6;
-  if (args.items.size() < want)
+  const std::size_t n_args = node(args_i).items.size();
+  if (n_args < want)
     in_.fail_at(op_at_, std::string(v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2") + " with " +
-                            std::to_string(args.items.size()) + " arguments (" +
-                            std::to_string(want) + " expected)");
-  const Node& storage =
-      expect(args.items[0], {Kind::storage}, "a tensor whose storage is not a storage");
-  const Node& offset = node(args.items[1]);
-  const Node& grad = node(args.items[4]);
+                            std::to_string(n_args) + " arguments (" + std::to_string(want) +
+                            " expected)");
+  std::uint32_t args[8];  // the arguments used (a memo'd tuple may be long: never copied)
+  std::copy_n(node(args_i).items.begin(), want, args);
+  const Node& storage = expect(args[0], {Kind::storage}, "a tensor whose storage is not a storage");
+  const Node& offset = node(args[1]);
+  const Node& grad = node(args[4]);
   if (offset.kind != Kind::integer || grad.kind != Kind::boolean)
     in_.fail_at(op_at_, "a tensor with a bad storage offset or requires_grad");
   Node t;
@@ -469,10 +489,10 @@ std::uint32_t Reader::rebuild_tensor(const Node& args, bool v3) {
   t.flag = grad.flag;
   t.dtype = storage.dtype;
   t.re = static_cast<double>(storage.i);  // storage index
-  t.size = ints_of(out_, node(args.items[2]), in_, op_at_, "a tensor's size");
-  t.stride = ints_of(out_, node(args.items[3]), in_, op_at_, "a tensor's stride");
-  if (v3)
-    t.dtype = expect(args.items[6], {Kind::dtype}, "_rebuild_tensor_v3 without a dtype").dtype;
+  charge(sizeof(Node) + 8 * (node(args[2]).items.size() + node(args[3]).items.size()));
+  t.size = ints_of(out_, node(args[2]), in_, op_at_, "a tensor's size");
+  t.stride = ints_of(out_, node(args[3]), in_, op_at_, "a tensor's stride");
+  if (v3) t.dtype = expect(args[6], {Kind::dtype}, "_rebuild_tensor_v3 without a dtype").dtype;
   if (t.size.size() != t.stride.size())
     in_.fail_at(op_at_, "a tensor with " + std::to_string(t.size.size()) + " sizes and " +
                             std::to_string(t.stride.size()) + " strides");
@@ -499,16 +519,15 @@ void Reader::reduce() {
       return;
     }
     case Global::rebuild_v2:
-    case Global::rebuild_v3: {
-      const Node args = node(args_i);  // a few items: _rebuild_tensor's arguments
-      push(rebuild_tensor(args, global == Global::rebuild_v3));
+    case Global::rebuild_v3:
+      push(rebuild_tensor(args_i, global == Global::rebuild_v3));
       return;
-    }
     case Global::rebuild_parameter:
     case Global::rebuild_parameter_state: {
       Node& data = arg(0);
       if (data.kind != Kind::tensor || arg(1).kind != Kind::boolean)
         in_.fail_at(op_at_, "_rebuild_parameter of a value that is not a tensor");
+      charge(sizeof(Node) + 8 * (data.size.size() + data.stride.size()));
       Node p = data;
       p.parameter = true;
       p.flag = arg(1).flag;
@@ -525,6 +544,7 @@ void Reader::reduce() {
       Node& type = arg(0);
       if (type.kind != Kind::str)
         in_.fail_at(op_at_, "torch.device of a value that is not a string");
+      charge(sizeof(Node) + type.s.size());
       Node d;
       d.kind = Kind::device;
       d.s = type.s;
@@ -538,6 +558,7 @@ void Reader::reduce() {
     case Global::codecs_encode: {  // bytes at protocol 2: _codecs.encode(str, 'latin1')
       if (arg(0).kind != Kind::str || arg(1).kind != Kind::str || arg(1).s != "latin1")
         in_.fail_at(op_at_, "_codecs.encode other than (str, 'latin1')");
+      charge(sizeof(Node) + arg(0).s.size());
       Node b;
       b.kind = Kind::bytes;
       const std::string& text = arg(0).s;  // UTF-8 of code points < 256
@@ -594,7 +615,10 @@ void Reader::reduce() {
 class Converter {
  public:
   Converter(const Unpickled& u, const std::function<at::Storage(std::size_t)>& storage)
-      : u_(u), storage_(storage) {}
+      : u_(u),
+        storage_(storage),
+        limit_(kExpansionPerByte * u.pickle_bytes + kExpansionBase),
+        used_(u.charged) {}
 
   Object run() {
     Object out;
@@ -603,28 +627,52 @@ class Converter {
     return out;
   }
 
-  // A pickle may refer to one object many times (the memo); the tree copies it each time.
-  // Python shares such objects, so a few hundred bytes could otherwise ask for gigabytes:
-  // the values converted may be at most 4 per pickled object, plus 100,000.
-  std::size_t budget() const { return 4 * u_.nodes.size() + 100'000; }
-
  private:
-  [[noreturn]] void fail(const tree::Path& path, const std::string& what) const {
-    std::string where = path.describe();
-    if (path.size() > 12) {  // a deep path (a cycle, a nesting bomb): its first keys suffice
-      where = tree::Path(std::vector<std::string>(path.begin(), path.begin() + 12)).describe() +
-              ". ... (" + std::to_string(path.size()) + " keys)";
+  [[noreturn]] void fail(const tree::Path& path, const std::string& what,
+                         std::optional<std::uint64_t> at = std::nullopt) const {
+    // A deep path (a cycle, a nesting bomb) by its first keys, a long key by its first bytes.
+    std::vector<std::string> keys(path.begin(),
+                                  path.begin() + std::min<std::size_t>(12, path.size()));
+    for (auto& k : keys)
+      if (k.size() > 64) k = k.substr(0, 32) + " (" + std::to_string(k.size()) + " bytes in all)";
+    std::string where = tree::Path(std::move(keys)).describe();
+    if (path.size() > 12) where += ". ... (" + std::to_string(path.size()) + " keys)";
+    throw IoError(u_.name, at, "at '" + where + "': " + what);
+  }
+
+  // A pickle may refer to one object many times (the memo), and the tree holds a copy at each
+  // place, with every recorded path stored whole. Python shares such objects, so a small file
+  // could ask for gigabytes: what the tree costs is charged, before it is built, against the
+  // expansion budget (pickle.hpp), and `n` (the object being placed) named when it runs out.
+  void charge(const Node& n, const tree::Path& path, std::uint64_t bytes) {
+    if (bytes <= limit_ - used_) {
+      used_ += bytes;
+      return;
     }
-    throw IoError(u_.name, std::nullopt, "at '" + where + "': " + what);
+    fail(path,
+         "the object made at byte " + std::to_string(n.at) + " would expand to more than " +
+             std::to_string(limit_) +
+             " bytes in memory (an object placed at many paths, e.g. a memo bomb, or long keys "
+             "above many containers; at most " +
+             std::to_string(kExpansionPerByte) + " bytes per pickle byte plus 64 MiB)",
+         n.at);
+  }
+  // Recording the current path in one of the Object's maps: a map node and the path's keys.
+  void charge_path(const Node& n, const tree::Path& path) { charge(n, path, 64 + path_bytes_); }
+  void push_key(tree::Path& path, std::string key) {
+    path_bytes_ += sizeof(std::string) + key.size();
+    path.push_back(std::move(key));
+  }
+  void pop_key(tree::Path& path) {
+    path_bytes_ -= sizeof(std::string) + path.keys().back().size();
+    path.pop_back();
   }
 
   tree::Tree<Value> convert(std::uint32_t i, tree::Path& path, Object& out, int depth) {
     if (depth > kMaxDepth)
       fail(path, "nesting deeper than " + std::to_string(kMaxDepth) + " (or a cycle)");
-    if (++converted_ > budget())
-      fail(path, "the pickle refers to its objects more than " + std::to_string(budget()) +
-                     " times in all (shared objects repeated, e.g. a memo bomb)");
     const Node& n = u_.nodes[i];
+    charge(n, path, sizeof(tree::Tree<Value>::Entry) + n.s.size());
     switch (n.kind) {
       case Kind::none:
         return Value(std::monostate{});
@@ -645,7 +693,11 @@ class Converter {
       case Kind::device:
         return Value(device(n.s, path));
       case Kind::tensor: {
-        if (n.parameter) out.parameters.insert(path);
+        charge(n, path, sizeof(c10::TensorImpl) + 16 * n.size.size());
+        if (n.parameter) {
+          charge_path(n, path);
+          out.parameters.insert(path);
+        }
         return Value(tensor(n, path));
       }
       case Kind::dict:
@@ -664,22 +716,31 @@ class Converter {
   }
 
   tree::Tree<Value> dict(const Node& n, tree::Path& path, Object& out, int depth) {
-    if (n.kind == Kind::ordered_dict) out.kinds[path] = Container::ordered_dict;
+    if (n.kind == Kind::ordered_dict) {
+      charge_path(n, path);
+      out.kinds[path] = Container::ordered_dict;
+    }
     tree::Tree<Value>::Children children;
     for (std::size_t k = 0; k + 1 < n.items.size(); k += 2) {
       const Node& key = u_.nodes[n.items[k]];
       std::string name;
-      if (key.kind == Kind::str)
+      if (key.kind == Kind::str) {
+        charge(key, path, key.s.size());
         name = key.s;
-      else if (key.kind == Kind::integer)
+      } else if (key.kind == Kind::integer) {
         name = std::to_string(key.i);
-      else
+      } else {
         fail(path, "a dict key that is neither str nor int");
-      path.push_back(name);
-      if (key.kind == Kind::integer) out.int_keys.insert(path);
-      children.emplace_back(name, convert(n.items[k + 1], path, out, depth + 1));
-      path.pop_back();
+      }
+      push_key(path, name);
+      if (key.kind == Kind::integer) {
+        charge_path(key, path);
+        out.int_keys.insert(path);
+      }
+      children.emplace_back(std::move(name), convert(n.items[k + 1], path, out, depth + 1));
+      pop_key(path);
     }
+    record_order(n, path, children, out);
     try {
       return tree::Tree<Value>::from_children(std::move(children));
     } catch (const std::invalid_argument& e) {
@@ -688,7 +749,23 @@ class Converter {
     }
   }
 
+  // The file's key order, where it is not the tree's sorted order (object.hpp: key_order).
+  void record_order(const Node& n, const tree::Path& path,
+                    const tree::Tree<Value>::Children& children, Object& out) {
+    auto by_key = [](const auto& a, const auto& b) { return a.first < b.first; };
+    if (std::is_sorted(children.begin(), children.end(), by_key)) return;
+    charge_path(n, path);
+    std::vector<std::string> order;
+    order.reserve(children.size());
+    for (const auto& [key, child] : children) {
+      charge(n, path, sizeof(std::string) + key.size());
+      order.push_back(key);
+    }
+    out.key_order.emplace(path, std::move(order));
+  }
+
   tree::Tree<Value> sequence(const Node& n, tree::Path& path, Object& out, int depth) {
+    charge_path(n, path);
     out.kinds[path] = n.kind == Kind::tuple  ? Container::tuple
                       : n.kind == Kind::list ? Container::list
                                              : Container::set;
@@ -696,9 +773,9 @@ class Converter {
         n.flag ? u_.nodes[static_cast<std::size_t>(n.i)].items : n.items;  // set(list)
     tree::Tree<Value>::Children children;
     for (std::size_t k = 0; k < items.size(); ++k) {
-      path.push_back(std::to_string(k));
-      children.emplace_back(std::to_string(k), convert(items[k], path, out, depth + 1));
-      path.pop_back();
+      push_key(path, std::to_string(k));
+      children.emplace_back(path.keys().back(), convert(items[k], path, out, depth + 1));
+      pop_key(path);
     }
     return tree::Tree<Value>::from_children(std::move(children));
   }
@@ -748,7 +825,9 @@ class Converter {
   const Unpickled& u_;
   const std::function<at::Storage(std::size_t)>& storage_;
   std::map<std::size_t, at::Storage> cache_;
-  std::size_t converted_ = 0;
+  const std::uint64_t limit_;
+  std::uint64_t used_;
+  std::uint64_t path_bytes_ = 0;  // what the current path's keys cost (charge_path)
 };
 
 // ---- the writer -----------------------------------------------------------------------------
@@ -823,7 +902,8 @@ class Writer {
           empty_ordered_dict();
         if (t.size() == 0) return;
         op('(');
-        for (const auto& [key, child] : t.children()) {
+        for (const auto* entry : in_file_order(t, path)) {
+          const auto& [key, child] = *entry;
           path.push_back(key);
           if (object_.int_keys.count(path))
             integer(int_key(key, path));
@@ -857,6 +937,31 @@ class Writer {
         return;
       }
     }
+  }
+
+  // A dict's children in the order save() writes them (object.hpp: key_order).
+  std::vector<const tree::Tree<Value>::Entry*> in_file_order(const tree::Tree<Value>& t,
+                                                             const tree::Path& path) const {
+    std::vector<const tree::Tree<Value>::Entry*> out;
+    out.reserve(t.size());
+    const auto& children = t.children();
+    auto it = object_.key_order.find(path);
+    if (it == object_.key_order.end()) {
+      for (const auto& entry : children) out.push_back(&entry);
+      return out;
+    }
+    std::vector<bool> written(children.size());
+    auto by_key = [](const auto& entry, const std::string& key) { return entry.first < key; };
+    for (const std::string& key : it->second) {
+      const auto at = std::lower_bound(children.begin(), children.end(), key, by_key);
+      const auto k = static_cast<std::size_t>(at - children.begin());
+      if (at == children.end() || at->first != key || written[k]) continue;
+      written[k] = true;
+      out.push_back(&*at);
+    }
+    for (std::size_t k = 0; k < children.size(); ++k)
+      if (!written[k]) out.push_back(&children[k]);
+    return out;
   }
 
   std::int64_t int_key(const std::string& key, const tree::Path& path) const {

@@ -7,6 +7,14 @@
 // live in an arena owned by the reader, so a hostile pickle's reference cycles cannot leak, and
 // are converted into an Object after the storages are known (legacy files put the storages
 // after the pickle).
+//
+// Expansion budget: one arena entry per opcode at most, but a memo reference (BINGET) puts an
+// existing object at a second place, and the tree built from it holds a copy at every place
+// (with its path recorded in the Object's maps). What such copies cost while reading (a memo'd
+// string re-encoded, a tensor's size re-read) and everything the conversion builds (tree
+// entries, strings, keys, recorded paths) is charged in bytes against
+// kExpansionPerByte × pickle bytes + kExpansionBase; past it, an IoError names the offset of the
+// op whose object would expand too far.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -21,6 +29,11 @@
 #include "treetensor/io/object.hpp"
 
 namespace treetensor::io::detail {
+
+/// The expansion budget (see above): bytes of memory per pickle byte, plus a base that lets
+/// small files nest 1000 deep.
+constexpr std::uint64_t kExpansionPerByte = 128;
+constexpr std::uint64_t kExpansionBase = std::uint64_t{64} << 20;
 
 /// A storage that a pickle refers to through a persistent id.
 struct StorageRef {
@@ -79,6 +92,7 @@ struct PyNode {
   std::string s;                     // str, bytes, global name, device text
   std::vector<std::uint32_t> items;  // tuple/list/set; dict: key, value, key, value, ...
   std::vector<std::int64_t> size, stride;
+  std::uint64_t at = 0;  // the offset of the op that made it, for messages
 };
 
 /// The result of reading one object pickle.
@@ -93,7 +107,9 @@ class Unpickled {
   std::vector<PyNode> nodes;  // the arena; index 0 unused
   std::uint32_t root = 0;
   std::vector<StorageRef> storages_;
-  std::string name;  // file, for messages
+  std::string name;                // file, for messages
+  std::uint64_t pickle_bytes = 0;  // from the PROTO op to STOP, inclusive
+  std::uint64_t charged = 0;       // of the expansion budget, while reading
 };
 
 /// Reads one pickle starting at `start`; `end` receives the offset after its STOP.

@@ -6,10 +6,13 @@ checks files that treetensor wrote (what Python users get back).
   fixtures.py check FILE EXPECT  torch.load(FILE) must equal EXPECT (the .expect.json form)
   fixtures.py check-module FILE  a TinyNet's load_state_dict(torch.load(FILE)) must succeed
   fixtures.py check-safetensors FILE EXPECT  a safetensors file, read here by hand, must match
+  fixtures.py check-adam FIXTURE FILE  FILE must be adam_named's state (FIXTURE) after one more
+                                       step with zero parameters and unit gradients, as PyTorch
+                                       takes it, with ids in order
 
 The expect form lists every leaf with its key path (a list of keys; list items by index),
 Python type and value (tensors: dtype, shape, flat values, requires_grad, Parameter), every
-container's type, and which dict keys are ints. Run with the venv's Python (scripts/setup.sh:
+container's type (dicts: with their keys in order), and which dict keys are ints. Run with the venv's Python (scripts/setup.sh:
 PyTorch 2.x from PyPI)."""
 import collections
 import copy
@@ -53,7 +56,7 @@ def describe(obj, path, out):
                               "parameter": isinstance(obj, torch.nn.Parameter)})
     elif isinstance(obj, dict):
         kind = "OrderedDict" if isinstance(obj, collections.OrderedDict) else "dict"
-        out["containers"].append({"path": path, "kind": kind})
+        out["containers"].append({"path": path, "kind": kind, "keys": [str(k) for k in obj]})
         for k, v in obj.items():
             if isinstance(k, int) and not isinstance(k, bool):
                 out["int_keys"].append(path + [str(k)])
@@ -97,6 +100,22 @@ def adam_state(model):
     return opt.state_dict()
 
 
+def adam_named():
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(6)])
+    opt = torch.optim.Adam(model.named_parameters(), lr=1e-2, betas=(0.8, 0.99), weight_decay=0.01)
+    return model, opt
+
+
+def adam_named_state():
+    """Adam over 12 parameters (ids 0..11: their order is not the sorted order of "0".."11"),
+    constructed from named_parameters(), so the state dict has param_names (PyTorch >= 2.6)."""
+    model, opt = adam_named()
+    model(torch.randn(3, 2)).sum().backward()
+    opt.step()
+    return opt.state_dict()
+
+
 def fixtures():
     torch.manual_seed(0)
     model = TinyNet()
@@ -128,6 +147,8 @@ def fixtures():
         "params": {"w": torch.nn.Parameter(torch.randn(3)), "frozen": torch.nn.Parameter(torch.ones(2), requires_grad=False),
                    "grad": torch.ones(2, requires_grad=True)},
         "plain_tensor": torch.arange(5),
+        "tied": {"encoder.weight": base, "decoder.weight": base, "decoder.bias": torch.ones(2)},
+        "adam_named": adam_named_state(),
     }
 
 
@@ -216,6 +237,29 @@ def check_safetensors(path, expect_path):
     print(f"{path}: matches {expect_path}; metadata {header.get('__metadata__')}")
 
 
+def check_adam(fixture_path, path):
+    model, opt = adam_named()
+    opt.load_state_dict(torch.load(fixture_path))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+            p.grad = torch.ones_like(p)
+    opt.step()
+    want = opt.state_dict()
+    got = torch.load(path)
+    _, fresh = adam_named()
+    fresh.load_state_dict(got)  # PyTorch accepts it
+    if list(got["state"]) != list(range(12)):
+        sys.exit(f"{path}: state ids {list(got['state'])}, 0..11 in order expected")
+    for key in ("lr", "betas", "eps", "weight_decay", "params", "param_names"):
+        if got["param_groups"][0][key] != want["param_groups"][0][key]:
+            sys.exit(f"{path}: param group '{key}' is {got['param_groups'][0][key]}")
+    for i in range(12):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got["state"][i][key], want["state"][i][key])
+    print(f"{path}: PyTorch's next Adam step, ids and names in order")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "write":
@@ -224,6 +268,8 @@ if __name__ == "__main__":
         check(sys.argv[2], sys.argv[3])
     elif cmd == "check-module":
         check_module(sys.argv[2])
+    elif cmd == "check-adam":
+        check_adam(sys.argv[2], sys.argv[3])
     elif cmd == "check-safetensors":
         check_safetensors(sys.argv[2], sys.argv[3])
     else:

@@ -15,8 +15,13 @@
 // __builtin__/builtins set, complex, bytes. Anything else is refused naming the global. Every
 // length, index, offset, size, stride and element count is checked (with overflow checks)
 // against the bytes present before anything is allocated; nesting deeper than 1000 is refused.
-// A malformed or hostile file raises IoError naming the file, the byte offset and what was
-// expected; it never crashes, hangs or allocates more than the file implies.
+// A pickle may place one object at many paths (memo references); the tree holds a copy at each,
+// so what loading builds beyond the pickle's own objects (tree entries, strings, keys, the paths
+// recorded in Object's maps, re-read sizes) is limited to 128 bytes per pickle byte plus 64 MiB,
+// tensor data aside: past that, IoError "... the object made at byte <offset> would expand to
+// more than <n> bytes in memory ...". Shared tensors (tied weights) cost one tensor header per
+// path, far within it. A malformed or hostile file raises IoError naming the file, the byte
+// offset and what was expected; it never crashes, hangs or allocates more than the file implies.
 //
 // Memory: the zip format is memory-mapped (private, copy-on-write: writing a loaded tensor never
 // changes the file) and tensors are views into the mapping, so loading reads only the pickle;

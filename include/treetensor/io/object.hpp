@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "treetensor/tensor/tree_tensor.hpp"
 #include "treetensor/tree/tree.hpp"
@@ -47,7 +48,14 @@ const char* container_name(Container kind);
 /// A whole file's content. `tree` holds the values; the maps hold what a tree cannot:
 ///  - kinds: containers other than dict, by path (lists, tuples, sets keep index keys "0".."n-1");
 ///  - int_keys: the paths whose last key was a Python int in its dict (optimizer state `0`);
-///  - parameters: the paths of tensors that were `nn.Parameter`s.
+///  - parameters: the paths of tensors that were `nn.Parameter`s;
+///  - key_order: a dict's keys in the file's order, for each dict (plain or OrderedDict) whose
+///    file order is not the tree's sorted order (DESIGN.md §1: trees iterate sorted). A state
+///    dict keeps its module order ("conv.weight" before "bn.weight"), an optimizer state its
+///    parameter ids as PyTorch numbered them (0, 1, ..., 10, not "0", "1", "10", "2").
+///    save() writes a dict's keys in this order: the listed keys present in the tree first (in
+///    the listed order, each once; listed keys no longer in the tree are skipped), then any
+///    others sorted. A dict without an entry is written sorted.
 /// An OrderedDict's `_metadata` attribute (module versions, written by `state_dict()`) is not
 /// kept: PyTorch's `load_state_dict` accepts a state dict without it.
 struct Object {
@@ -55,6 +63,7 @@ struct Object {
   std::map<tree::Path, Container> kinds;
   std::set<tree::Path> int_keys;
   std::set<tree::Path> parameters;
+  std::map<tree::Path, std::vector<std::string>> key_order;
 
   /// The container kind of the node at `path` (dict when not recorded).
   Container kind(const tree::Path& path) const;
