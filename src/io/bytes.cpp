@@ -48,7 +48,10 @@ c10::DataPtr Input::data_ptr(std::uint64_t offset, std::uint64_t n) const {
         c10::Device(c10::kCPU));
   }
   c10::DataPtr copy = c10::GetAllocator(c10::kCPU)->allocate(n);
-  if (n) std::memcpy(copy.get(), part.data, n);
+  if (n && map)
+    map->read(part.data, n, copy.get());
+  else if (n)
+    std::memcpy(copy.get(), part.data, n);
   return copy;
 }
 
@@ -90,6 +93,24 @@ std::uint8_t* FileMap::writable(const std::uint8_t* p) {
     write_ = q;
   }
   return static_cast<std::uint8_t*>(write_) + (p - data());
+}
+
+void FileMap::read(const std::uint8_t* p, std::size_t n, void* out) const {
+  // pread, not a copy from the mapping: the kernel copies from its page cache without faulting
+  // in the mapping page by page, and a file truncated meanwhile is a short read, not SIGBUS.
+  auto* dst = static_cast<std::uint8_t*>(out);
+  auto offset = static_cast<off_t>(p - data());
+  while (n > 0) {
+    const ssize_t got = ::pread(fd_, dst, n, offset);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      throw IoError(path_, static_cast<std::uint64_t>(offset),
+                    got < 0 ? std::string("cannot read: ") + std::strerror(errno)
+                            : std::string("the file ends here: it changed while being loaded"));
+    dst += got;
+    offset += got;
+    n -= static_cast<std::size_t>(got);
+  }
 }
 
 Input map_file(const std::string& path, bool views) {

@@ -30,6 +30,9 @@ class FileMap {
   ~FileMap();
   const std::uint8_t* data() const { return static_cast<const std::uint8_t*>(read_); }
   std::size_t size() const { return size_; }
+  /// Copies the n bytes at `p` (within data()) into `out`, read from the file.
+  /// @throws IoError naming the file and offset when they cannot be read.
+  void read(const std::uint8_t* p, std::size_t n, void* out) const;
   /// The byte at `p` (within data()) in the writable private mapping, made on first use.
   /// @throws IoError naming the file when it cannot be mapped.
   std::uint8_t* writable(const std::uint8_t* p);
