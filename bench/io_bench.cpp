@@ -2,8 +2,9 @@
 // reading the file's bytes, side by side in one run (DESIGN.md §11). The file is written once in
 // torch.save's zip format; every timing runs with it in the page cache.
 //   read     open + read() of every byte into one buffer
-//   load     io::load_state_dict: the pickle parsed, tensors viewing the mapped file
-//   load+sum load, then every tensor summed (each page of the mapping touched once)
+//   load     io::load_state_dict: the pickle parsed, every storage copied (the default)
+//   load+sum load, then every tensor summed
+//   mmap, mmap+sum   the same with LoadOptions::mmap: tensors view a private mapping of the file
 // Usage: io_bench [DIR] (default: the system temporary directory); prints a table.
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -65,15 +66,19 @@ int main(int argc, char** argv) {
   tt::io::save_state_dict(file, resnet50());
   const auto bytes = std::filesystem::file_size(file);
   std::vector<char> buffer(bytes);
-  std::vector<double> read_ms, load_ms, sum_ms;
+  std::vector<double> read_ms, load_ms[2], sum_ms[2];
   double checksum = 0;
   for (int rep = 0; rep < 9; ++rep) {  // interleaved, so load and noise hit each alike
     read_ms.push_back(ms([&] { checksum += read_all(file, buffer); }));
-    load_ms.push_back(ms([&] { checksum += double(tt::io::load_state_dict(file).leaf_count()); }));
-    sum_ms.push_back(ms([&] {
-      const auto t = tt::io::load_state_dict(file);
-      for (const auto& x : tt::tree::flatten(t).leaves) checksum += x.sum().item<double>();
-    }));
+    for (int mapped = 0; mapped < 2; ++mapped) {
+      const auto options = tt::io::LoadOptions().mapped(mapped == 1);
+      load_ms[mapped].push_back(
+          ms([&] { checksum += double(tt::io::load_state_dict(file, options).leaf_count()); }));
+      sum_ms[mapped].push_back(ms([&] {
+        const auto t = tt::io::load_state_dict(file, options);
+        for (const auto& x : tt::tree::flatten(t).leaves) checksum += x.sum().item<double>();
+      }));
+    }
   }
   std::printf(
       "io_bench: %s, %.1f MB (ResNet-50 state dict, zip format), median of 9, page cache warm\n",
@@ -81,8 +86,10 @@ int main(int argc, char** argv) {
   std::printf("%-10s %10s %12s\n", "what", "median ms", "vs read");
   const double r = median(read_ms);
   for (const auto& [name, v] : {std::pair<const char*, std::vector<double>&>{"read", read_ms},
-                                {"load", load_ms},
-                                {"load+sum", sum_ms}})
+                                {"load", load_ms[0]},
+                                {"load+sum", sum_ms[0]},
+                                {"mmap", load_ms[1]},
+                                {"mmap+sum", sum_ms[1]}})
     std::printf("%-10s %10.2f %11.2fx\n", name, median(v), median(v) / r);
   std::printf("(checksum %g)\n", checksum);
   std::filesystem::remove(file);

@@ -1,6 +1,10 @@
 // treetensor-inspect end to end on files Python wrote: the tree layout with dtype, shape and
-// bytes per tensor and totals, the JSON form, and a clear error for a bad file.
+// bytes per tensor and totals, the JSON form, a clear error for a bad file, and hostile files
+// (forged keys, a huge sparse file, overflowing sizes) written here by the test.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -8,6 +12,7 @@
 #include <string>
 
 #include "run_command.hpp"
+#include "treetensor/io/checkpoint.hpp"
 
 namespace {
 
@@ -81,4 +86,62 @@ TEST(InspectTool, BadFilesGiveOneLineErrors) {
   const auto [s2, missing] = inspect("/nonexistent/x.pt");
   EXPECT_EQ(s2, 1);
   EXPECT_HAS(missing, "/nonexistent/x.pt: cannot open: No such file or directory");
+}
+
+// Keys and strings come from the file: a key with a newline and tree glyphs must not forge a
+// listing line, an ESC must not reach the terminal; --json keeps them exact.
+TEST(InspectTool, EscapesControlCharactersOfKeysAndStrings) {
+  namespace io = treetensor::io;
+  const std::string path = std::string(TREETENSOR_IO_FIXTURES) + "/../inspect_hostile.pt";
+  const std::string forged = "a\n└── forged --> Tensor Float [1] 4 B", red = "\x1b[31mred";
+  io::Object o;
+  treetensor::tree::Tree<io::Value>::Children children;
+  children.emplace_back(forged, io::Value(at::zeros({2})));
+  children.emplace_back("s", io::Value(red));
+  children.emplace_back(red, io::Value(std::int64_t{1}));
+  o.tree = treetensor::tree::Tree<io::Value>::from_children(std::move(children));
+  io::save(path, o);
+  const auto [status, out] = inspect(path);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+  EXPECT_EQ(out.find("\n└── forged"), std::string::npos) << "a forged line";
+  EXPECT_HAS(out, "├── a\\n└── forged --> Tensor Float [1] 4 B --> Tensor Float [2] 8 B");
+  EXPECT_HAS(out, "s --> str '\\x1b[31mred'");
+  EXPECT_HAS(out, "\\x1b[31mred --> int 1");
+  const auto [js, text] = inspect("--json " + path);
+  ASSERT_EQ(js, 0) << text;
+  const auto j = nlohmann::json::parse(text);
+  bool found = false;
+  for (const auto& t : j["tensors"]) found = found || t["path"][0] == forged;
+  EXPECT_TRUE(found) << text;
+  std::remove(path.c_str());
+}
+
+// A 30 GiB sparse file: a clean error from the structure, not "cannot map" (a writable private
+// mapping of it is commit-charged; a read-only one is not).
+TEST(InspectTool, AHugeSparseFileGivesACleanError) {
+  const std::string path = std::string(TREETENSOR_IO_FIXTURES) + "/../inspect_huge.pt";
+  const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, std::int64_t{30} << 30), 0);
+  ::close(fd);
+  const auto [status, out] = inspect(path);
+  EXPECT_EQ(status, 1);
+  EXPECT_HAS(out, "at byte 0: neither a zip-format nor a legacy torch.save file");
+  EXPECT_EQ(out.find("cannot map"), std::string::npos) << out;
+  std::remove(path.c_str());
+}
+
+// Sizes whose element or byte count overflows int64 (stride 0 keeps them inside the storage):
+// an error naming the file and the tensor's path, not a bare c10::Error or "0 B".
+TEST(InspectTool, AnOverflowingSizeIsAnErrorNamingThePath) {
+  namespace io = treetensor::io;
+  const std::string path = std::string(TREETENSOR_IO_FIXTURES) + "/../inspect_zero_stride.pt";
+  at::Tensor big = at::zeros({1});
+  big = big.as_strided({std::int64_t{1} << 62}, {0});  // 2^62 floats: 2^64 bytes
+  io::save(path, treetensor::TreeTensor{{"w", big}});
+  const auto [status, out] = inspect(path);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_HAS(out, "treetensor-inspect: " + path + ": at 'w': a tensor of 4611686018427387904");
+  std::remove(path.c_str());
 }

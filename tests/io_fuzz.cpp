@@ -60,12 +60,14 @@ void mutate_all(const std::string& original, std::mt19937_64& rng, int rounds = 
     for (int f = 0; f < flips; ++f) m[at(rng)] ^= static_cast<char>(1 + rng() % 255);
     run(m);
   }
-  // Length and offset fields: 4 and 8 bytes overwritten with extreme values.
-  const std::uint64_t extremes[] = {0, 1, 0x7fffffff, 0xffffffff, 0x7fffffffffffffff, ~0ull};
+  // Length, offset, size and stride fields: 4 and 8 bytes overwritten with extreme values
+  // (2^62: a size whose element count fits int64 but whose byte count does not).
+  const std::uint64_t extremes[] = {0,     1,         0x7fffffff, 0xffffffff, 0x7fffffffffffffff,
+                                    ~0ull, 1ull << 62};
   for (int k = 0; k < 50 * rounds && original.size() > 8; ++k) {
     std::string m = original;
     const std::size_t p = at(rng) % (original.size() - 8);
-    const std::uint64_t v = extremes[rng() % 6];
+    const std::uint64_t v = extremes[rng() % std::size(extremes)];
     std::memcpy(m.data() + p, &v, rng() % 2 ? 4 : 8);
     run(m);
   }

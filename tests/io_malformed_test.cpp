@@ -185,6 +185,14 @@ TEST_F(Malformed, TensorsAndStorages) {
              "negative size or stride in dim 1");
   EXPECT_HAS(load_error(archive("huge.pt", tensor_pickle({std::int64_t{1} << 62, 4}, {4, 1}))),
              "overflows");
+  // Stride 0 keeps the extent in the storage; the element and byte counts must still fit int64.
+  for (const auto& size : {std::vector<std::int64_t>{3, std::int64_t{1} << 62},
+                           std::vector<std::int64_t>{std::int64_t{1} << 62}}) {
+    const std::vector<std::int64_t> zeros(size.size(), 0);
+    const std::string e = load_error(archive("zero.pt", tensor_pickle(size, zeros)));
+    EXPECT_HAS(e, "zero.pt: at 't': a tensor of ");
+    EXPECT_HAS(e, "more bytes than int64 counts");
+  }
   EXPECT_HAS(load_error(archive("numel.pt", tensor_pickle({2}, {1}, 0, 1000))),
              "storage '0' of 1000 Float elements needs more than its 8 bytes");
   EXPECT_HAS(load_error(archive("missing.pt", tensor_pickle({2}, {1}), {})), "data/0' is missing");

@@ -5,8 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <random>
 
 namespace treetensor::io {
 
@@ -31,67 +34,153 @@ Input Input::slice(std::uint64_t offset, std::uint64_t n, const char* what) cons
   if (!add_ok(offset, n, end) || end > size)
     fail(offset, std::string(what) + " of " + std::to_string(n) + " bytes runs past the end (" +
                      std::to_string(size) + " bytes)");
-  return Input{data + offset, n, name, owner};
+  return Input{data + offset, n, name, map, views};
 }
 
 c10::DataPtr Input::data_ptr(std::uint64_t offset, std::uint64_t n) const {
   const Input part = slice(offset, n, "tensor data");
-  if (owner) {
+  if (views && map) {
     // The DataPtr's context holds a reference to the mapping until the storage dies.
-    auto* keep = new std::shared_ptr<void>(owner);
+    auto* keep = new std::shared_ptr<FileMap>(map);
     return c10::DataPtr(
-        const_cast<std::uint8_t*>(part.data), keep,
-        [](void* ctx) { delete static_cast<std::shared_ptr<void>*>(ctx); }, c10::Device(c10::kCPU));
+        map->writable(part.data), keep,
+        [](void* ctx) { delete static_cast<std::shared_ptr<FileMap>*>(ctx); },
+        c10::Device(c10::kCPU));
   }
   c10::DataPtr copy = c10::GetAllocator(c10::kCPU)->allocate(n);
-  if (n) std::memcpy(copy.get(), part.data, n);
+  if (n && map)
+    map->read(part.data, n, copy.get());
+  else if (n)
+    std::memcpy(copy.get(), part.data, n);
   return copy;
 }
 
-Input map_file(const std::string& path) {
+FileMap::FileMap(const std::string& path) : path_(path) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; non-regular files are refused below.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd_ < 0)
     throw IoError(path, std::nullopt, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
     throw IoError(path, std::nullopt, "not a regular file");
   }
-  const auto size = static_cast<std::size_t>(st.st_size);
-  void* p = nullptr;
-  if (size > 0) {
-    p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      throw IoError(path, std::nullopt, std::string("cannot map: ") + std::strerror(err));
-    }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ == 0) return;
+  // Read-only: a private writable mapping is commit-charged, so a file larger than memory
+  // could not even be looked at.
+  read_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+  if (read_ == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd_);
+    throw IoError(path, std::nullopt, std::string("cannot map: ") + std::strerror(err));
   }
-  ::close(fd);
-  std::shared_ptr<void> owner(p, [size](void* q) {
-    if (q) ::munmap(q, size);
-  });
-  return Input{static_cast<const std::uint8_t*>(p), size, path, std::move(owner)};
 }
 
-void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw IoError(path, std::nullopt, std::string("cannot write: ") + std::strerror(errno));
-  bool ok = false;
+FileMap::~FileMap() {
+  if (read_) ::munmap(read_, size_);
+  if (write_) ::munmap(write_, size_);
+  ::close(fd_);
+}
+
+std::uint8_t* FileMap::writable(const std::uint8_t* p) {
+  if (!write_) {
+    // Writable so that a tensor written in place copies its page (on a read-only mapping the
+    // write would be SIGSEGV); private so that the copy never reaches the file.
+    void* q = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd_, 0);
+    if (q == MAP_FAILED)
+      throw IoError(path_, std::nullopt, std::string("cannot map: ") + std::strerror(errno));
+    write_ = q;
+  }
+  return static_cast<std::uint8_t*>(write_) + (p - data());
+}
+
+void FileMap::read(const std::uint8_t* p, std::size_t n, void* out) const {
+  // pread, not a copy from the mapping: the kernel copies from its page cache without faulting
+  // in the mapping page by page, and a file truncated meanwhile is a short read, not SIGBUS.
+  auto* dst = static_cast<std::uint8_t*>(out);
+  auto offset = static_cast<off_t>(p - data());
+  while (n > 0) {
+    const ssize_t got = ::pread(fd_, dst, n, offset);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      throw IoError(path_, static_cast<std::uint64_t>(offset),
+                    got < 0 ? std::string("cannot read: ") + std::strerror(errno)
+                            : std::string("the file ends here: it changed while being loaded"));
+    dst += got;
+    offset += got;
+    n -= static_cast<std::size_t>(got);
+  }
+}
+
+Input map_file(const std::string& path, bool views) {
+  auto map = std::make_shared<FileMap>(path);
+  return Input{map->data(), map->size(), path, map, views};
+}
+
+namespace {
+// Creates a file beside `path` that did not exist (O_EXCL: a name planted there, a symlink
+// too, is never opened), mode 0666 less the umask as fopen gives; returns the fd (-1, errno).
+int create_temporary(const std::string& path, std::string& tmp) {
+  static std::atomic<std::uint64_t> counter{0};
+  std::random_device entropy;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::uint64_t r = (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy() ^
+                            (counter.fetch_add(1) * 0x9e3779b97f4a7c15ull);
+    char suffix[17];
+    std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(r));
+    tmp = path + ".tmp-" + suffix;
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
+}
+
+// Gives the temporary file the mode of the file it replaces (torch.save, writing in place,
+// keeps a 0600 file 0600), then writes, flushes and fsyncs it and closes `fd`.
+// False (errno set) on any failure.
+bool fill(int fd, const std::string& path, const std::function<void(std::FILE*)>& write) {
+  struct stat st {};
+  std::FILE* f = nullptr;
+  if ((::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+       ::fchmod(fd, st.st_mode & 07777) != 0) ||
+      !(f = ::fdopen(fd, "wb"))) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    return false;
+  }
   try {
     write(f);
-    ok = std::fflush(f) == 0 && !std::ferror(f);
   } catch (...) {
     std::fclose(f);
-    std::remove(tmp.c_str());
     throw;
   }
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+  const bool ok = std::fflush(f) == 0 && !std::ferror(f) && ::fsync(fd) == 0;
+  const int err = errno;
+  const bool closed = std::fclose(f) == 0;
+  if (!ok) errno = err;
+  return ok && closed;
+}
+}  // namespace
+
+void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  std::string tmp;
+  const int fd = create_temporary(path, tmp);
+  if (fd < 0)
+    throw IoError(path, std::nullopt,
+                  std::string("cannot create a temporary file beside it: ") + std::strerror(errno));
+  bool ok = false;
+  try {
+    ok = fill(fd, path, write) && ::rename(tmp.c_str(), path.c_str()) == 0;
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (!ok) {
     const int err = errno;
-    std::remove(tmp.c_str());
+    ::unlink(tmp.c_str());
     throw IoError(path, std::nullopt, std::string("cannot write: ") + std::strerror(err));
   }
 }

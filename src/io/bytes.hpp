@@ -18,31 +18,64 @@
 
 namespace treetensor::io::detail {
 
+/// A file mapped read-only (PROT_READ, so even a huge file maps without a commit charge), and on
+/// request a second, writable private mapping (copy-on-write) that tensors view
+/// (LoadOptions::mmap).
+class FileMap {
+ public:
+  /// @throws IoError naming the file when it cannot be opened, is not a regular file, or mapped.
+  explicit FileMap(const std::string& path);
+  FileMap(const FileMap&) = delete;
+  FileMap& operator=(const FileMap&) = delete;
+  ~FileMap();
+  const std::uint8_t* data() const { return static_cast<const std::uint8_t*>(read_); }
+  std::size_t size() const { return size_; }
+  /// Copies the n bytes at `p` (within data()) into `out`, read from the file.
+  /// @throws IoError naming the file and offset when they cannot be read.
+  void read(const std::uint8_t* p, std::size_t n, void* out) const;
+  /// The byte at `p` (within data()) in the writable private mapping, made on first use.
+  /// @throws IoError naming the file when it cannot be mapped.
+  std::uint8_t* writable(const std::uint8_t* p);
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::size_t size_ = 0;
+  void* read_ = nullptr;
+  void* write_ = nullptr;
+};
+
 /// Bytes of one input (a mapped file, or memory for tests and fuzzing) and its name.
 struct Input {
   const std::uint8_t* data = nullptr;
   std::size_t size = 0;
   std::string name;
-  /// Keeps `data` alive; tensors that view the bytes share it. May be empty (memory input).
-  std::shared_ptr<void> owner;
+  /// Keeps `data` alive when it is a file's mapping; empty for memory input.
+  std::shared_ptr<FileMap> map;
+  /// Tensors view `map`'s writable private mapping instead of copying (LoadOptions::mmap).
+  bool views = false;
 
   [[noreturn]] void fail(std::uint64_t offset, const std::string& what) const {
     throw IoError(name, offset, what);
   }
   /// The bytes [offset, offset + n), checked; `what` names them in the error.
   Input slice(std::uint64_t offset, std::uint64_t n, const char* what) const;
-  /// A DataPtr for [offset, offset + n) sharing `owner` (zero-copy when owned, else a copy).
+  /// A DataPtr for [offset, offset + n): a view sharing `map` when `views`, else a copy.
   c10::DataPtr data_ptr(std::uint64_t offset, std::uint64_t n) const;
 };
 
-/// The file, mapped privately (copy-on-write, so writes through tensors never reach it).
+/// The file, mapped read-only; `views`: tensors will view a private writable mapping of it.
 /// @throws IoError naming the file when it cannot be opened, is not a regular file, or mapped.
-Input map_file(const std::string& path);
+Input map_file(const std::string& path, bool views);
 
-/// Writes a file as `write(FILE*)` fills it: into a temporary file beside `path`, renamed over
-/// `path` only when complete. A file being replaced may be the one a loaded tree views (its
-/// mapping keeps the old contents); a failed write leaves `path` as it was.
-/// @throws IoError naming `path` when the temporary file cannot be written or renamed.
+/// Writes a file as `write(FILE*)` fills it, atomically: into a new temporary file beside
+/// `path` (a random name, created O_EXCL|O_NOFOLLOW, so nothing planted there is followed),
+/// flushed and fsynced, then renamed over `path`. An existing `path` keeps its permission bits;
+/// a new one gets 0666 & ~umask, as fopen would give it. Readers see the old file or the new
+/// one, never a part; concurrent writers each replace the whole file. On any failure the
+/// temporary file is removed and `path` is left as it was.
+/// @throws IoError naming `path` when the temporary file cannot be created, written, synced or
+///         renamed (and whatever `write` throws, after the clean-up).
 void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write);
 
 /// A forward cursor over an Input: every read is bounds-checked.

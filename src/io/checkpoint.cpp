@@ -4,7 +4,9 @@
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include <cerrno>
 #include <cstring>
+#include <map>
 
 #include "io/bytes.hpp"
 #include "io/pickle.hpp"
@@ -78,7 +80,8 @@ using detail::Cursor;
 using detail::Input;
 
 // ---- loading ----------------------------------------------------------------------------------
-// A storage's bytes as an at::Storage: a view of `record` when aligned for its dtype, else a copy.
+// A storage's bytes as an at::Storage: a copy, or with LoadOptions::mmap a view of `record` when
+// aligned for its dtype.
 at::Storage make_storage(const detail::StorageRef& ref, Input record) {
   const std::uint64_t item = c10::elementSize(ref.dtype);
   std::uint64_t need = 0;
@@ -86,7 +89,7 @@ at::Storage make_storage(const detail::StorageRef& ref, Input record) {
     record.fail(0, "storage '" + ref.key + "' of " + std::to_string(ref.numel) + " " +
                        c10::toString(ref.dtype) + " elements needs more than its " +
                        std::to_string(record.size) + " bytes");
-  if (reinterpret_cast<std::uintptr_t>(record.data) % item != 0) record.owner.reset();  // copy
+  if (reinterpret_cast<std::uintptr_t>(record.data) % item != 0) record.views = false;  // copy
   return at::Storage(at::Storage::use_byte_size_t(), need, record.data_ptr(0, need), nullptr,
                      false);
 }
@@ -140,6 +143,8 @@ Object load_legacy(const Input& file) {
   const Object keys = detail::unpickle(file, pos, pos).to_object([&](std::size_t) -> at::Storage {
     file.fail(keys_at, "the storage key list refers to a storage");
   });
+  std::map<std::string, const detail::StorageRef*> refs;  // by key: one look-up per storage
+  for (const auto& r : object.storages()) refs.emplace(r.key, &r);
   std::map<std::string, at::Storage> storages;
   Cursor c(file, pos);
   if (keys.tree.is_leaf() || keys.kind({}) != Container::list)
@@ -149,9 +154,8 @@ Object load_legacy(const Input& file) {
     const auto* node = keys.tree.find(tree::Path{std::to_string(k)});
     const auto* key = node && node->is_leaf() ? std::get_if<std::string>(&node->leaf()) : nullptr;
     if (!key) file.fail(keys_at, "storage key " + std::to_string(k) + " is not a string");
-    const detail::StorageRef* ref = nullptr;
-    for (const auto& r : object.storages())
-      if (r.key == *key) ref = &r;
+    const auto found = refs.find(*key);
+    const detail::StorageRef* ref = found == refs.end() ? nullptr : found->second;
     if (!ref) c.fail("storage '" + *key + "' is not used by the object");
     const std::uint64_t numel = c.le(8, "a storage's element count");
     if (numel != ref->numel)
@@ -161,7 +165,7 @@ Object load_legacy(const Input& file) {
     if (!detail::mul_ok(numel, c10::elementSize(ref->dtype), bytes))
       c.fail("a storage size overflows");
     Input data = file.slice(c.pos(), bytes, ("storage '" + *key + "'").c_str());
-    data.owner.reset();  // legacy storages are not aligned: copied
+    data.views = false;  // legacy storages are not aligned: copied
     c.take(bytes, "a storage");
     storages.emplace(*key, make_storage(*ref, data));
   }
@@ -216,7 +220,7 @@ Object load_from_bytes(const Input& file) {
 }  // namespace detail
 
 Object load(const std::string& path, const LoadOptions& options) {
-  return load_bytes(detail::map_file(path), options);
+  return load_bytes(detail::map_file(path, options.mmap), options);
 }
 
 TreeTensor load_tensors(const std::string& path, const LoadOptions& options) {
@@ -238,11 +242,17 @@ TreeTensor load_state_dict(const std::string& path, const LoadOptions& options) 
 }
 
 namespace {
-// The zip archive torch.save writes (records stored, 64-byte aligned), through `f`.
-void write_archive(std::FILE* f, const std::string& data, const std::vector<at::Tensor>& storages) {
-  caffe2::serialize::PyTorchStreamWriter writer([f](const void* p, std::size_t n) {
-    return n ? std::fwrite(p, 1, n, f) : 0;
-  });  // p may be null when n is 0
+// The zip archive torch.save writes (records stored, 64-byte aligned), through `f`; false when a
+// write failed (errno set). The writer function never reports a short write to the stream
+// writer: that makes it throw, and its destructor writes the end of the archive again while
+// the exception unwinds, throws again and terminates the process. It records the failure,
+// writes nothing more, and the caller checks.
+bool write_archive(std::FILE* f, const std::string& data, const std::vector<at::Tensor>& storages) {
+  int failed = 0;  // errno of the first failed write
+  caffe2::serialize::PyTorchStreamWriter writer([f, &failed](const void* p, std::size_t n) {
+    if (!failed && n && std::fwrite(p, 1, n, f) != n) failed = errno ? errno : EIO;
+    return n;  // p may be null when n is 0
+  });
   writer.writeRecord("data.pkl", data.data(), data.size());
   writer.writeRecord("byteorder", "little", 6);
   for (std::size_t i = 0; i < storages.size(); ++i) {
@@ -250,6 +260,8 @@ void write_archive(std::FILE* f, const std::string& data, const std::vector<at::
     writer.writeRecord("data/" + std::to_string(i), bytes.data_ptr(), bytes.numel());
   }
   writer.writeEndOfFile();
+  errno = failed;
+  return !failed;
 }
 }  // namespace
 
@@ -258,7 +270,8 @@ void save(const std::string& path, const Object& object) {
   const std::string data = detail::pickle(object, storages);
   detail::replace_file(path, [&](std::FILE* f) {
     try {
-      write_archive(f, data, storages);
+      if (!write_archive(f, data, storages))
+        throw IoError(path, std::nullopt, std::string("cannot write: ") + std::strerror(errno));
     } catch (const c10::Error& e) {
       throw IoError(path, std::nullopt, std::string("cannot write: ") + e.what_without_backtrace());
     }

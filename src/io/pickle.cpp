@@ -807,6 +807,11 @@ class Converter {
                              !add_ok(extent, step, extent))))
         fail(path, "size × stride overflows");
     }
+    std::uint64_t nbytes = 0;  // at::Tensor counts elements and bytes in int64
+    if (numel > std::uint64_t(INT64_MAX) || !mul_ok(numel, item, nbytes) ||
+        nbytes > std::uint64_t(INT64_MAX))
+      fail(path, "a tensor of " + std::to_string(numel) + " elements of " + std::to_string(item) +
+                     " bytes: more bytes than int64 counts");
     std::uint64_t end = 0, bytes = 0;
     if (numel > 0 && (!add_ok(extent, static_cast<std::uint64_t>(n.i) + 1, end) ||
                       !mul_ok(end, item, bytes) || bytes > storage.nbytes()))

@@ -167,7 +167,7 @@ void check_layout(const Input& file, std::vector<Entry>& entries, std::uint64_t 
 at::Tensor tensor_of(const Input& file, const Entry& e, std::uint64_t data_at) {
   const std::uint64_t at = data_at + e.begin, n = e.end - e.begin;
   Input view = file;
-  if ((at % c10::elementSize(e.dtype)) != 0) view.owner.reset();  // misaligned: copied
+  if ((at % c10::elementSize(e.dtype)) != 0) view.views = false;  // misaligned: copied
   at::Storage storage(at::Storage::use_byte_size_t(), n, view.data_ptr(at, n), nullptr, false);
   at::Tensor t = at::empty({0}, at::TensorOptions().dtype(e.dtype));
   std::vector<std::int64_t> strides(e.shape.size(), 1);
@@ -208,7 +208,7 @@ SafetensorsFile safetensors_from_bytes(const Input& file, const LoadOptions& opt
 }  // namespace detail
 
 SafetensorsFile load_safetensors(const std::string& path, const LoadOptions& options) {
-  return detail::safetensors_from_bytes(detail::map_file(path), options);
+  return detail::safetensors_from_bytes(detail::map_file(path, options.mmap), options);
 }
 
 void save_safetensors(const std::string& path, const TensorTree& tensors,

@@ -272,5 +272,8 @@ if __name__ == "__main__":
         check_adam(sys.argv[2], sys.argv[3])
     elif cmd == "check-safetensors":
         check_safetensors(sys.argv[2], sys.argv[3])
+    elif cmd == "write-legacy-many":  # N one-element tensors, legacy format (many storages)
+        many = {f"t{k}": torch.tensor([float(k)]) for k in range(int(sys.argv[2]))}
+        torch.save(many, sys.argv[3], _use_new_zipfile_serialization=False)
     else:
         sys.exit(f"unknown command {cmd}")

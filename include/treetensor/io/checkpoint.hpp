@@ -23,10 +23,18 @@
 // path, far within it. A malformed or hostile file raises IoError naming the file, the byte
 // offset and what was expected; it never crashes, hangs or allocates more than the file implies.
 //
-// Memory: the zip format is memory-mapped (private, copy-on-write: writing a loaded tensor never
-// changes the file) and tensors are views into the mapping, so loading reads only the pickle;
-// a storage whose record is not aligned to its element size is copied. Legacy files are read
-// into memory.
+// Loading (as torch.load): the file is mapped read-only to read its structure and each storage
+// is copied into memory, so once load() returns, nothing done to the file (truncated, rewritten
+// in place, replaced) reaches the loaded tensors, and writing a tensor never reaches the file.
+// With LoadOptions::mmap (torch.load(mmap=True)) tensors view a private mapping instead: see
+// there for what that allows. The file must not change while load() runs.
+//
+// Saving: atomic. The archive goes to a new temporary file beside the target (a random name
+// created O_EXCL|O_NOFOLLOW: a symlink planted there is not followed), is fsynced and renamed
+// over the target, which keeps its permission bits (a new file gets 0666 & ~umask). A reader
+// sees the old file or the new one; of two concurrent saves to one path, one whole file wins.
+// On any failure (a full disk, too) save() throws IoError, removes its temporary file and
+// leaves the target as it was.
 //
 // Thread safety: calls on different files may run concurrently.
 
@@ -59,8 +67,20 @@ struct LoadOptions {
   /// Where tensors go; unset: the CPU (the file's own locations are not honoured: this
   /// LibTorch may have no such device).
   std::optional<c10::Device> map_location;
+  /// torch.load(mmap=True): tensors view a private, copy-on-write mapping of the file instead
+  /// of copies, so loading reads only the structure and pages are read when first touched.
+  /// Writing a tensor copies its pages and never reaches the file. The hazard: the pages not
+  /// yet written are the file's own, so while the tensors live, rewriting the file in place
+  /// changes their values, and truncating it makes reading them raise SIGBUS (saving with
+  /// save() or torch.save to a temporary file and renaming is safe). The mapping is writable,
+  /// so it counts against the commit limit: a file larger than memory may fail to map.
+  bool mmap = false;
   LoadOptions& device(c10::Device d) {
     map_location = d;
+    return *this;
+  }
+  LoadOptions& mapped(bool on = true) {
+    mmap = on;
     return *this;
   }
 };

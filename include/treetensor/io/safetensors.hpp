@@ -11,9 +11,11 @@
 // float8_e4m3fn/float8_e5m2/uint16/uint32/uint64.
 // Errors are io::IoError naming the file, the offset and the tensor.
 //
-// Memory: the file is memory-mapped (private, copy-on-write) and each tensor is a view into it
-// when its data offset is a multiple of its element size (writers, this one too, pad the header
-// to 8 bytes, so this is the usual case); a misaligned tensor is copied.
+// Memory and saving as checkpoint.hpp says: tensors are copies (nothing done to the file after
+// loading reaches them); with LoadOptions::mmap each tensor views a private mapping when its data
+// offset is a multiple of its element size (writers, this one too, pad the header to 8 bytes,
+// so this is the usual case; a misaligned tensor is copied), with LoadOptions::mmap's hazard.
+// Saving is atomic, keeps the target's mode, and leaves it as it was on any failure.
 
 #include <map>
 #include <string>

@@ -1,0 +1,245 @@
+// What a checkpoint file's life can do to a program (DESIGN.md §13): saving is atomic (a full
+// disk, a planted symlink, two threads on one path), keeps the target's mode, and never aborts;
+// loaded tensors never see the file change after loading (unless mapped on request); a huge
+// sparse file can be looked at; a legacy file of many storages loads in linear time.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "io_test_util.hpp"
+#include "treetensor/io/safetensors.hpp"
+#include "treetensor/tensor/tensor.hpp"
+
+using namespace io_test;
+namespace tt = treetensor;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A tree whose every value is `v`: loading a mix of two such trees shows as two values.
+tt::TreeTensor filled(float v, std::int64_t n = 1 << 14) {
+  return tt::TreeTensor{
+      {"a", at::full({n}, v)}, {"b", {{"c", at::full({n, 2}, v)}}}, {"d", at::full({3}, v)}};
+}
+
+// The one value every tensor of `t` holds, or NaN when they differ.
+float only_value(const tt::TreeTensor& t) {
+  float v = std::nanf("");
+  bool first = true;
+  for (const at::Tensor& x : tt::tree::flatten(t).leaves) {
+    const float lo = x.min().item<float>(), hi = x.max().item<float>();
+    if (lo != hi || (!first && lo != v)) return std::nanf("");
+    v = lo;
+    first = false;
+  }
+  return v;
+}
+
+std::vector<std::string> leftovers(const fs::path& dir, const std::string& keep) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename() != keep) out.push_back(e.path().filename().string());
+  return out;
+}
+
+mode_t mode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0);
+  return st.st_mode & 07777;
+}
+
+// Runs `f` with writes limited to `bytes` per file (EFBIG past it, as on a full disk).
+template <class F>
+void with_file_size_limit(rlim_t bytes, F&& f) {
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto handler = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit lim = old;
+  lim.rlim_cur = bytes;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  try {
+    f();
+  } catch (...) {
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    ::signal(SIGXFSZ, handler);
+    throw;
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, handler);
+}
+
+}  // namespace
+
+TEST(IoSave, AFullDiskIsAnIoErrorAndTheOriginalStays) {
+  const auto dir = scratch("full");
+  const std::string pt = (dir / "x.pt").string(), st = (dir / "x.safetensors").string();
+  io::save(pt, filled(1, 4));
+  io::save_safetensors(pt + ".st", filled(1, 4));
+  fs::rename(pt + ".st", st);
+  with_file_size_limit(64 * 1024, [&] {
+    for (const auto& [path, save] : std::vector<std::pair<std::string, std::function<void()>>>{
+             {pt, [&] { io::save(pt, filled(2)); }},
+             {st, [&] { io::save_safetensors(st, filled(2)); }}}) {
+      SCOPED_TRACE(path);
+      try {
+        save();
+        ADD_FAILURE() << "no error";
+      } catch (const io::IoError& e) {
+        EXPECT_EQ(e.file(), path);
+        EXPECT_NE(std::string(e.what()).find("cannot write: File too large"), std::string::npos)
+            << e.what();
+      }
+    }
+  });
+  EXPECT_EQ(only_value(io::load_tensors(pt)), 1.0f);
+  EXPECT_EQ(only_value(io::load_safetensors(st).tensors), 1.0f);
+  EXPECT_EQ(leftovers(dir, "x.pt"), std::vector<std::string>{"x.safetensors"})
+      << "no temporary file left";
+  fs::remove_all(dir);
+}
+
+TEST(IoSave, KeepsTheModeOfTheFileItReplaces) {
+  const auto dir = scratch("mode");
+  const std::string file = (dir / "x.pt").string();
+  const mode_t mask = ::umask(022);
+  ::umask(mask);
+  io::save(file, filled(1, 4));
+  EXPECT_EQ(mode_of(file), 0666 & ~mask) << "a new file: as fopen makes it";
+  ASSERT_EQ(::chmod(file.c_str(), 0600), 0);
+  io::save(file, filled(2, 4));
+  EXPECT_EQ(mode_of(file), 0600u);
+  io::save_safetensors(file, filled(3, 4));
+  EXPECT_EQ(mode_of(file), 0600u);
+  fs::remove_all(dir);
+}
+
+TEST(IoSave, APlantedSymlinkIsNotFollowed) {
+  const auto dir = scratch("symlink");
+  const std::string file = (dir / "x.pt").string(), victim = (dir / "victim").string();
+  std::ofstream(victim) << "precious";
+  // The names a predictable writer would use: this process's pid, and a few guesses.
+  for (const std::string suffix : {std::to_string(::getpid()), std::string("0"), std::string("")})
+    fs::create_symlink(victim, file + ".tmp-" + suffix);
+  io::save(file, filled(1, 4));
+  EXPECT_EQ(only_value(io::load_tensors(file)), 1.0f);
+  std::ifstream in(victim);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
+  EXPECT_FALSE(fs::is_symlink(file));
+  fs::remove_all(dir);
+}
+
+TEST(IoSave, TwoThreadsSavingOnePathEachLeaveOneWholeTree) {
+  const auto dir = scratch("threads");
+  const std::string file = (dir / "x.pt").string();
+  auto saver = [&](float v) {
+    int mixed = 0;
+    for (int k = 0; k < 30; ++k) {
+      io::save(file, filled(v));
+      const float got = only_value(io::load_tensors(file));
+      if (got != 1.0f && got != 2.0f) ++mixed;
+    }
+    return mixed;
+  };
+  auto a = std::async(std::launch::async, saver, 1.0f);
+  auto b = std::async(std::launch::async, saver, 2.0f);
+  // The watchdog: a deadlock fails here rather than hanging the suite.
+  ASSERT_EQ(a.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+  ASSERT_EQ(b.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+  EXPECT_EQ(a.get(), 0);
+  EXPECT_EQ(b.get(), 0);
+  EXPECT_EQ(leftovers(dir, "x.pt"), std::vector<std::string>{});
+  fs::remove_all(dir);
+}
+
+// Overwrites every byte of `path` in place (same inode), then truncates it to 0 bytes.
+void scribble_then_truncate(const std::string& path) {
+  const auto size = fs::file_size(path);
+  {
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+    const std::string junk(size, '\x7f');
+    f.write(junk.data(), static_cast<std::streamsize>(size));
+  }
+  fs::resize_file(path, 0);
+}
+
+TEST(IoLoad, ChangesToTheFileNeverReachLoadedTensors) {
+  const auto dir = scratch("changes");
+  const std::string pt = (dir / "x.pt").string(), st = (dir / "x.safetensors").string(),
+                    legacy = (dir / "legacy.pt").string();
+  io::save(pt, filled(1));
+  io::save_safetensors(st, filled(2));
+  fs::copy_file(fixture("legacy.pt"), legacy);
+  const tt::TreeTensor a = io::load_tensors(pt);
+  const tt::TreeTensor b = io::load_safetensors(st).tensors;
+  const io::Object c = io::load(legacy);
+  for (const auto& f : {pt, st, legacy}) scribble_then_truncate(f);
+  EXPECT_EQ(only_value(a), 1.0f);  // no SIGBUS, no changed value
+  EXPECT_EQ(only_value(b), 2.0f);
+  expect_matches(c, expectation("legacy"));
+  fs::remove_all(dir);
+}
+
+TEST(IoLoad, MappedTensorsAreCopyOnWrite) {
+  const auto dir = scratch("mapped");
+  const std::string pt = (dir / "x.pt").string(), st = (dir / "x.safetensors").string();
+  io::save(pt, filled(1));
+  io::save_safetensors(st, filled(2));
+  const auto mapped = io::LoadOptions().mapped();
+  tt::TreeTensor a = io::load_tensors(pt, mapped);
+  tt::TreeTensor b = io::load_safetensors(st, mapped).tensors;
+  for (const at::Tensor& x : tt::tree::flatten(a).leaves) x.fill_(5);  // no SIGSEGV
+  for (const at::Tensor& x : tt::tree::flatten(b).leaves) x.fill_(6);
+  EXPECT_EQ(only_value(a), 5.0f);
+  EXPECT_EQ(only_value(b), 6.0f);
+  EXPECT_EQ(only_value(io::load_tensors(pt)), 1.0f) << "the file is never written";
+  EXPECT_EQ(only_value(io::load_safetensors(st).tensors), 2.0f);
+  fs::remove_all(dir);
+}
+
+TEST(IoLoad, AHugeSparseFileGivesACleanError) {
+  const auto dir = scratch("sparse");
+  for (const std::string name : {"huge.pt", "huge.safetensors"}) {
+    const std::string file = (dir / name).string();
+    const int fd = ::open(file.c_str(), O_CREAT | O_WRONLY, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, std::int64_t{30} << 30), 0);  // 30 GiB of holes
+    ::close(fd);
+    try {
+      if (name == "huge.pt")
+        io::load(file);
+      else
+        io::load_safetensors(file);
+      ADD_FAILURE() << "no error";
+    } catch (const io::IoError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.find("cannot map"), std::string::npos) << what;
+      EXPECT_NE(what.find(name == "huge.pt" ? "neither a zip-format nor a legacy"
+                                            : "the header is not valid UTF-8 JSON"),
+                std::string::npos)
+          << what;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST(IoLoad, ALegacyFileOfManyStoragesLoads) {
+  const auto dir = scratch("legacy_many");
+  const std::string file = (dir / "many.pt").string();
+  const auto [status, out] = python("write-legacy-many 20000 " + file);
+  ASSERT_EQ(status, 0) << out;
+  const auto start = std::chrono::steady_clock::now();
+  const tt::TreeTensor t = io::load_tensors(file);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("legacy file of 20000 one-element tensors: loaded in %.3f s\n", s);
+  const auto flat = tt::tree::flatten(t);
+  ASSERT_EQ(flat.leaves.size(), 20000u);
+  EXPECT_EQ(t.at(tt::tree::Path{"t19999"}).leaf().item<float>(), 19999.0f);
+  fs::remove_all(dir);
+}
