@@ -317,6 +317,37 @@ TEST_F(AsyncsThread, DestructorDrainsPendingJobsAndKeepsTheirErrors) {
   }
 }
 
+TEST_F(AsyncsThread, CloseDrainsFreesTheIdAndLeavesADefinedClosedThread) {
+  asyncs::Thread t;
+  const int id = t.id();
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 5; ++i)
+    t.submit([&ran] {
+      std::this_thread::sleep_for(2ms);
+      ++ran;
+    });
+  t.close();
+  EXPECT_EQ(ran.load(), 5) << "close() drains as the destructor does";
+  EXPECT_TRUE(t.closed());
+  EXPECT_EQ(t.id(), id) << "the id stays readable";
+  EXPECT_EQ(t.in_flight(), 0u);
+  EXPECT_NO_THROW(t.wait_idle());
+  EXPECT_NO_THROW(t.close()) << "a second close does nothing";
+  try {
+    t.submit([] { return 1; });
+    FAIL() << "submit after close must throw";
+  } catch (const asyncs::AsyncsUsageError& e) {
+    EXPECT_TRUE(contains(e.what(), "asyncs thread " + std::to_string(id) + " is closed"))
+        << e.what();
+  }
+  EXPECT_THROW(asyncs::ThreadScope{t}, asyncs::AsyncsUsageError);
+  asyncs::Thread next;  // the freed id is taken again
+  EXPECT_EQ(next.id(), id);
+  asyncs::Thread moved(std::move(t));
+  EXPECT_TRUE(moved.closed());
+  EXPECT_EQ(moved.id(), id);
+}
+
 TEST_F(AsyncsThread, DestroyedFromItsOwnJobDetachesRunsItsQueueAndFreesItsId) {
   asyncs::set_watchdog_timeout(
       2s);  // a destructor that drains here waits for itself: fail, not hang

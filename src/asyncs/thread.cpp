@@ -500,11 +500,19 @@ Thread::Thread(std::string name, KernelThreads kernels) {
   rt.live.push_back(worker_);
 }
 
-Thread::Thread(Thread&& other) noexcept : worker_(std::move(other.worker_)) {}
+Thread::Thread(Thread&& other) noexcept
+    : worker_(std::move(other.worker_)), closed_id_(std::exchange(other.closed_id_, 0)) {}
 
 Thread::~Thread() {
-  if (!worker_) return;
-  Worker& w = *worker_;
+  if (worker_) close();
+}
+
+void Thread::close() {
+  if (closed()) return;
+  Worker& w = worker();
+  closed_id_ = w.id;
+  // The Worker stays alive for futures, scopes and the live list; this Thread lets go of it.
+  const std::shared_ptr<Worker> held = std::move(worker_);
   if (detail::acting().worker == &w) {
     detail::detach_from_own_job(w);
     return;
@@ -531,26 +539,31 @@ Thread::~Thread() {
   w.wake.notify_one();
   w.os.join();
   lock.lock();
-  rt.live.erase(std::find(rt.live.begin(), rt.live.end(), worker_));
+  rt.live.erase(std::find(rt.live.begin(), rt.live.end(), held));
   rt.id_taken[w.id - 1] = false;
 }
 
 detail::Worker& Thread::worker() const {
+  if (closed())
+    throw AsyncsUsageError("treetensor asyncs: asyncs thread " + std::to_string(closed_id_) +
+                           " is closed: cannot schedule new jobs after close()");
   if (!worker_) throw AsyncsUsageError("treetensor asyncs: use of a moved-from asyncs::Thread");
   return *worker_;
 }
 
 int Thread::id() const {
-  return worker().id;
+  return closed() ? closed_id_ : worker().id;
 }
 
 std::size_t Thread::in_flight() const {
+  if (closed()) return 0;
   Worker& w = worker();
   std::lock_guard lock(asyncs_state().mu);
   return w.submitted - w.finished;
 }
 
 void Thread::wait_idle() const {
+  if (closed()) return;
   Worker& w = worker();
   if (detail::acting().worker == &w)
     throw AsyncsUsageError("treetensor asyncs: wait_idle() of asyncs thread " +
