@@ -226,6 +226,55 @@ TEST_F(AsyncsThread, WaitsThatCouldOnlyDeadlockAreUsageErrors) {
   EXPECT_THROW(asyncs::Future<int>().get(), asyncs::AsyncsUsageError);
 }
 
+// Each of two jobs waits for work queued behind the other: the second wait to start closes
+// a cycle in the wait-for graph and is refused at once (the fixture's 10 s watchdog turns a
+// regression into a failure, not a hang); the other wait then completes.
+template <class Wait>
+void expect_one_cycle_error(Wait wait_for_other) {
+  asyncs::Thread a, b;
+  Gate gate;
+  asyncs::Future<int> behind_a, behind_b;
+  const auto job = [&](asyncs::Future<int>& other, asyncs::Thread& on) {
+    return [&other, &on, wait = gate.waiter(), wait_for_other]() -> std::string {
+      wait();
+      try {
+        wait_for_other(other, on);
+      } catch (const asyncs::AsyncsUsageError& e) {
+        return e.what();
+      }
+      return "";
+    };
+  };
+  auto on_a = a.submit(job(behind_b, b));
+  auto on_b = b.submit(job(behind_a, a));
+  behind_a = a.submit([] { return 1; });
+  behind_b = b.submit([] { return 2; });
+  gate.open();
+  const std::string ea = on_a.get(), eb = on_b.get();
+  EXPECT_TRUE(ea.empty() != eb.empty())
+      << "exactly one wait refused: '" << ea << "' '" << eb << "'";
+  const std::string& e = ea.empty() ? eb : ea;
+  EXPECT_TRUE(contains(e, "would close a cycle of waits")) << e;
+  EXPECT_TRUE(contains(e, "asyncs thread " + std::to_string(a.id()))) << e;
+  EXPECT_TRUE(contains(e, "asyncs thread " + std::to_string(b.id()))) << e;
+  EXPECT_EQ(behind_a.get() + behind_b.get(), 3);
+}
+
+TEST_F(AsyncsThread, FuturesWaitingOnEachOtherAreAUsageErrorAtOnce) {
+  expect_one_cycle_error([](const asyncs::Future<int>& other, asyncs::Thread&) { other.get(); });
+}
+
+TEST_F(AsyncsThread, ScopesWaitingOnEachOtherAreAUsageErrorAtOnce) {
+  expect_one_cycle_error([](const asyncs::Future<int>&, asyncs::Thread& on) {
+    asyncs::ThreadScope scope(on);
+    tree_call("cycle", 1, [](std::size_t) {});
+  });
+}
+
+TEST_F(AsyncsThread, WaitIdleOnEachOtherIsAUsageErrorAtOnce) {
+  expect_one_cycle_error([](const asyncs::Future<int>&, asyncs::Thread& on) { on.wait_idle(); });
+}
+
 TEST_F(AsyncsThread, WatchdogNamesTheBlockedJobWithinASecond) {
   asyncs::set_watchdog_timeout(50ms);
   asyncs::Thread t("blocker");
