@@ -70,8 +70,10 @@ class ThreadPoolExhausted : public std::runtime_error {
 };
 
 /// Thrown for a use of the asyncs API that could only deadlock or cannot work: waiting from a
-/// job for a job queued behind it on the same thread, synchronize() from inside a job,
-/// submitting to a moved-from Thread.
+/// job for a job queued behind it on the same thread, a wait from a job (get/wait, a scoped
+/// tree call, wait_idle) for a thread that is itself, directly or through others, waiting for
+/// the waiting job's thread (a cycle of waits, refused when the wait starts), synchronize()
+/// from inside a job, submitting to a moved-from or closed Thread.
 class AsyncsUsageError : public std::logic_error {
  public:
   using std::logic_error::logic_error;
@@ -221,7 +223,8 @@ class Future {
   /// Blocks until the job has finished; rethrows its exception with original type and context
   /// "asyncs thread <id>, job <n>".
   /// @throws the job's exception; WatchdogTimeout; AsyncsUsageError when called from a job of
-  ///         the same thread for a job queued behind it, or on an invalid future.
+  ///         the same thread for a job queued behind it, from a job whose wait would close a
+  ///         cycle of waits, or on an invalid future.
   void wait() const { detail::wait_job(checked()); }
   /// wait(), then the job's value (a reference valid while a future of this job lives).
   typename detail::GetResult<T>::type get() const {
