@@ -226,6 +226,55 @@ TEST_F(AsyncsThread, WaitsThatCouldOnlyDeadlockAreUsageErrors) {
   EXPECT_THROW(asyncs::Future<int>().get(), asyncs::AsyncsUsageError);
 }
 
+// Each of two jobs waits for work queued behind the other: the second wait to start closes
+// a cycle in the wait-for graph and is refused at once (the fixture's 10 s watchdog turns a
+// regression into a failure, not a hang); the other wait then completes.
+template <class Wait>
+void expect_one_cycle_error(Wait wait_for_other) {
+  asyncs::Thread a, b;
+  Gate gate;
+  asyncs::Future<int> behind_a, behind_b;
+  const auto job = [&](asyncs::Future<int>& other, asyncs::Thread& on) {
+    return [&other, &on, wait = gate.waiter(), wait_for_other]() -> std::string {
+      wait();
+      try {
+        wait_for_other(other, on);
+      } catch (const asyncs::AsyncsUsageError& e) {
+        return e.what();
+      }
+      return "";
+    };
+  };
+  auto on_a = a.submit(job(behind_b, b));
+  auto on_b = b.submit(job(behind_a, a));
+  behind_a = a.submit([] { return 1; });
+  behind_b = b.submit([] { return 2; });
+  gate.open();
+  const std::string ea = on_a.get(), eb = on_b.get();
+  EXPECT_TRUE(ea.empty() != eb.empty())
+      << "exactly one wait refused: '" << ea << "' '" << eb << "'";
+  const std::string& e = ea.empty() ? eb : ea;
+  EXPECT_TRUE(contains(e, "would close a cycle of waits")) << e;
+  EXPECT_TRUE(contains(e, "asyncs thread " + std::to_string(a.id()))) << e;
+  EXPECT_TRUE(contains(e, "asyncs thread " + std::to_string(b.id()))) << e;
+  EXPECT_EQ(behind_a.get() + behind_b.get(), 3);
+}
+
+TEST_F(AsyncsThread, FuturesWaitingOnEachOtherAreAUsageErrorAtOnce) {
+  expect_one_cycle_error([](const asyncs::Future<int>& other, asyncs::Thread&) { other.get(); });
+}
+
+TEST_F(AsyncsThread, ScopesWaitingOnEachOtherAreAUsageErrorAtOnce) {
+  expect_one_cycle_error([](const asyncs::Future<int>&, asyncs::Thread& on) {
+    asyncs::ThreadScope scope(on);
+    tree_call("cycle", 1, [](std::size_t) {});
+  });
+}
+
+TEST_F(AsyncsThread, WaitIdleOnEachOtherIsAUsageErrorAtOnce) {
+  expect_one_cycle_error([](const asyncs::Future<int>&, asyncs::Thread& on) { on.wait_idle(); });
+}
+
 TEST_F(AsyncsThread, WatchdogNamesTheBlockedJobWithinASecond) {
   asyncs::set_watchdog_timeout(50ms);
   asyncs::Thread t("blocker");
@@ -315,6 +364,37 @@ TEST_F(AsyncsThread, DestructorDrainsPendingJobsAndKeepsTheirErrors) {
     EXPECT_EQ(std::string(e.what()),
               "asyncs thread " + std::to_string(id) + ", job 5: job five failed");
   }
+}
+
+TEST_F(AsyncsThread, CloseDrainsFreesTheIdAndLeavesADefinedClosedThread) {
+  asyncs::Thread t;
+  const int id = t.id();
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 5; ++i)
+    t.submit([&ran] {
+      std::this_thread::sleep_for(2ms);
+      ++ran;
+    });
+  t.close();
+  EXPECT_EQ(ran.load(), 5) << "close() drains as the destructor does";
+  EXPECT_TRUE(t.closed());
+  EXPECT_EQ(t.id(), id) << "the id stays readable";
+  EXPECT_EQ(t.in_flight(), 0u);
+  EXPECT_NO_THROW(t.wait_idle());
+  EXPECT_NO_THROW(t.close()) << "a second close does nothing";
+  try {
+    t.submit([] { return 1; });
+    FAIL() << "submit after close must throw";
+  } catch (const asyncs::AsyncsUsageError& e) {
+    EXPECT_TRUE(contains(e.what(), "asyncs thread " + std::to_string(id) + " is closed"))
+        << e.what();
+  }
+  EXPECT_THROW(asyncs::ThreadScope{t}, asyncs::AsyncsUsageError);
+  asyncs::Thread next;  // the freed id is taken again
+  EXPECT_EQ(next.id(), id);
+  asyncs::Thread moved(std::move(t));
+  EXPECT_TRUE(moved.closed());
+  EXPECT_EQ(moved.id(), id);
 }
 
 TEST_F(AsyncsThread, DestroyedFromItsOwnJobDetachesRunsItsQueueAndFreesItsId) {

@@ -12,6 +12,9 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <array>
+#include <atomic>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -71,21 +74,46 @@ namespace treetensor::python {
 
 namespace py = pybind11;
 
+/// The tree a Python tree object and its views share, with the count of GIL-released tree
+/// calls (nogil) that hold references into it. Its keys may change only while that count is 0:
+/// otherwise a call reading it on a lane, or a callback of such a call, would see nodes freed
+/// under it.
+struct Root : TreeTensor {
+  explicit Root(TreeTensor t) : TreeTensor(std::move(t)) {}
+  std::atomic<int> users{0};
+  // Bumped by every change of keys (with the GIL held): a pin noted before a change belongs
+  // to an access that made no call (see CallPins).
+  std::uint64_t version = 0;
+};
+
+/// Notes that the calling thread's next nogil() reads `root` (see nogil).
+void pin_next_call(const std::shared_ptr<Root>& root);
+/// Before a change of `root`'s keys: bumps its version.
+/// @throws RuntimeError when a GIL-released call is reading `root` (from a callback of that
+///         call or from another Python thread).
+void begin_change(Root& root, const tree::Path& where);
+
 /// The object behind `treetensor.torch.Tensor`: a node of a shared root tree. A root has an
 /// empty path; `t.a` is a view (the same root, path "a"), so `t.a.b = x` and in-place ops on
 /// `t.a` change `t`. The node is looked up at each use, so a view whose path has been removed
 /// from the root raises KeyError naming the path.
 struct PyTree {
-  std::shared_ptr<TreeTensor> root;
+  std::shared_ptr<Root> root;
   tree::Path path;
 
   // Reads go through the const tree: a mutable access would drop a consolidated root's
-  // property (consolidate.hpp).
+  // property (consolidate.hpp). The reference may be handed to the next nogil() call, which
+  // keeps the root's keys unchanged while it runs.
   const TensorTree& node() const {
+    pin_next_call(root);
     const TreeTensor& r = *root;
     return path.empty() ? r : r.at(path);
   }
-  TensorTree& node_mut() { return path.empty() ? *root : root->at(path); }
+  /// For changes of keys. @throws RuntimeError while a tree call reads this root.
+  TensorTree& node_mut() {
+    begin_change(*root, path);
+    return path.empty() ? *root : root->at(path);
+  }
 };
 
 /// The Python type of PyTree (set by the module init).
@@ -136,9 +164,30 @@ at::TensorOptions options(py::handle dtype, py::handle device);
 at::ScalarType to_dtype(py::handle dtype);
 at::Device to_device(py::handle device);
 
-/// Runs f with the GIL released (every tree call doing leaf work goes through this).
+/// Most roots one call pins: node() calls not followed by a tree call (keys(), attribute
+/// access) must not grow the list; a call passes nodes of a few trees (more are copied).
+constexpr std::size_t kMaxPins = 16;
+
+/// The roots the calling thread's PyTree::node() calls named since its last nogil(), counted
+/// as users while the call runs (decremented with the GIL held again). No allocation: this is
+/// on every tree call's path.
+class CallPins {
+ public:
+  CallPins();
+  ~CallPins();
+  CallPins(const CallPins&) = delete;
+  CallPins& operator=(const CallPins&) = delete;
+
+ private:
+  std::array<std::shared_ptr<Root>, kMaxPins> roots_;
+  std::size_t count_ = 0;
+};
+
+/// Runs f with the GIL released (every tree call doing leaf work goes through this). The trees
+/// whose nodes the call was given keep their keys meanwhile (Root::users).
 template <class F>
 decltype(auto) nogil(F&& f) {
+  const CallPins pins;
   py::gil_scoped_release release;
   return f();
 }

@@ -7,6 +7,9 @@
 #include <pybind11/stl.h>
 
 #include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "common.hpp"
 #include "treetensor/python.hpp"
@@ -61,6 +64,37 @@ TensorTree map_py(const PyTree& self, const py::function& fn, const char* op) {
   return map_py(self.node(), fn, op, where);
 }
 
+// "{a, b, ...}": the first keys of a node, for errors about a key it lacks.
+std::string key_list(const TensorTree& n) {
+  constexpr std::size_t kShown = 10;
+  std::string keys;
+  std::size_t i = 0;
+  if (!n.is_leaf())
+    for (const auto& e : n) {
+      if (i++ == kShown) {
+        keys += ", ... (" + std::to_string(n.size()) + " keys)";
+        break;
+      }
+      keys += (keys.empty() ? "" : ", ") + e.first;
+    }
+  return "{" + keys + "}";
+}
+
+// A name that is neither a key nor a tree method: say which keys there are, and whether the
+// name is torch.Tensor's (a method a user expects to work leaf-wise).
+std::string missing_attribute(const PyTree& self, const TensorTree& n, const std::string& name) {
+  std::string text = "treetensor: no key '" + name + "' at '" + self.path.describe() +
+                     "'; available keys: " + key_list(n);
+  const py::object tensor = py::module_::import("torch").attr("Tensor");
+  if (name.rfind("__", 0) != 0 && py::hasattr(tensor, name.c_str())) {
+    const bool method = PyCallable_Check(tensor.attr(name.c_str()).ptr()) != 0;
+    text += "; '" + name + "' is a torch.Tensor " + (method ? "method" : "attribute") +
+            " that tree tensors do not provide (yet): use t.map(lambda x: x." + name +
+            (method ? "(...)" : "") + ") or ttorch.apply";
+  }
+  return text;
+}
+
 std::string print(const TensorTree& t) {
   std::ostringstream os;
   if (t.is_leaf())
@@ -77,6 +111,53 @@ PyTypeObject* tree_type() {
 }
 
 namespace {
+struct Pin {
+  std::weak_ptr<Root> root;
+  std::uint64_t version;  // the root's when its node was handed out
+};
+std::vector<Pin>& next_call_roots() {
+  thread_local std::vector<Pin> roots;
+  return roots;
+}
+}  // namespace
+
+void pin_next_call(const std::shared_ptr<Root>& root) {
+  auto& pins = next_call_roots();
+  if (!pins.empty() && pins.back().version == root->version &&
+      !pins.back().root.owner_before(root) && !root.owner_before(pins.back().root))
+    return;
+  if (pins.size() == kMaxPins) pins.erase(pins.begin());
+  pins.push_back({root, root->version});
+}
+
+CallPins::CallPins() {
+  // An entry whose root changed since is left out: it comes from an access that made no call
+  // (t.a, keys()) before another thread changed that tree, and this call does not read it.
+  auto& next = next_call_roots();
+  for (const auto& p : next)
+    if (auto r = p.root.lock(); r && r->version == p.version) {
+      r->users.fetch_add(1, std::memory_order_relaxed);
+      roots_[count_++] = std::move(r);
+    }
+  next.clear();
+}
+
+CallPins::~CallPins() {
+  for (std::size_t i = 0; i < count_; ++i) roots_[i]->users.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void begin_change(Root& root, const tree::Path& where) {
+  // Both sides hold the GIL here: a call counts itself before it releases the GIL.
+  ++root.version;
+  next_call_roots().clear();  // this thread's earlier accesses are not part of a call
+  if (root.users.load(std::memory_order_relaxed) != 0)
+    throw std::runtime_error(
+        "treetensor: cannot change the keys at '" + where.describe() +
+        "' while a tree call reads this tree (from a callback of that call or another Python "
+        "thread); change a copy, or wait for the call to return");
+}
+
+namespace {
 // Whether `t` is a single tensor. A consolidated result not yet looked at answers from its
 // layout, so wrapping it does not make its leaf tensors (DESIGN.md §12).
 bool leaf_root(const TreeTensor& t) {
@@ -89,33 +170,67 @@ bool leaf_root(const TreeTensor& t) {
 
 py::object wrap(TreeTensor t) {
   if (leaf_root(t)) return wrap_tensor(t.leaf());
-  return py::cast(PyTree{std::make_shared<TreeTensor>(std::move(t)), {}});
+  return py::cast(PyTree{std::make_shared<Root>(std::move(t)), {}});
 }
 
-TreeTensor to_tree(py::handle h, const tree::Path& at) {
-  if (is_tree(h)) return TreeTensor(as_tree(h).node());
-  if (PyDict_Check(h.ptr())) {
+namespace {
+// Deepest dict nesting taken from Python: tree::Tree's copies, map and zip recurse once per
+// level and are sized for 10,000 levels (tree/core.hpp).
+constexpr std::size_t kMaxDepth = 10000;
+
+// One walk over a nested dict. `where` is the path of `h`, pushed and popped (never copied per
+// level: its text is made only for an error); `open` maps each dict on that path to its depth,
+// so a dict that contains itself is an error instead of an endless walk.
+struct DictWalk {
+  tree::Path where;
+  std::unordered_map<PyObject*, std::size_t> open;
+
+  std::string prefix(std::size_t depth) const {
+    return tree::Path(std::vector<std::string>(where.begin(), where.begin() + depth)).describe();
+  }
+  TensorTree dict(py::handle h) {
+    const auto [it, fresh] = open.emplace(h.ptr(), where.size());
+    if (!fresh)
+      throw py::value_error("treetensor: the dict at '" + where.describe() + "' is the dict at '" +
+                            prefix(it->second) + "' again (a cycle): a tree cannot contain itself");
+    if (where.size() >= kMaxDepth)
+      throw py::value_error("treetensor: dicts nested deeper than " + std::to_string(kMaxDepth) +
+                            " levels at '" + prefix(32) + "...' (" + std::to_string(where.size()) +
+                            " keys)");
     TensorTree::Children ch;
     ch.reserve(PyDict_Size(h.ptr()));
     for (auto [k, v] : py::reinterpret_borrow<py::dict>(h)) {
       if (!PyUnicode_Check(k.ptr()))
-        throw_type("treetensor: key " + repr_of(k) + " at '" + at.describe() +
+        throw_type("treetensor: key " + repr_of(k) + " at '" + where.describe() +
                    "' is not a string (tree keys are strings)");
       std::string key = k.cast<std::string>();
-      TensorTree sub = to_tree(v, at / key);
+      where.push_back(key);
+      TensorTree sub = value(v);
+      where.pop_back();
       ch.emplace_back(std::move(key), std::move(sub));
     }
-    return TreeTensor(TensorTree::from_children(std::move(ch)));
+    open.erase(h.ptr());
+    return TensorTree::from_children(std::move(ch));
   }
-  if (is_tensor(h)) return TreeTensor(TensorTree(at::Tensor(THPVariable_Unpack(h.ptr()))));
-  py::object t;
-  try {
-    t = py::module_::import("torch").attr("as_tensor")(h);
-  } catch (py::error_already_set& e) {
-    throw_type("treetensor: the value at '" + at.describe() + "' (" + repr_of(h) +
-               ") is not a tensor, a dict or a value torch.as_tensor accepts: " + e.what());
+  TensorTree value(py::handle h) {
+    if (is_tree(h)) return as_tree(h).node();
+    if (PyDict_Check(h.ptr())) return dict(h);
+    if (is_tensor(h)) return TensorTree(at::Tensor(THPVariable_Unpack(h.ptr())));
+    py::object t;
+    try {
+      t = py::module_::import("torch").attr("as_tensor")(h);
+    } catch (py::error_already_set& e) {
+      throw_type("treetensor: the value at '" + where.describe() + "' (" + repr_of(h) +
+                 ") is not a tensor, a dict or a value torch.as_tensor accepts: " + e.what());
+    }
+    return TensorTree(at::Tensor(THPVariable_Unpack(t.ptr())));
   }
-  return TreeTensor(TensorTree(at::Tensor(THPVariable_Unpack(t.ptr()))));
+};
+}  // namespace
+
+TreeTensor to_tree(py::handle h, const tree::Path& at) {
+  DictWalk walk{at, {}};
+  return TreeTensor(walk.value(h));
 }
 
 py::object to_dict(const TensorTree& t) {
@@ -240,7 +355,7 @@ released while leaf work runs.)");
   g_tree_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
 
   cls.def(py::init([](py::handle data) {
-            return PyTree{std::make_shared<TreeTensor>(to_tree(data)), {}};
+            return PyTree{std::make_shared<Root>(to_tree(data)), {}};
           }),
           py::arg("data"));
 
@@ -248,9 +363,7 @@ released while leaf work runs.)");
   cls.def("__getattr__", [](const PyTree& self, const std::string& name) -> py::object {
     const TensorTree& n = self.node();
     const TensorTree* c = n.is_leaf() ? nullptr : n.find(tree::Path{name});
-    if (!c)
-      throw py::attribute_error("treetensor: no key '" + name + "' at '" + self.path.describe() +
-                                "'");
+    if (!c) throw py::attribute_error(missing_attribute(self, n, name));
     return child_object(self, *c, name);
   });
   cls.def("__getitem__", [](const PyTree& self, py::handle key) -> py::object {
@@ -258,13 +371,9 @@ released while leaf work runs.)");
       const std::string k = key.cast<std::string>();
       const TensorTree& n = self.node();
       const TensorTree* c = n.is_leaf() ? nullptr : n.find(tree::Path{k});
-      if (!c) {
-        std::string keys;
-        if (!n.is_leaf())
-          for (const auto& e : n) keys += (keys.empty() ? "" : ", ") + e.first;
+      if (!c)
         throw py::key_error("treetensor: no key '" + k + "' at '" + (self.path / k).describe() +
-                            "'; available keys: {" + keys + "}");
-      }
+                            "'; available keys: " + key_list(n));
       return child_object(self, *c, k);
     }
     if (is_tree(key)) {
@@ -277,9 +386,12 @@ released while leaf work runs.)");
     return wrap(TreeTensor(map_py(self, f, "index")));
   });
   auto set_child = [](PyTree& self, const std::string& key, py::handle value) {
+    // Converted first: torch.as_tensor may run Python code, and so let another thread start a
+    // call on this tree, which the change must then see (node_mut).
+    TensorTree sub(to_tree(value, self.path / key));
     TensorTree& n = self.node_mut();
     if (n.is_leaf()) throw py::type_error("treetensor: '" + self.path.describe() + "' is a leaf");
-    n.insert(tree::Path{key}, TensorTree(to_tree(value, self.path / key)));
+    n.insert(tree::Path{key}, std::move(sub));
   };
   cls.def("__setattr__", set_child);
   cls.def("__setitem__", [set_child](PyTree& self, py::handle key, py::handle value) {
@@ -351,7 +463,7 @@ released while leaf work runs.)");
   // pickle / copy / deepcopy: the state is the nested dict of tensors (torch pickles those).
   cls.def(py::pickle([](const PyTree& self) { return to_dict(self.node()); },
                      [](py::object d) {
-                       return PyTree{std::make_shared<TreeTensor>(to_tree(d)), {}};
+                       return PyTree{std::make_shared<Root>(to_tree(d)), {}};
                      }));
 
   // C++ interop (python/include/treetensor/python.hpp): a capsule holding a heap TreeTensor.

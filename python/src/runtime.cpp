@@ -5,10 +5,14 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "common.hpp"
 
@@ -88,9 +92,63 @@ struct PyOutcome {
   PyRef value;
   bool raised = false;
 };
+
+/// A Python job's exception that no result() has read yet. The job succeeds as far as the
+/// asyncs layer knows (its outcome holds the exception), so synchronize() reports these itself
+/// (DESIGN.md §10: no error is lost), in the order they were raised, each once.
+struct PyFailure {
+  PyRef exc;
+  std::string context;  // "asyncs thread <id>, job <n>", filled in by submit
+};
+struct Unread {
+  std::mutex m;
+  std::vector<std::shared_ptr<PyFailure>> failures;
+};
+Unread& unread() {
+  static auto* u = new Unread();  // leaked: jobs may fail during static destruction
+  return *u;
+}
+void mark_read(const std::shared_ptr<PyFailure>& f) {
+  Unread& u = unread();
+  std::lock_guard lock(u.m);
+  auto& v = u.failures;
+  v.erase(std::remove(v.begin(), v.end(), f), v.end());
+}
+
 struct PyFuture {
   asyncs::Future<PyOutcome> future;
+  std::shared_ptr<PyFailure> failure;  // where the job puts its exception, if it raises
+  // Waits (GIL released); the outcome, its exception now read.
+  const PyOutcome& outcome() const {
+    const PyOutcome* out = nullptr;
+    nogil([&] { out = &future.get(); });
+    if (out->raised) mark_read(failure);
+    return *out;
+  }
 };
+
+// The unread exceptions of Python jobs, if any: the first raised again with its type, the
+// context and a count (and the first few) of the others in its message.
+void raise_unread() {
+  std::vector<std::shared_ptr<PyFailure>> fs;
+  {
+    Unread& u = unread();
+    std::lock_guard lock(u.m);
+    fs.swap(u.failures);
+  }
+  if (fs.empty()) return;
+  const auto text = [](const PyFailure& f) {
+    return f.context + ": " + Py_TYPE(f.exc.p)->tp_name + ": " +
+           py::str(f.exc.p).cast<std::string>();
+  };
+  std::string message = text(*fs.front());
+  if (fs.size() > 1) {
+    message += " (and " + std::to_string(fs.size() - 1) + " more unread asyncs job error(s)";
+    for (std::size_t i = 1; i < fs.size() && i <= 3; ++i) message += "; " + text(*fs[i]);
+    message += fs.size() > 4 ? "; ...)" : ")";
+  }
+  reraise(py::reinterpret_borrow<py::object>(fs.front()->exc.p), message);
+}
 
 /// The first Python exception raised by a callback of one apply() call.
 struct CallbackError {
@@ -147,21 +205,33 @@ void bind_runtime(py::module_& m) {
     return g;
   });
   m.def(
-      "synchronize", [] { nogil([] { runtime::synchronize(); }); },
+      "synchronize",
+      [] {
+        nogil([] { runtime::synchronize(); });
+        raise_unread();
+      },
       "Waits for every tree call and asyncs job in flight; raises the first unobserved asyncs "
-      "job error.");
+      "job error (C++ tree-call errors first, then Python jobs' exceptions no result() read), "
+      "naming how many more there were.");
 
   // Before _AsyncThread, whose submit returns one: its signature then names the Python type.
   py::class_<PyFuture>(m, "_Future")
       .def("done", [](const PyFuture& f) { return f.future.ready(); })
-      .def("result", [](const PyFuture& f) -> py::object {
-        const PyOutcome* out = nullptr;
-        nogil([&] { out = &f.future.get(); });
-        if (out->raised) {
-          PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(out->value.p)), out->value.p);
-          throw py::error_already_set();
-        }
-        return py::reinterpret_borrow<py::object>(out->value.p);
+      .def("result",
+           [](const PyFuture& f) -> py::object {
+             const PyOutcome& out = f.outcome();
+             if (out.raised) {
+               PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(out.value.p)), out.value.p);
+               throw py::error_already_set();
+             }
+             return py::reinterpret_borrow<py::object>(out.value.p);
+           })
+      // (raised, value or exception): asyncs.Future keeps these as Python attributes and drops
+      // this object, so that a cycle through the exception's traceback (a frame holding the
+      // future) is one the garbage collector can see and break.
+      .def("_outcome", [](const PyFuture& f) {
+        const PyOutcome& out = f.outcome();
+        return py::make_tuple(out.raised, py::reinterpret_borrow<py::object>(out.value.p));
       });
   py::class_<PyThread>(m, "_AsyncThread")
       .def(py::init([](const std::string& name) {
@@ -171,12 +241,12 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("id", [](const PyThread& t) { return t.thread->id(); })
       .def("in_flight", [](const PyThread& t) { return t.thread->in_flight(); })
       .def("wait_idle", [](const PyThread& t) { nogil([&] { t.thread->wait_idle(); }); })
-      .def("close", [](PyThread& t) { nogil([&] { t.thread.reset(); }); })
+      .def("close", [](PyThread& t) { nogil([&] { t.thread->close(); }); })
       .def(
           "submit",
           [](PyThread& t, py::function fn, py::args args, py::kwargs kwargs) {
-            if (!t.thread) throw py::value_error("treetensor: the asyncs thread is closed");
-            auto job = [f = PyRef(fn), a = PyRef(args), k = PyRef(kwargs)]() {
+            auto failure = std::make_shared<PyFailure>();
+            auto job = [f = PyRef(fn), a = PyRef(args), k = PyRef(kwargs), failure]() {
               py::gil_scoped_acquire gil;
               try {
                 return PyOutcome{PyRef(py::reinterpret_borrow<py::function>(f.p)(
@@ -184,16 +254,26 @@ void bind_runtime(py::module_& m) {
                                      **py::reinterpret_borrow<py::dict>(k.p))),
                                  false};
               } catch (py::error_already_set& e) {
+                failure->exc.p = e.value().inc_ref().ptr();
+                Unread& u = unread();
+                std::lock_guard lock(u.m);
+                u.failures.push_back(failure);
                 return PyOutcome{PyRef(e.value()), true};
               }
             };
             asyncs::Future<PyOutcome> fut;
-            nogil([&] { fut = t.thread->submit(std::move(job)); });  // may wait (back-pressure)
-            return PyFuture{std::move(fut)};
+            {
+              // The context is written under the lock synchronize() reads it with.
+              py::gil_scoped_release release;
+              fut = t.thread->submit(std::move(job));  // may wait (back-pressure)
+              std::lock_guard lock(unread().m);
+              failure->context = "asyncs thread " + std::to_string(fut.thread_id()) + ", job " +
+                                 std::to_string(fut.job());
+            }
+            return PyFuture{std::move(fut), std::move(failure)};
           },
           py::arg("fn"));
   m.def("_thread_scope", [](const PyThread& t) {
-    if (!t.thread) throw py::value_error("treetensor: the asyncs thread is closed");
     Guard g;
     g.scope = std::make_unique<asyncs::ThreadScope>(*t.thread);
     return g;

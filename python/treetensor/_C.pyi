@@ -414,6 +414,7 @@ class _AsyncThread:
     def wait_idle(self) -> None: ...
 
 class _Future:
+    def _outcome(self) -> builtins.tuple[builtins.bool, Any]: ...
     def done(self) -> builtins.bool: ...
     def result(self) -> Any: ...
 
@@ -672,7 +673,7 @@ def square(input: Any) -> Any:
 def sub(input: Any, other: Any, *, alpha: _Number = ...) -> Any: ...
 
 def synchronize() -> None:
-    """Waits for every tree call and asyncs job in flight; raises the first unobserved asyncs job error."""
+    """Waits for every tree call and asyncs job in flight; raises the first unobserved asyncs job error (C++ tree-call errors first, then Python jobs' exceptions no result() read), naming how many more there were."""
 
 def tan(input: Any) -> Any:
     """tan(t): tangent (radians), on every leaf (torch.tan without a tree)."""

@@ -48,7 +48,10 @@ class Thread:
         return Future(self._c.submit(fn, *args, **kwargs))
 
     def close(self):
-        """Drains the worker and frees its id."""
+        """Drains the worker and frees its id. Afterwards (as after
+        ``concurrent.futures.Executor.shutdown``) ``submit`` and ``thread(self)`` raise
+        RuntimeError, ``id`` keeps the id it had, ``in_flight()`` is 0, ``wait_idle()`` and
+        ``close()`` return at once."""
         self._c.close()
 
 
@@ -57,15 +60,31 @@ class Future:
 
     def __init__(self, c):
         self._c = c
+        self._outcome = None
 
     def done(self):
         """Whether the job has finished (never blocks)."""
-        return self._c.done()
+        c = self._c
+        return c is None or c.done()
 
     def result(self):
         """Waits (GIL released) and returns the job's value, or raises the exception it
         raised (the same exception object, every call)."""
-        return self._c.result()
+        c = self._c
+        if c is not None:
+            # The outcome moves here and the C++ future goes: a raised exception's traceback
+            # holds the frames that called result(), often with this future in them, and the
+            # garbage collector can only break that cycle through Python objects.
+            self._outcome = c._outcome()
+            self._c = None
+        del c  # the traceback holds this frame: no C++ object may stay reachable from it
+        raised, value = self._outcome
+        if not raised:
+            return value
+        try:
+            raise value
+        finally:
+            del self, value  # no cycle through this frame (as concurrent.futures does)
 
 
 _alive = _weakref.WeakSet()
@@ -120,7 +139,9 @@ class thread:
 
 def synchronize():
     """Waits (GIL released) for every tree call and asyncs job in flight; raises the first job
-    error nobody has observed yet, with its type and context."""
+    error nobody has observed yet, with its type and context ("asyncs thread <id>, job <n>"),
+    the original chained as ``__cause__``, and how many more there were. Each error is
+    reported once: by a ``Future.result()`` or by one synchronize()."""
     _C.synchronize()
 
 

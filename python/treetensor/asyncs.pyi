@@ -29,7 +29,10 @@ class Thread:
     order. ``id`` is its worker id in the pool (1..8 by default, TREETENSOR_ASYNCS_THREADS)."""
     def __init__(self, name=...): ...
     def close(self):
-        """Drains the worker and frees its id."""
+        """Drains the worker and frees its id. Afterwards (as after
+        ``concurrent.futures.Executor.shutdown``) ``submit`` and ``thread(self)`` raise
+        RuntimeError, ``id`` keeps the id it had, ``in_flight()`` is 0, ``wait_idle()`` and
+        ``close()`` return at once."""
     @property
     def id(self) -> Any: ...
     def in_flight(self):
@@ -46,7 +49,9 @@ def current_thread_id():
 
 def synchronize():
     """Waits (GIL released) for every tree call and asyncs job in flight; raises the first job
-    error nobody has observed yet, with its type and context."""
+    error nobody has observed yet, with its type and context ("asyncs thread <id>, job <n>"),
+    the original chained as ``__cause__``, and how many more there were. Each error is
+    reported once: by a ``Future.result()`` or by one synchronize()."""
 
 class thread:
     """``with thread(worker):`` runs the block's tree calls on an asyncs worker thread.

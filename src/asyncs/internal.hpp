@@ -61,6 +61,9 @@ class Worker {
   bool stopping = false;
   bool sleeping = false;  // waiting on `wake`: only then does a submit pay for a notify
   bool detached = false;  // its Thread was destroyed from its own job: it ends on its own
+  // Workers whose work this worker's running job (or a lane running its leaves) is blocked on,
+  // one entry per blocked wait: the wait-for graph WaitEdge checks for cycles.
+  std::vector<const Worker*> waits_on;
   std::condition_variable wake;
   // Started by Thread's constructor, joined by its destructor.
   std::thread os;
@@ -115,6 +118,23 @@ class ProgressWaiter {
 
  private:
   AsyncsState& rt_;
+};
+
+/// One blocked wait of the calling thread's asyncs worker (if it is one) for work queued on
+/// `target`, in the wait-for graph while it lives. A wait that would close a cycle (target
+/// waits, through any chain of workers, for the caller's worker) could never end: it is
+/// refused when it starts. Caller holds AsyncsState::mu for the edge's whole life.
+/// @throws AsyncsUsageError naming the chain of workers and `what`.
+class WaitEdge {
+ public:
+  WaitEdge(const Worker& target, std::string_view what);
+  ~WaitEdge();
+  WaitEdge(const WaitEdge&) = delete;
+  WaitEdge& operator=(const WaitEdge&) = delete;
+
+ private:
+  Worker* from_ = nullptr;
+  const Worker* to_ = nullptr;
 };
 
 /// Blocks on AsyncsState::progress until `done()` (caller holds `lock` on AsyncsState::mu). With

@@ -170,17 +170,19 @@ std::string describe(const std::vector<InFlightJob>& jobs) {
 }
 
 // Waits for a job that borrows its waiter's stack (a scoped tree call). On a watchdog timeout
-// a job that has not started is withdrawn and the error thrown; a running one cannot be
-// abandoned, so the report goes to stderr and the wait goes on.
+// or a cycle of waits (WaitEdge) a job that has not started is withdrawn and the error thrown;
+// a running one cannot be abandoned, so the report goes to stderr and the wait goes on.
 void wait_borrowing(Worker& w, JobState& s) {
   AsyncsState& rt = asyncs_state();
   std::unique_lock lock(rt.mu);
   const auto done = [&] { return s.done.load(std::memory_order_relaxed); };
   const std::string what = "scoped tree call (" + job_context(s) + ")";
+  std::optional<WaitEdge> edge;
   try {
+    edge.emplace(w, what);  // a cycle of waits: withdrawn like a watchdog timeout
     wait_progress(lock, done, what);
     return;
-  } catch (const WatchdogTimeout&) {
+  } catch (const std::exception&) {
     auto it = std::find_if(w.queue.begin(), w.queue.end(),
                            [&](const auto& j) { return j->state.get() == &s; });
     if (it != w.queue.end()) {
@@ -199,6 +201,27 @@ void wait_borrowing(Worker& w, JobState& s) {
   }
   const ProgressWaiter waiter(rt);
   rt.progress.wait(lock, done);
+}
+
+// A path of waits from `from` to `to` in the wait-for graph (from first), or empty.
+std::vector<const Worker*> wait_path(const Worker* from, const Worker* to) {
+  std::vector<const Worker*> path{from};
+  std::vector<std::size_t> next{0};  // per path entry: the next waits_on edge to follow
+  while (!path.empty()) {
+    if (path.back() == to) return path;
+    const auto& edges = path.back()->waits_on;
+    if (next.back() == edges.size()) {
+      path.pop_back();
+      next.pop_back();
+      continue;
+    }
+    const Worker* n = edges[next.back()++];
+    if (std::find(path.begin(), path.end(), n) == path.end()) {
+      path.push_back(n);
+      next.push_back(0);
+    }
+  }
+  return path;
 }
 
 void run_scoped(Worker& w, const runtime::LeafCall& call) {
@@ -373,6 +396,29 @@ void throw_watchdog(const AsyncsState& rt, std::string_view what,
   throw WatchdogTimeout(text, std::move(jobs));
 }
 
+WaitEdge::WaitEdge(const Worker& target, std::string_view what) {
+  Worker* self = acting().worker;
+  if (self == nullptr) return;  // only workers can be waited for: no cycle through this one
+  const auto cycle = wait_path(&target, self);
+  if (!cycle.empty()) {
+    std::string chain = "asyncs thread " + std::to_string(self->id);
+    for (const Worker* w : cycle) chain += " -> asyncs thread " + std::to_string(w->id);
+    throw AsyncsUsageError("treetensor asyncs: " + std::string(what) + " from asyncs thread " +
+                           std::to_string(self->id) + " would close a cycle of waits (" + chain +
+                           "): each waits for work queued behind the other's, so none could "
+                           "ever finish");
+  }
+  from_ = self;
+  to_ = &target;
+  self->waits_on.push_back(to_);
+}
+
+WaitEdge::~WaitEdge() {
+  if (from_ == nullptr) return;
+  auto& v = from_->waits_on;
+  v.erase(std::find(v.begin(), v.end(), to_));
+}
+
 void enqueue(Worker& w, std::shared_ptr<JobState> state, std::unique_ptr<Task> task,
              c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes, std::string label) {
   auto job = std::make_unique<Job>();  // captures the submitter's thread-local state
@@ -415,9 +461,14 @@ void wait_job(JobState& s) {
                              ", which is queued behind the calling job: it would deadlock");
     AsyncsState& rt = asyncs_state();
     std::unique_lock lock(rt.mu);
+    const std::string what = "Future::wait for " + job_context(s);
+    const auto target = std::find_if(rt.live.begin(), rt.live.end(),
+                                     [&](const auto& w) { return w->id == s.thread; });
+    std::optional<WaitEdge> edge;
+    if (target != rt.live.end() && !s.done.load(std::memory_order_relaxed))
+      edge.emplace(**target, what);
     wait_progress(
-        lock, [&] { return s.done.load(std::memory_order_relaxed); },
-        "Future::wait for " + job_context(s));
+        lock, [&] { return s.done.load(std::memory_order_relaxed); }, what);
   }
   block_current(s.finished);
   if (!s.error) return;
@@ -500,11 +551,19 @@ Thread::Thread(std::string name, KernelThreads kernels) {
   rt.live.push_back(worker_);
 }
 
-Thread::Thread(Thread&& other) noexcept : worker_(std::move(other.worker_)) {}
+Thread::Thread(Thread&& other) noexcept
+    : worker_(std::move(other.worker_)), closed_id_(std::exchange(other.closed_id_, 0)) {}
 
 Thread::~Thread() {
-  if (!worker_) return;
-  Worker& w = *worker_;
+  if (worker_) close();
+}
+
+void Thread::close() {
+  if (closed()) return;
+  Worker& w = worker();
+  closed_id_ = w.id;
+  // The Worker stays alive for futures, scopes and the live list; this Thread lets go of it.
+  const std::shared_ptr<Worker> held = std::move(worker_);
   if (detail::acting().worker == &w) {
     detail::detach_from_own_job(w);
     return;
@@ -531,35 +590,41 @@ Thread::~Thread() {
   w.wake.notify_one();
   w.os.join();
   lock.lock();
-  rt.live.erase(std::find(rt.live.begin(), rt.live.end(), worker_));
+  rt.live.erase(std::find(rt.live.begin(), rt.live.end(), held));
   rt.id_taken[w.id - 1] = false;
 }
 
 detail::Worker& Thread::worker() const {
+  if (closed())
+    throw AsyncsUsageError("treetensor asyncs: asyncs thread " + std::to_string(closed_id_) +
+                           " is closed: cannot schedule new jobs after close()");
   if (!worker_) throw AsyncsUsageError("treetensor asyncs: use of a moved-from asyncs::Thread");
   return *worker_;
 }
 
 int Thread::id() const {
-  return worker().id;
+  return closed() ? closed_id_ : worker().id;
 }
 
 std::size_t Thread::in_flight() const {
+  if (closed()) return 0;
   Worker& w = worker();
   std::lock_guard lock(asyncs_state().mu);
   return w.submitted - w.finished;
 }
 
 void Thread::wait_idle() const {
+  if (closed()) return;
   Worker& w = worker();
   if (detail::acting().worker == &w)
     throw AsyncsUsageError("treetensor asyncs: wait_idle() of asyncs thread " +
                            std::to_string(w.id) + " called from its own job: it would deadlock");
   std::unique_lock lock(asyncs_state().mu);
   const auto target = w.submitted;
+  const std::string what = "wait_idle of asyncs thread " + std::to_string(w.id);
+  const detail::WaitEdge edge(w, what);
   detail::wait_progress(
-      lock, [&] { return w.finished >= target; },
-      "wait_idle of asyncs thread " + std::to_string(w.id));
+      lock, [&] { return w.finished >= target; }, what);
 }
 
 // --- ThreadScope -----------------------------------------------------------------------------

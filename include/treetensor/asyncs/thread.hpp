@@ -70,8 +70,10 @@ class ThreadPoolExhausted : public std::runtime_error {
 };
 
 /// Thrown for a use of the asyncs API that could only deadlock or cannot work: waiting from a
-/// job for a job queued behind it on the same thread, synchronize() from inside a job,
-/// submitting to a moved-from Thread.
+/// job for a job queued behind it on the same thread, a wait from a job (get/wait, a scoped
+/// tree call, wait_idle) for a thread that is itself, directly or through others, waiting for
+/// the waiting job's thread (a cycle of waits, refused when the wait starts), synchronize()
+/// from inside a job, submitting to a moved-from or closed Thread.
 class AsyncsUsageError : public std::logic_error {
  public:
   using std::logic_error::logic_error;
@@ -221,7 +223,8 @@ class Future {
   /// Blocks until the job has finished; rethrows its exception with original type and context
   /// "asyncs thread <id>, job <n>".
   /// @throws the job's exception; WatchdogTimeout; AsyncsUsageError when called from a job of
-  ///         the same thread for a job queued behind it, or on an invalid future.
+  ///         the same thread for a job queued behind it, from a job whose wait would close a
+  ///         cycle of waits, or on an invalid future.
   void wait() const { detail::wait_job(checked()); }
   /// wait(), then the job's value (a reference valid while a future of this job lives).
   typename detail::GetResult<T>::type get() const {
@@ -256,8 +259,13 @@ class Future {
 /// submits are impossible: the Thread is gone), then ends and frees its id. synchronize()
 /// still waits for those jobs.
 ///
+/// close() does the same drain (or detach) at once, leaving a closed Thread (as
+/// concurrent.futures' shutdown does): submit() throws AsyncsUsageError, id() still gives the
+/// id it had (which a later Thread may take again), in_flight() is 0, wait_idle() and close()
+/// return at once; destruction then does nothing.
+///
 /// Thread safety: submit(), id(), in_flight() and wait_idle() may be called concurrently from
-/// any threads; construction, move and destruction may not race with other calls.
+/// any threads; construction, move, close() and destruction may not race with other calls.
 class Thread {
  public:
   /// Takes the smallest free worker id and starts the worker.
@@ -287,7 +295,7 @@ class Thread {
   /// @param writes  tensors `fn` writes: later reads and writes of them wait for the job.
   /// @param label   short text naming the job in errors and watchdog reports.
   /// @returns a Future for the job's value or error.
-  /// @throws AsyncsUsageError on a moved-from Thread; WatchdogTimeout while blocked for
+  /// @throws AsyncsUsageError on a moved-from or closed Thread; WatchdogTimeout while blocked for
   ///         back-pressure. Never blocks for back-pressure when called from this thread's own
   ///         jobs (the queue could not drain meanwhile).
   template <class F>
@@ -301,19 +309,28 @@ class Thread {
     return Future<T>(std::move(state));
   }
 
-  /// Worker id, 1..max_threads(). @throws AsyncsUsageError on a moved-from Thread.
+  /// Worker id, 1..max_threads(); after close(), the id it had.
+  /// @throws AsyncsUsageError on a moved-from Thread.
   int id() const;
-  /// Jobs submitted and not yet finished (queued plus running).
+  /// Jobs submitted and not yet finished (queued plus running); 0 once closed.
+  /// @throws AsyncsUsageError on a moved-from Thread.
   std::size_t in_flight() const;
-  /// Blocks until every job submitted so far has finished. Does not throw job errors (they
-  /// stay with futures and synchronize()). @throws WatchdogTimeout; AsyncsUsageError when
-  /// called from this thread's own jobs.
+  /// Blocks until every job submitted so far has finished; returns at once once closed. Does
+  /// not throw job errors (they stay with futures and synchronize()). @throws WatchdogTimeout;
+  /// AsyncsUsageError when called from this thread's own jobs or on a moved-from Thread.
   void wait_idle() const;
+  /// Drains (or, from its own job, detaches) and frees the id now, as the destructor would;
+  /// afterwards the Thread is closed (see the class comment). A second call does nothing.
+  /// Never throws job errors; @throws AsyncsUsageError on a moved-from Thread.
+  void close();
+  /// Whether close() has run.
+  bool closed() const noexcept { return closed_id_ != 0; }
 
  private:
   friend class ThreadScope;
   detail::Worker& worker() const;
   std::shared_ptr<detail::Worker> worker_;
+  int closed_id_ = 0;  // the id this Thread had, once closed
 };
 
 /// Makes the tree calls (runtime::run) of a block run on an asyncs thread (OneFlow parity:
@@ -329,6 +346,7 @@ class Thread {
 ///
 /// Thread safety: a scope is bound to the OS thread that created it and must be destroyed on
 /// it, in reverse order of creation. `thread` must outlive the scope.
+/// @throws AsyncsUsageError (constructor) on a moved-from or closed Thread.
 class ThreadScope {
  public:
   explicit ThreadScope(const Thread& thread);

@@ -1,0 +1,192 @@
+"""Misuse from Python gives exceptions, never a crash, a hang or a memory bomb: closed asyncs
+threads, cyclic and very deep dicts, keys changed under a running call, unread job errors,
+raising futures, missing attributes."""
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+
+import pytest
+import torch
+
+import treetensor.asyncs as asyncs
+import treetensor.torch as ttorch
+
+
+def run_script(src, timeout=120):
+    """src in a fresh interpreter: a crash there is a failed test here, not a dead pytest."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(src)], capture_output=True,
+                         text=True, timeout=timeout, env=dict(os.environ))
+    assert out.returncode == 0, f"rc {out.returncode}\n{out.stdout}\n{out.stderr}"
+    return out.stdout
+
+
+# ---- closed asyncs threads -------------------------------------------------------------------
+def test_closed_thread_is_defined_like_a_shut_down_executor():
+    out = run_script("""
+        import treetensor.asyncs as asyncs
+        t = asyncs.Thread()
+        i = t.id
+        t.submit(lambda: 1).result()
+        t.close()
+        assert t.id == i, "the id stays readable"
+        assert t.in_flight() == 0
+        t.wait_idle()
+        t.close()
+        for f in (lambda: t.submit(lambda: 1), lambda: asyncs.thread(t).__enter__()):
+            try:
+                f()
+            except RuntimeError as e:
+                assert f"asyncs thread {i} is closed" in str(e), str(e)
+            else:
+                raise AssertionError("no error after close")
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+# ---- dicts -----------------------------------------------------------------------------------
+def test_cyclic_dict_is_a_value_error_naming_the_path():
+    d = {"x": torch.ones(1)}
+    d["s"] = {"t": d}
+    with pytest.raises(ValueError, match=r"dict at 's\.t' is the dict at '<root>' again \(a cycle\)"):
+        ttorch.Tensor(d)
+    shared = {"v": torch.ones(1)}  # the same dict twice, not inside itself: fine
+    t = ttorch.Tensor({"a": shared, "b": shared})
+    assert torch.equal(t.a.v, t.b.v)
+
+
+def test_deep_dicts_build_without_copying_paths_up_to_the_limit():
+    import resource
+
+    d = torch.ones(1)
+    for _ in range(10000):
+        d = {"k": d}
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    t = ttorch.Tensor(d)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
+    assert grown < 256 * 1024, f"peak RSS grew {grown} KiB"  # a path copy per level: 2.5 GB
+    node, depth = t.to_dict(), 0
+    while isinstance(node, dict):
+        assert list(node) == ["k"]
+        node, depth = node["k"], depth + 1
+    assert depth == 10000 and torch.equal(node, torch.ones(1))
+    with pytest.raises(ValueError, match="nested deeper than 10000 levels"):
+        ttorch.Tensor({"k": d})
+
+
+# ---- keys changed while a call reads the tree --------------------------------------------------
+def test_callback_deleting_keys_of_its_own_tree_raises():
+    out = run_script("""
+        import torch, treetensor.torch as ttorch
+        t = ttorch.Tensor({f"k{i}": torch.ones(4) for i in range(64)})
+        def cb(x):
+            del t.k1
+            return x
+        with ttorch.stream(2):
+            try:
+                ttorch.apply(cb, t)
+            except RuntimeError as e:
+                assert "cannot change the keys at '<root>'" in str(e), str(e)
+            else:
+                raise AssertionError("no error")
+        assert len(t) == 64 and "k1" in t
+        del t.k1  # once the call is over
+        assert len(t) == 63
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_keys_changed_by_another_thread_during_calls_never_crash():
+    out = run_script("""
+        import threading, time, torch, treetensor.torch as ttorch
+        s = ttorch.Tensor({f"k{i}": torch.ones(64) for i in range(256)})
+        stop, refused, changed = time.monotonic() + 3, [0], [0]
+        def mutate():
+            i = 0
+            while time.monotonic() < stop:
+                try:
+                    setattr(s, f"n{i % 8}", torch.ones(64))
+                    delattr(s, f"n{i % 8}")
+                    changed[0] += 1
+                except RuntimeError as e:
+                    assert "while a tree call reads this tree" in str(e), str(e)
+                    refused[0] += 1
+                except KeyError:
+                    pass
+                i += 1
+        m = threading.Thread(target=mutate)
+        m.start()
+        with ttorch.stream(2):
+            while time.monotonic() < stop:
+                r = s + 1
+                assert all(torch.equal(v, torch.full((64,), 2.0)) for v in r.values())
+        m.join()
+        assert changed[0] > 0
+        print("ok", refused[0], changed[0])
+    """)
+    assert out.startswith("ok")
+
+
+# ---- asyncs job errors ------------------------------------------------------------------------
+def test_synchronize_raises_unread_job_errors_once_with_the_count():
+    w = asyncs.Thread("unread")
+
+    def fail(i):
+        raise ArithmeticError(f"job {i} failed")
+
+    futs = [w.submit(fail, i) for i in range(800)]
+    with pytest.raises(ArithmeticError, match="job 0 failed") as e:
+        futs[0].result()  # read: not reported again
+    with pytest.raises(ArithmeticError) as e:
+        asyncs.synchronize()
+    msg = str(e.value)
+    assert msg.startswith(f"asyncs thread {w.id}, job 2: ArithmeticError: job 1 failed"), msg
+    assert "and 798 more unread asyncs job error(s)" in msg, msg
+    assert str(e.value.__cause__) == "job 1 failed"
+    asyncs.synchronize()  # each error once
+    with pytest.raises(ArithmeticError, match="job 5 failed"):
+        futs[5].result()  # a future still raises its own error
+    w.close()
+
+
+def test_raising_futures_do_not_leak():
+    w = asyncs.Thread("leak")
+
+    def once():
+        f = w.submit(lambda: 1 / 0)
+        try:
+            f.result()
+        except ZeroDivisionError:
+            pass
+
+    for _ in range(1000):
+        once()
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(20000):
+        once()
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    w.close()
+    assert grown < 2 * 1024 * 1024, f"{grown} bytes over 20,000 raising futures"
+
+
+# ---- missing attributes -------------------------------------------------------------------------
+def test_missing_attribute_lists_keys_and_names_torch_methods():
+    t = ttorch.Tensor({f"k{i:02}": torch.ones(1) for i in range(12)})
+    with pytest.raises(AttributeError) as e:
+        t.c
+    assert str(e.value) == ("treetensor: no key 'c' at '<root>'; available keys: {k00, k01, "
+                            "k02, k03, k04, k05, k06, k07, k08, k09, ... (12 keys)}")
+    with pytest.raises(AttributeError, match="'argmax' is a torch.Tensor method that tree "
+                                             "tensors do not provide"):
+        t.argmax
+    with pytest.raises(AttributeError, match="'is_leaf' is a torch.Tensor attribute"):
+        t.is_leaf
+    assert not hasattr(t, "__array_interface__")
