@@ -269,7 +269,7 @@ TEST(TensorErrors, StructureMismatchNamesPathPositionsAndKeys) {
     FAIL();
   } catch (const tt::tree::StructureError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "zip: key mismatch at 'b': argument 0 has keys {x, y}, argument 1 has keys {x, z}");
+              "add: key mismatch at 'b': argument 0 has keys {x, y}, argument 1 has keys {x, z}");
     EXPECT_EQ(e.path().str(), "b");
   }
   TreeTensor c{{"a", at::ones(2)}, {"b", at::ones(2)}};
@@ -278,7 +278,7 @@ TEST(TensorErrors, StructureMismatchNamesPathPositionsAndKeys) {
     FAIL();
   } catch (const tt::tree::StructureError& e) {
     EXPECT_TRUE(contains(e.what(),
-                         "at 'b' argument 2 is a leaf but argument 0 is a subtree with "
+                         "where: at 'b' argument 2 is a leaf but argument 0 is a subtree with "
                          "keys {x, y}"))
         << e.what();
   }
