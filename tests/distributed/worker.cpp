@@ -668,6 +668,8 @@ void scenario_duplicate_rank() {
     dist::all_reduce(g, t);
     expect_equal(t["x"].leaf(), at::full({2}, 2.0), "all_reduce of the pair that met");
     std::cout << "rank " << rank_ << ": joined as rank " << claimed << std::endl;
+    // The group (and rank 0's store) stays up until the duplicate has surely tried.
+    std::this_thread::sleep_for(std::chrono::seconds(3));
   } catch (const dist::CollectiveError& e) {
     const std::string m = e.what();
     const double s =
