@@ -13,9 +13,11 @@ cd "$(dirname "$0")/.."
 
 source scripts/env.sh
 
-echo "bench.sh: building treetensor-bench (Release, build-release/; log in build-release/bench-build.log)" >&2
+echo "bench.sh: building treetensor-bench and treetensor-inspect (Release, build-release/; log in build-release/bench-build.log)" >&2
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_torch[@]}" >/dev/null
-if ! cmake --build build-release -j"$(nproc)" --target treetensor-bench >build-release/bench-build.log 2>&1; then
+# Both tools and the library: what `cmake --install build-release` installs (README), not the tests.
+if ! cmake --build build-release -j"$(nproc)" --target treetensor-bench treetensor-inspect \
+  >build-release/bench-build.log 2>&1; then
   tail -n 40 build-release/bench-build.log >&2
   echo "bench.sh: the build failed; full log in build-release/bench-build.log" >&2
   exit 1

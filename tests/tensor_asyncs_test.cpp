@@ -59,3 +59,33 @@ TEST(TensorAsyncs, TreeCallsInsideAScopeRunOnTheAsyncsThread) {
   }
   expect_same(r, native([](auto& x) { return x * 3 + 1; }, a));
 }
+
+// treetensor::submit registers every leaf of its operand trees (Thread::submit took flat
+// tensor lists only).
+TEST(TensorAsyncs, SubmitWithTreesOfOperands) {
+  TreeTensor t{{"a", at::zeros({3})}, {"b", TensorTree{{"c", at::zeros({2})}}}};
+  asyncs::Thread writer("tree writer");
+  auto done = tt::submit(
+      writer,
+      [t] {
+        std::this_thread::sleep_for(100ms);
+        for (const auto& x : leaves(t)) x.fill_(5);
+      },
+      TreeTensor(), t, "slow tree writer");
+  const TreeTensor u = t * 2;  // reads the written leaves: waits for the writer
+  EXPECT_TRUE(at::equal(u.at("a").leaf(), at::full({3}, 10.0f)));
+  EXPECT_TRUE(at::equal(u.at("b.c").leaf(), at::full({2}, 10.0f)));
+  done.get();
+
+  asyncs::Thread reader("tree reader");
+  auto seen = tt::submit(
+      reader,
+      [t] {
+        std::this_thread::sleep_for(100ms);  // the add_ below must not overtake this
+        return tt::sum(t).item<float>();
+      },
+      t);
+  t += 1;  // writes the read leaves: waits for the reader
+  EXPECT_EQ(seen.get(), 25.0f) << "the reader saw the update: the in-place op did not wait";
+  EXPECT_EQ(tt::sum(t).item<float>(), 30.0f);
+}

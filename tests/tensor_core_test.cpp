@@ -269,7 +269,7 @@ TEST(TensorErrors, StructureMismatchNamesPathPositionsAndKeys) {
     FAIL();
   } catch (const tt::tree::StructureError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "zip: key mismatch at 'b': argument 0 has keys {x, y}, argument 1 has keys {x, z}");
+              "add: key mismatch at 'b': argument 0 has keys {x, y}, argument 1 has keys {x, z}");
     EXPECT_EQ(e.path().str(), "b");
   }
   TreeTensor c{{"a", at::ones(2)}, {"b", at::ones(2)}};
@@ -278,7 +278,7 @@ TEST(TensorErrors, StructureMismatchNamesPathPositionsAndKeys) {
     FAIL();
   } catch (const tt::tree::StructureError& e) {
     EXPECT_TRUE(contains(e.what(),
-                         "at 'b' argument 2 is a leaf but argument 0 is a subtree with "
+                         "where: at 'b' argument 2 is a leaf but argument 0 is a subtree with "
                          "keys {x, y}"))
         << e.what();
   }
@@ -364,6 +364,44 @@ TEST(TensorAttributes, TreesOfValuesAndSingle) {
               "single: leaves disagree: 1 of 2 leaves hold Float; 'b.x' holds Double");
   }
   EXPECT_THROW(tt::single(TreeTensor().dtype()), std::invalid_argument);
+}
+
+// Shapes print as torch.Size, a 0-d leaf as torch.Size([]) (c10's vector form printed nothing
+// there), in the tree layout.
+TEST(TensorAttributes, ShapesPrintAsTorchSize) {
+  TreeTensor t{{"a", at::ones({2, 3})}, {"b", TensorTree{{"s", at::ones({})}}}};
+  std::ostringstream os;
+  os << t.shape();
+  EXPECT_EQ(os.str(),
+            "<Tree>\n"
+            "├── a --> torch.Size([2, 3])\n"
+            "└── b --> <Tree>\n"
+            "    └── s --> torch.Size([])");
+  std::ostringstream one;
+  one << tt::Size{4};
+  EXPECT_EQ(one.str(), "torch.Size([4])");
+  EXPECT_EQ(t.shape().at("b.s").leaf(), std::vector<int64_t>{});
+}
+
+// a["b"] is a TreeTensor (the tensor API applies) sharing a's tensors.
+TEST(TensorIndexing, SubtreeIsATreeTensorSharingTheLeaves) {
+  TreeTensor t{{"a", at::ones({2})}, {"m", TensorTree{{"w", at::ones({3})}, {"b", at::ones({1})}}}};
+  TreeTensor m = t["m"];
+  EXPECT_EQ(tt::sum(m).item<float>(), 4.0f);
+  EXPECT_EQ(t["m"].sum().item<float>(), 4.0f);
+  EXPECT_TRUE(t["m"]["w"].leaf().is_same(t.at("m.w").leaf()));
+  t["m"].mul_(2);  // in place on the shared tensors
+  EXPECT_TRUE(at::equal(t.at("m.w").leaf(), at::full({3}, 2.0f)));
+  const at::Tensor& w = t["m"]["w"].leaf();  // a handle by value: outlives the copy
+  EXPECT_TRUE(w.is_same(t.at("m.w").leaf()));
+  try {
+    (void)t["m"]["nope"];
+    FAIL();
+  } catch (const tt::tree::KeyError& e) {
+    EXPECT_TRUE(contains(e.what(), "m.nope")) << e.what();  // the whole chain is named
+  }
+  t.at("a") = at::zeros({2});  // replacing a node goes through at()
+  EXPECT_EQ(tt::sum(t).item<float>(), 8.0f);
 }
 
 // When leaf 0 is the odd one, the message names it, not a correct leaf; values are shown.

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "tensor_test_util.hpp"
 #include "treetensor/tensor/tensor.hpp"
@@ -97,6 +98,77 @@ TEST(TensorAdamErrors, BadOptionsAndStructures) {
   TreeTensor wrong{{"w", at::zeros({2})}};
   EXPECT_THROW(tt::adam_step(s.p, wrong, s.m, s.v, 1), tt::tree::StructureError);
   EXPECT_THROW(tt::adam_step_foreach(s.p, wrong, s.m, s.v, 1), tt::tree::StructureError);
+}
+
+// The message of what `f` throws as E (a failure when it throws nothing or something else).
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "nothing thrown";
+  return {};
+}
+
+// Structure errors name the op the user called and its arguments by their signature's names
+// (grads is zipped last inside, and was reported as "argument 3", or 4, under "zip:").
+TEST(TensorAdamErrors, StructureErrorsNameTheOpAndTheArgument) {
+  State s = make_state({{"w", {2}}, {"b", {2}}});
+  TreeTensor wrong{{"w", at::zeros({2})}};
+  using SE = tt::tree::StructureError;
+  EXPECT_EQ(message_of<SE>([&] { tt::adam_step(s.p, wrong, s.m, s.v, 1); }),
+            "adam_step: key mismatch at '<root>': params has keys {b, w}, grads has keys {w}");
+  EXPECT_EQ(message_of<SE>([&] { tt::adam_step_single_pass(s.p, wrong, s.m, s.v, 1); }),
+            "adam_step_single_pass: key mismatch at '<root>': params has keys {b, w}, grads has "
+            "keys {w}");
+  EXPECT_EQ(message_of<SE>([&] { tt::adam_step(s.p, s.g, s.m, wrong, 1); }),
+            "adam_step: key mismatch at '<root>': params has keys {b, w}, exp_avg_sq has keys {w}");
+  EXPECT_EQ(message_of<SE>([&] { tt::adam_step_foreach(s.p, wrong, s.m, s.v, 1); }),
+            "adam_step_foreach: grads does not have the structure of params");
+  EXPECT_EQ(
+      message_of<SE>(
+          [&] { tt::sgd_step_single_pass(s.p, s.g, wrong, 1, tt::SgdOptions(0.1).momentum(0.9)); }),
+      "sgd_step_single_pass: key mismatch at '<root>': params has keys {b, w}, momentum_buffer "
+      "has keys {w}");
+}
+
+// A float64 gradient for a float32 parameter: the dtype error naming the path, the expected
+// and the given dtype, before any leaf is updated (ATen asserted "INTERNAL ASSERT FAILED" in
+// the middle of the step, after other leaves were updated).
+TEST(TensorAdamErrors, LeafMismatchesThrowBeforeAnyUpdate) {
+  const State init = make_state({{"a", {3}}, {"b", {2}}});
+  auto expect_untouched = [&](const State& s) {
+    expect_same(s.p, init.p);
+    expect_same(s.m, init.m);
+    expect_same(s.v, init.v);
+  };
+  using IA = std::invalid_argument;
+  State s = copy(init);
+  s.g = TreeTensor{{"a", init.g.at("a").leaf()}, {"b", init.g.at("b").leaf().to(at::kDouble)}};
+  EXPECT_EQ(message_of<IA>([&] { tt::adam_step(s.p, s.g, s.m, s.v, 1); }),
+            "adam_step: at 'b': grads has dtype float64, expected float32 (the dtype of params)");
+  expect_untouched(s);
+  EXPECT_EQ(message_of<IA>([&] { tt::adam_step_single_pass(s.p, s.g, s.m, s.v, 1); }),
+            "adam_step_single_pass: at 'b': grads has dtype float64, expected float32 (the dtype "
+            "of params)");
+  expect_untouched(s);
+  EXPECT_EQ(message_of<IA>([&] { tt::adam_step_foreach(s.p, s.g, s.m, s.v, 1); }),
+            "adam_step_foreach: at 'b': grads has dtype float64, expected float32 (the dtype of "
+            "params)");
+  expect_untouched(s);
+  // Consolidated trees take the flat path first; it defers to the per-leaf check.
+  State c{tt::consolidate(s.p), tt::consolidate(s.g), tt::consolidate(s.m), tt::consolidate(s.v)};
+  EXPECT_EQ(message_of<IA>([&] { tt::adam_step(c.p, c.g, c.m, c.v, 1); }),
+            "adam_step: at 'b': grads has dtype float64, expected float32 (the dtype of params)");
+  expect_untouched(c);
+
+  State shape = copy(init);
+  shape.m = TreeTensor{{"a", at::zeros({3})}, {"b", at::zeros({2, 1})}};
+  EXPECT_EQ(message_of<IA>([&] { tt::adam_step(shape.p, shape.g, shape.m, shape.v, 1); }),
+            "adam_step: at 'b': exp_avg has shape [2, 1], expected [2] (the shape of params)");
+  expect_same(shape.p, init.p);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, TensorAdam, ::testing::ValuesIn(strategies()), strategy_name);

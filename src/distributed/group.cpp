@@ -1,6 +1,7 @@
 #include "distributed/group.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
@@ -22,7 +23,31 @@ void check_rank(int rank, int world) {
                                 " is outside [0, world size " + std::to_string(world) + ")");
 }
 
+std::string error_text(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  const std::string m = e.what();
+  return m.substr(0, m.find('\n'));
+}
+
 namespace {
+
+// A second process claiming this rank would meet the others in Gloo's rendezvous, where it
+// waits for a pairing that never comes (several timeouts long): count the claims in the store
+// first, so that it fails at once. One group per store, as for Gloo's own keys.
+void claim_rank(c10d::Store& store, int rank, int world) {
+  const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(world);
+  std::int64_t claims = 0;
+  try {
+    claims = store.add("treetensor/claims/rank_" + std::to_string(rank), 1);
+  } catch (const std::exception& e) {
+    throw CollectiveError("treetensor distributed: " + who +
+                          ": cannot reach the store: " + error_text(e));
+  }
+  if (claims > 1)
+    throw CollectiveError("treetensor distributed: rank " + std::to_string(rank) +
+                          " is claimed twice: another process joined the group as " + who +
+                          " first (each process needs its own RANK)");
+}
 
 // Completes `r` with `e` unless it is completed already.
 void fail(Request& r, const std::exception_ptr& e) {
@@ -54,12 +79,13 @@ Group::Group(c10::intrusive_ptr<c10d::Store> store, int rank, int world, Options
   o->devices.push_back(loopback ? Gloo::createDeviceForHostname("127.0.0.1")
                                 : Gloo::createDefaultDevice());
   o->threads = 2;
+  claim_rank(*store_, rank, world);
   try {
     gloo_ = c10::make_intrusive<Gloo>(store_, rank, world, o);
   } catch (const std::exception& e) {
     throw CollectiveError(
         std::string("treetensor distributed: cannot create the Gloo group (rank ") +
-        std::to_string(rank) + " of " + std::to_string(world) + "): " + e.what());
+        std::to_string(rank) + " of " + std::to_string(world) + "): " + error_text(e));
   }
   comm_ = std::thread([this] { loop(); });
 }
@@ -118,25 +144,37 @@ void Group::wait(const WorkPtr& w, const std::string& what, const at::Tensor& bu
     else
       w->wait(opts_.timeout);
   } catch (const std::exception& e) {
-    throw CollectiveError("treetensor distributed: rank " + std::to_string(rank_) + ": " + what +
-                          " failed: " + e.what());
+    fail_with(what, e);
   }
+}
+
+WorkPtr Group::issue(const std::string& what, c10::function_ref<WorkPtr()> start) {
+  try {
+    return start();
+  } catch (const std::exception& e) {
+    fail_with(what, e);
+  }
+}
+
+void Group::fail_with(const std::string& what, const std::exception& e) const {
+  throw CollectiveError("treetensor distributed: rank " + std::to_string(rank_) + ": " + what +
+                        " failed: " + error_text(e));
 }
 
 void Group::plain_all_reduce(const at::Tensor& t) {
   check_usable();
   std::vector<at::Tensor> v{t};
-  wait(gloo_->allreduce(v), "allreduce");
+  wait(issue("allreduce", [&] { return gloo_->allreduce(v); }), "allreduce");
 }
 
 void Group::p2p_send(at::Tensor t, int peer, int tag, const std::string& what) {
   std::vector<at::Tensor> v{std::move(t)};
-  wait(gloo_->send(v, peer, tag), what);
+  wait(issue(what, [&] { return gloo_->send(v, peer, tag); }), what);
 }
 
 void Group::p2p_recv(at::Tensor t, int peer, int tag, const std::string& what) {
   std::vector<at::Tensor> v{std::move(t)};
-  wait(gloo_->recv(v, peer, tag), what);
+  wait(issue(what, [&] { return gloo_->recv(v, peer, tag); }), what);
 }
 
 void Group::loop() {
@@ -198,8 +236,8 @@ std::vector<Row> Group::gather_rows(const Row& row) {
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < world_; ++r) out[0].push_back(at::empty({kRow}, at::kLong));
   std::vector<at::Tensor> ins{in};
-  wait(gloo_->allgather(out, ins),
-       "the agreement allgather of collective #" + std::to_string(seq_.load()));
+  const std::string what = "the agreement allgather of collective #" + std::to_string(seq_.load());
+  wait(issue(what, [&] { return gloo_->allgather(out, ins); }), what);
   std::vector<Row> rows(world_);
   for (int r = 0; r < world_; ++r)
     std::copy_n(out[0][r].data_ptr<std::int64_t>(), kRow, rows[r].begin());
@@ -212,7 +250,8 @@ std::vector<std::string> Group::gather_strings(const std::string& mine, std::int
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < world_; ++r) out[0].push_back(at::empty_like(in));
   std::vector<at::Tensor> ins{in};
-  wait(gloo_->allgather(out, ins), "the structure allgather");
+  const std::string what = "the structure allgather";
+  wait(issue(what, [&] { return gloo_->allgather(out, ins); }), what);
   std::vector<std::string> s(world_);
   for (int r = 0; r < world_; ++r) {
     const auto* p = reinterpret_cast<const char*>(out[0][r].data_ptr<std::uint8_t>());
@@ -314,7 +353,7 @@ void Group::round(const std::shared_ptr<Request>& mine) {
     fail(*cur, std::current_exception());
     throw;
   } catch (const std::exception& e) {
-    auto ep = std::make_exception_ptr(CollectiveError(where + e.what()));
+    auto ep = std::make_exception_ptr(CollectiveError(where + error_text(e)));
     fail(*cur, ep);
     std::rethrow_exception(ep);
   }
@@ -415,7 +454,9 @@ void Group::reduce_buffers(Request& r, std::uint64_t seq) {
   std::vector<WorkPtr> works;
   for (std::size_t b = 0; b < r.buffers.size(); ++b) {
     if (opts_.debug) check_bucket(seq, b, r.buffers[b], "consolidated buffer");
-    works.push_back(start(r, r.buffers[b]));
+    works.push_back(
+        issue(std::string(op_name(r.op)) + " of consolidated buffer " + std::to_string(b),
+              [&] { return start(r, r.buffers[b]); }));
   }
   for (std::size_t b = 0; b < r.buffers.size(); ++b) {
     wait(works[b], std::string(op_name(r.op)) + " of consolidated buffer " + std::to_string(b),
@@ -440,7 +481,8 @@ void Group::reduce_buckets(Request& r, std::uint64_t seq, const std::vector<at::
       pack(leaves, items, buffer);
     }
     if (opts_.debug) check_bucket(seq, b, buffer, r.paths[items[0].first].describe());
-    works.push_back(start(r, buffer));
+    works.push_back(issue(std::string(op_name(r.op)) + " of bucket " + std::to_string(b),
+                          [&] { return start(r, buffer); }));
     buffers.push_back(buffer);
   }
   for (std::size_t b = 0; b < plan.size(); ++b) {
@@ -486,7 +528,8 @@ TreeTensor Group::all_gather(Request& r, std::uint64_t seq) {
     std::vector<at::Tensor> wired{wire(in, false)};
     outputs.emplace_back(1);
     for (int k = 0; k < world_; ++k) outputs.back()[0].push_back(at::empty_like(wired[0]));
-    works.push_back(backend_for(in).allgather(outputs.back(), wired));
+    works.push_back(issue("all_gather of bucket " + std::to_string(b),
+                          [&] { return backend_for(in).allgather(outputs.back(), wired); }));
     ins.push_back(in);
   }
   std::vector<at::Tensor> row(out.size());

@@ -6,6 +6,7 @@
 
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -38,6 +39,10 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 /// @throws std::invalid_argument for a rank outside [0, world) or a world below 1.
 void check_rank(int rank, int world);
+
+/// `e`'s message for a CollectiveError: a c10::Error's without its C++ backtrace (c10's what()
+/// appends one, many lines long), any other's up to its first line break.
+std::string error_text(const std::exception& e);
 
 /// One tree collective requested on a group.
 struct Request {
@@ -134,6 +139,11 @@ class Group {
   // NCCL's on the device (the current, communication, stream waits for NCCL's stream), bounded
   // by the same timeout through c10d's NCCL watchdog.
   void wait(const WorkPtr& w, const std::string& what, const at::Tensor& buffer = {});
+  // Issues a c10d call: Gloo throws its own exceptions (gloo::IoException once a pair broke,
+  // e.g. after a timeout) when the call is made, not only from wait(); they become a
+  // CollectiveError naming this rank and `what` (the op and the peer), as wait()'s do.
+  WorkPtr issue(const std::string& what, c10::function_ref<WorkPtr()> start);
+  [[noreturn]] void fail_with(const std::string& what, const std::exception& e) const;
   at::Tensor bucket_buffer(std::size_t b, std::int64_t n, const at::TensorOptions& o);
   void check_bucket(std::uint64_t seq, std::size_t b, const at::Tensor& buffer,
                     const std::string& first_path);

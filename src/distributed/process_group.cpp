@@ -43,7 +43,7 @@ ProcessGroup ProcessGroup::with_file_store(const std::string& path, int rank, in
     store->setTimeout(options.timeout);
   } catch (const std::exception& e) {
     throw CollectiveError("treetensor distributed: cannot open the FileStore '" + path +
-                          "': " + e.what());
+                          "': " + detail::error_text(e));
   }
   return from_impl(std::make_shared<detail::Group>(store, rank, world_size, options, true));
 }
@@ -76,7 +76,7 @@ ProcessGroup make_tcp_group(const std::string& host, int port, int rank, int wor
   } catch (const std::exception& e) {
     throw CollectiveError("treetensor distributed: cannot reach the TCPStore at " + host + ":" +
                           std::to_string(port) + " (rank " + std::to_string(rank) +
-                          "): " + e.what());
+                          "): " + detail::error_text(e));
   }
   const bool loopback = host == "localhost" || host.rfind("127.", 0) == 0;
   return ProcessGroup::from_impl(

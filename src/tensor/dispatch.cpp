@@ -49,7 +49,8 @@ std::vector<std::string> keys_of(const Children& c) {
 // One call's zip: the operand rows of every leaf and, when building, the result's leaf slots.
 class Zip {
  public:
-  Zip(const CallOptions& o, c10::ArrayRef<Operand> args) : o_(o), args_(args) {
+  Zip(const CallOptions& o, c10::ArrayRef<Operand> args)
+      : o_(o), args_(args), names_{o.op, o.arg_names.data(), o.arg_names.size()} {
     base_row_.resize(args.size(), &undefined_);
     if (o.wrap_scalars) wrapped_.resize(args.size());
     for (std::size_t k = 0; k < args.size(); ++k) {
@@ -148,7 +149,7 @@ class Zip {
       } else if (o_.missing) {
         rows_[base + tree_args_[j]] = o_.missing;
       } else {
-        tree::detail::throw_no_leaf(trail_, tree_args_[j]);
+        tree::detail::throw_no_leaf(trail_, tree_args_[j], names_);
       }
     }
     if (out) {
@@ -182,7 +183,7 @@ class Zip {
         sets.positions.push_back(tree_args_[j]);
       }
     const std::vector<std::string> keys =
-        tree::detail::merge_keys(sets, o_.zip.mode, o_.missing != nullptr, trail_);
+        tree::detail::merge_keys(sets, o_.zip.mode, o_.missing != nullptr, trail_, names_);
     Children* oc = out ? &out->children() : nullptr;
     if (oc) oc->reserve(keys.size());
     Cursors next(cur.size());
@@ -209,11 +210,12 @@ class Zip {
         keys = keys_of(cur[j]->children());
       }
     }
-    tree::detail::throw_leaf_faces_subtree(trail_, leaf_pos, tree_pos, keys);
+    tree::detail::throw_leaf_faces_subtree(trail_, leaf_pos, tree_pos, keys, names_);
   }
 
   const CallOptions& o_;
   c10::ArrayRef<Operand> args_;
+  tree::detail::ZipNames names_;
   at::Tensor undefined_;
   std::vector<at::Tensor> wrapped_;
   std::vector<std::size_t> tree_args_;
@@ -251,6 +253,18 @@ void await_tracked(const Zip& z, c10::ArrayRef<Operand> args, std::size_t writte
     dst.insert(dst.end(), std::make_move_iterator(col.begin()), std::make_move_iterator(col.end()));
   }
   asyncs::await_operands(reads, writes);
+}
+
+// Every leaf passes o.check before any is updated, so a mismatch leaves the trees untouched.
+void check_leaves(const CallOptions& o, const Zip& z, c10::ArrayRef<Operand> args,
+                  const TensorTree& target) {
+  if (!o.check) return;
+  for (std::size_t i = 0; i < z.leaves(); ++i) {
+    const std::string problem = o.check(LeafArgs(z.row(i), args.data(), i));
+    if (!problem.empty())
+      throw std::invalid_argument(std::string(o.op) + ": at '" + label_of(target, i) +
+                                  "': " + problem);
+  }
 }
 
 std::vector<std::vector<at::Tensor>> columns_of(const Zip& z, std::size_t n) {
@@ -449,6 +463,8 @@ void update_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate
   strict.missing = nullptr;
   Zip z(strict, args);
   z.run(nullptr);
+  const TensorTree& target = args[0].tree();
+  check_leaves(o, z, args, target);
   await_tracked(z, args, o.written);
   const std::size_t leaves = z.leaves(), n = args.size();
   std::vector<std::uint8_t> done(leaves, 0);
@@ -457,7 +473,6 @@ void update_leaves(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate
     f(LeafArgs(z.row(i), args.data(), i));
     done[i] = 1;
   };
-  const TensorTree& target = args[0].tree();
   auto label = [&](std::size_t i) { return label_of(target, i); };
   auto cost = [&](std::size_t i) {
     return o.cost ? o.cost(LeafArgs(z.row(i), args.data(), i)) : z.default_cost(i);

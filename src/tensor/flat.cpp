@@ -254,6 +254,9 @@ bool flat_update(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate f
   const auto src = plan(o, args, /*allocates=*/false);
   if (src.empty()) return false;
   Rows rows(o, args, src, /*split=*/true);
+  if (o.check)  // a problem: the per-leaf path checks again and names the leaf
+    for (std::size_t i = 0; i < rows.pieces(); ++i)
+      if (!o.check(rows.row(i)).empty()) return false;
   rows.await(o.written);
   std::vector<std::uint8_t> done(rows.pieces(), 0);
   try {

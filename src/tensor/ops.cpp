@@ -716,8 +716,16 @@ std::vector<TreeTensor> TreeTensor::chunk(int64_t chunks, int64_t dim) const {
 }
 
 // ---- attributes --------------------------------------------------------------------------------
-tree::Tree<std::vector<int64_t>> TreeTensor::shape() const {
-  return tree::map([](const at::Tensor& x) { return x.sizes().vec(); }, *this);
+TreeTensor::TreeTensor(const TensorTree& node, ContinueTrail) : TensorTree(node) {
+  auto& trail = tree::detail::access_trail;
+  if (trail.node == &node) trail.node = this;
+}
+TreeTensor TreeTensor::operator[](std::string_view key) const {
+  return TreeTensor(TensorTree::operator[](key), ContinueTrail{});
+}
+
+tree::Tree<Size> TreeTensor::shape() const {
+  return tree::map([](const at::Tensor& x) { return Size(x.sizes().vec()); }, *this);
 }
 tree::Tree<at::ScalarType> TreeTensor::dtype() const {
   return tree::map([](const at::Tensor& x) { return x.scalar_type(); }, *this);

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "tensor/optim_kernels.hpp"
 #include "treetensor/asyncs/operands.hpp"
 #include "treetensor/runtime/dispatch.hpp"
 #include "treetensor/tensor/consolidate.hpp"
 #include "treetensor/tensor/dispatch.hpp"
+#include "treetensor/tensor/dtype.hpp"
 #include "treetensor/tensor/ops.hpp"
 
 namespace treetensor {
@@ -30,10 +32,47 @@ Corrections corrections(const AdamOptions& o, int64_t step) {
   return {o.lr() / (1 - std::pow(o.beta1(), t)), std::sqrt(1 - std::pow(o.beta2(), t))};
 }
 
-void require_same(const TensorTree& a, const TensorTree& b, const char* what) {
-  if (!(tree::flatten_refs(a).spec == tree::flatten_refs(b).spec))
+std::string dtype_name(c10::ScalarType t) {
+  return torch_dtype_name(t).value_or(c10::toString(t));
+}
+
+// What is wrong with one leaf's operand `name` next to its parameter `p`, or "": every state
+// and gradient leaf must have the parameter's dtype, device and shape (torch.optim's
+// per-tensor forms refuse the same; ATen's in-place kernels assert on some mixes).
+std::string mismatch(std::string_view name, const at::Tensor& x, const at::Tensor& p) {
+  const std::string who(name);
+  if (!x.defined()) return who + " is an undefined tensor";
+  if (x.scalar_type() != p.scalar_type())
+    return who + " has dtype " + dtype_name(x.scalar_type()) + ", expected " +
+           dtype_name(p.scalar_type()) + " (the dtype of params)";
+  if (x.device() != p.device())
+    return who + " is on " + x.device().str() + ", expected " + p.device().str() +
+           " (the device of params)";
+  if (!x.sizes().equals(p.sizes()))
+    return who + " has shape " + c10::str(x.sizes()) + ", expected " + c10::str(p.sizes()) +
+           " (the shape of params)";
+  return {};
+}
+
+// The check of every leaf of an optimizer call whose args[0] is params and args[k] is named
+// names[k] (CallOptions::check: nothing is updated when a leaf fails it).
+std::string leaf_mismatch(const detail::LeafArgs& a, c10::ArrayRef<std::string_view> names) {
+  for (std::size_t k = 1; k < names.size(); ++k)
+    if (std::string problem = mismatch(names[k], a.t(k), a.t(0)); !problem.empty()) return problem;
+  return {};
+}
+
+// adam_step_foreach zips nothing: the same structure rule and leaf check on flattened trees.
+void require_same(const char* op, const TensorTree& params, const TensorTree& x,
+                  std::string_view name) {
+  const auto p = tree::flatten_refs(params), f = tree::flatten_refs(x);
+  if (!(p.spec == f.spec))
     throw tree::StructureError(
-        {}, std::string("adam_step_foreach: ") + what + " does not have the structure of params");
+        {}, std::string(op) + ": " + std::string(name) + " does not have the structure of params");
+  for (std::size_t i = 0; i < p.leaves.size(); ++i)
+    if (std::string problem = mismatch(name, *f.leaves[i], *p.leaves[i]); !problem.empty())
+      throw std::invalid_argument(std::string(op) + ": at '" + p.spec.paths()[i].describe() +
+                                  "': " + problem);
 }
 
 }  // namespace
@@ -80,7 +119,11 @@ void adam_step(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
     at::_foreach_addcdiv_(p, m, denom, -c.step_size);
     return true;
   };
+  static constexpr std::string_view names[] = {"params", "exp_avg", "exp_avg_sq", "grads"};
+  auto check = [](const detail::LeafArgs& a) { return leaf_mismatch(a, names); };
   detail::CallOptions call{"adam_step"};
+  call.arg_names = names;
+  call.check = check;
   call.written = 3;         // params, exp_avg, exp_avg_sq
   call.elementwise = true;  // consolidated trees: one call per buffer per stage (flat)
   const Operand args[] = {params, exp_avg, exp_avg_sq, grads};
@@ -90,9 +133,10 @@ void adam_step(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
 void adam_step_foreach(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
                        TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& o) {
   const Corrections c = corrections(o, step);
-  require_same(params, grads, "grads");
-  require_same(params, exp_avg, "exp_avg");
-  require_same(params, exp_avg_sq, "exp_avg_sq");
+  const char* op = "adam_step_foreach";
+  require_same(op, params, grads, "grads");
+  require_same(op, params, exp_avg, "exp_avg");
+  require_same(op, params, exp_avg_sq, "exp_avg_sq");
   at::NoGradGuard no_grad;
   const auto p = tree::flatten(params).leaves, m = tree::flatten(exp_avg).leaves,
              v = tree::flatten(exp_avg_sq).leaves;
@@ -238,7 +282,13 @@ void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grad
     const at::Tensor denom = ((o.amsgrad() ? vm : v).sqrt() / s.bias2_sqrt).add_(s.eps);
     p.addcdiv_(m, denom, -s.step_size);
   };
+  // Without amsgrad vmax is exp_avg_sq again: its errors name exp_avg_sq.
+  const std::string_view names[] = {"params", "exp_avg", "exp_avg_sq",
+                                    o.amsgrad() ? "max_exp_avg_sq" : "exp_avg_sq", "grads"};
+  auto check = [&](const detail::LeafArgs& a) { return leaf_mismatch(a, names); };
   detail::CallOptions call{op};
+  call.arg_names = names;
+  call.check = check;
   call.written = 4;
   const Operand args[] = {params, exp_avg, exp_avg_sq, vmax, grads};
   detail::update_leaves(call, args, leaf);
@@ -302,7 +352,11 @@ void sgd_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTenso
     }
     p.add_(d, -s.lr);
   };
+  const std::string_view names[] = {"params", momentum ? "momentum_buffer" : "params", "grads"};
+  auto check = [&](const detail::LeafArgs& a) { return leaf_mismatch(a, names); };
   detail::CallOptions call{"sgd_step_single_pass"};
+  call.arg_names = names;
+  call.check = check;
   call.written = momentum ? 2 : 1;
   const Operand args[] = {params, buf, grads};
   detail::update_leaves(call, args, leaf);

@@ -240,6 +240,12 @@ std::string format_tensor(const at::Tensor& t) {
   return os.str();
 }
 
+std::ostream& operator<<(std::ostream& os, const Size& s) {
+  os << "torch.Size([";
+  for (std::size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  return os << "])";
+}
+
 std::ostream& operator<<(std::ostream& os, const TreeTensor& t) {
   tree::print(os, static_cast<const TensorTree&>(t), "<TreeTensor>",
               [](std::ostream& o, const at::Tensor& x) { o << format_tensor(x); });

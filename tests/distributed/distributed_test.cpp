@@ -125,6 +125,17 @@ TEST(Distributed, StalledRankIsAnErrorWithinTheTimeout) {
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
+TEST(Distributed, SendRecvAfterATimeoutAreCollectiveErrorsInOneLine) {
+  const auto r = run("p2p-timeout", 2, "tcp", {}, 60);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+// Three processes for a world of two: two claim rank 1.
+TEST(Distributed, ADuplicateRankFailsAtOnceNamingTheRank) {
+  const auto r = run("duplicate-rank", 3, "tcp", {}, 60);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
 // CUDA leaves over NCCL: values of every collective, trees mixing CPU and CUDA leaves,
 // consolidated CUDA trees, a caller on a non-default stream, the _async forms through asyncs.
 TEST(DistributedCuda, EveryCollectiveOneRank) {

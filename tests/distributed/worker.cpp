@@ -304,7 +304,7 @@ void scenario_refusals(const std::string& store) {
     // rank 0's step 0 was summed with rank 1's step 1, silently).
     for (int step = 0; step < 3; ++step) {
       TreeTensor t = tree(step);
-      if (r == 1 && step == 0) t["b"] = at::Tensor();
+      if (r == 1 && step == 0) t.at("b") = at::Tensor();
       if (step == 0 && r == 1) {
         expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, t); },
                                             {"path 'b'", "undefined"}, "refusing rank");
@@ -603,6 +603,83 @@ void scenario_stall(const std::string& store) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   check(s < 3.0 + 3.0, "the error came after " + std::to_string(s) + " s, timeout 3 s");
   std::_Exit(failures ? 1 : 0);
+}
+
+// `m` is one line: no C++ backtrace (c10::Error::what() appends one) and no gloo internals.
+void expect_one_line(const std::string& m, const std::string& what) {
+  check(m.find('\n') == std::string::npos && m.find("Exception raised from") == std::string::npos,
+        what + ": the message is more than one line: " + m);
+}
+
+// Runs `fn`, which must throw CollectiveError naming every part (gloo::IoException escaped
+// raw from send/recv after a timeout); returns the message.
+std::string expect_collective_error(const std::function<void()>& fn,
+                                    const std::vector<std::string>& parts,
+                                    const std::string& what) {
+  std::string m;
+  expect_throw<dist::CollectiveError>(
+      [&] {
+        try {
+          fn();
+        } catch (const dist::CollectiveError& e) {
+          m = e.what();
+          throw;
+        }
+      },
+      parts, what);
+  expect_one_line(m, what);
+  return m;
+}
+
+// Rank 1 never answers: rank 0's recv times out, and its later send and recv fail as a
+// CollectiveError naming the op, this rank and the peer, in one line each.
+void scenario_p2p_timeout(const std::string& store) {
+  dist::Options o;
+  o.timeout = std::chrono::seconds(2);
+  auto g = make_group(store, o);
+  if (g.rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(7));
+    std::_Exit(0);
+  }
+  const TensorTree t{{"x", at::ones({3})}};
+  const auto start = std::chrono::steady_clock::now();
+  expect_collective_error([&] { dist::recv(g, t, 1); }, {"rank 0", "recv from rank 1"},
+                          "recv from a silent peer");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check(s < 2.0 + 3.0, "the recv timeout came after " + std::to_string(s) + " s, timeout 2 s");
+  expect_collective_error([&] { dist::send(g, t, 1); }, {"rank 0", "send to rank 1"},
+                          "send after the timeout");
+  expect_collective_error([&] { dist::recv(g, t, 1); }, {"rank 0", "recv from rank 1"},
+                          "recv after the timeout");
+  std::_Exit(failures ? 1 : 0);  // the broken Gloo pair is not torn down
+}
+
+// Launched with 3 processes for a world of 2: processes 1 and 2 both claim rank 1. The later
+// claim fails at once ("claimed twice"), well within the timeout; the other pair works.
+void scenario_duplicate_rank() {
+  dist::Options o;
+  o.timeout = std::chrono::seconds(4);
+  const int claimed = std::min(std::atoi(std::getenv("RANK")), 1);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto g = dist::ProcessGroup::with_tcp_store(
+        std::getenv("MASTER_ADDR"), std::atoi(std::getenv("MASTER_PORT")), claimed, 2, o);
+    TreeTensor t = TensorTree{{"x", at::ones({2})}};
+    dist::all_reduce(g, t);
+    expect_equal(t["x"].leaf(), at::full({2}, 2.0), "all_reduce of the pair that met");
+    std::cout << "rank " << rank_ << ": joined as rank " << claimed << std::endl;
+    // The group (and rank 0's store) stays up until the duplicate has surely tried.
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  } catch (const dist::CollectiveError& e) {
+    const std::string m = e.what();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    check(claimed == 1, "rank 0 failed: " + m);
+    check(m.find("rank 1 is claimed twice") != std::string::npos, "the message: " + m);
+    check(s < 4.0, "the duplicate gave up after " + std::to_string(s) + " s, timeout 4 s");
+    expect_one_line(m, "duplicate rank");
+    std::cout << "rank " << rank_ << ": refused after " << s << " s: " << m << std::endl;
+  }
 }
 
 // ---- CUDA leaves over NCCL: distributed_test runs these only where CUDA devices exist, and
@@ -917,7 +994,8 @@ void scenario_cuda_without_nccl(const std::string& store) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: distributed_worker "
-                 "values|refusals|stress|stress-reverse|mismatch|missing|dead|stall|cuda|"
+                 "values|refusals|stress|stress-reverse|mismatch|missing|dead|stall|p2p-timeout|"
+                 "duplicate-rank|cuda|"
                  "cuda-mismatch|cuda-without-nccl "
                  "[tcp|file:PATH]\n";
     return 2;
@@ -942,6 +1020,10 @@ int main(int argc, char** argv) {
       scenario_missing(store);
     else if (scenario == "stall")
       scenario_stall(store);
+    else if (scenario == "p2p-timeout")
+      scenario_p2p_timeout(store);
+    else if (scenario == "duplicate-rank")
+      scenario_duplicate_rank();
     else if (scenario == "cuda")
       scenario_cuda(store);
     else if (scenario == "cuda-mismatch")

@@ -293,6 +293,7 @@ class Thread {
   /// @param reads   tensors `fn` reads: later in-place ops on them wait for the job
   ///                (await_operands). Kept alive until the job has finished.
   /// @param writes  tensors `fn` writes: later reads and writes of them wait for the job.
+  ///                (Trees of operands: treetensor::submit in treetensor/tensor/submit.hpp.)
   /// @param label   short text naming the job in errors and watchdog reports.
   /// @returns a Future for the job's value or error.
   /// @throws AsyncsUsageError on a moved-from or closed Thread; WatchdogTimeout while blocked for

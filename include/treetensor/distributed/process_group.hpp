@@ -51,7 +51,9 @@
 //  - Time: every wait (a peer's request, a c10d collective) is bounded by Options::timeout.
 //    A peer that died or stalls gives a CollectiveError on the survivors within about that
 //    time, never a hang; the group is then broken and every later request throws. (Inside an
-//    NCCL collective, see CUDA below.)
+//    NCCL collective, see CUDA below.) send/recv after such a failure (Gloo's pair to that
+//    peer is closed) throw CollectiveError too, naming the op, this rank and the peer. Error
+//    messages are one line: c10's C++ backtraces are left out.
 //  - CUDA (DESIGN.md §7, §14): when this build has NCCL (TREETENSOR_WITH_NCCL at configure:
 //    a CUDA LibTorch and nccl.h), the buckets of CUDA leaves, and a consolidated tree's CUDA
 //    buffers, go to ProcessGroupNCCL, which the group makes at its first request with a CUDA
@@ -131,7 +133,9 @@ class ProcessGroup {
   /// torchrun's agent (TORCHELASTIC_USE_AGENT_STORE=True), which hosts it: then every rank is a
   /// client, as in torch.distributed.init_process_group("gloo").
   /// @throws std::invalid_argument naming a missing or malformed variable; CollectiveError
-  ///         when the store or Gloo cannot connect within options.timeout.
+  ///         when the store or Gloo cannot connect within options.timeout, or at once when
+  ///         another process joined the group with this rank first ("rank 1 is claimed
+  ///         twice"; one group per store, as Gloo's own rendezvous keys require).
   static ProcessGroup from_env(Options options = {});
   /// With a c10d::FileStore at `path` (a file every rank can reach; removed by c10d when all
   /// ranks are done with it): for tests and single-machine runs without a port.

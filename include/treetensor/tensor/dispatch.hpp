@@ -10,6 +10,7 @@
 #include <c10/util/FunctionRef.h>
 
 #include <cstddef>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -70,10 +71,13 @@ using FusedFn = c10::function_ref<bool(const FusedArgs&, std::vector<at::Tensor>
 /// Batched form of an in-place update (same contract, no outputs).
 using FusedUpdate = c10::function_ref<bool(const FusedArgs&)>;
 using CostFn = c10::function_ref<runtime::LeafCost(const LeafArgs&)>;
+/// What is wrong with one leaf's operands (e.g. "grads has dtype float64, expected float32
+/// (the dtype of params)"), or an empty string when they are fine.
+using CheckFn = c10::function_ref<std::string(const LeafArgs&)>;
 
 /// How one tree call zips its arguments and what the runtime is told.
 struct CallOptions {
-  /// Op name for errors and the policy, e.g. "add" or "add_".
+  /// Op name for errors and the policy, e.g. "add" or "add_"; it leads every error message.
   std::string_view op;
   /// Zip mode and inherit (DESIGN.md §2); strict without inherit by default.
   ZipOptions zip = {};
@@ -93,6 +97,14 @@ struct CallOptions {
   /// on the operands' elements at its position): on consolidated trees of one layout it may
   /// then run once per buffer instead of once per leaf (flat execution, DESIGN.md §12).
   bool elementwise = false;
+  /// The user's names of the arguments, by position in `args` (e.g. {"params", "exp_avg",
+  /// "exp_avg_sq", "grads"} for a call that passes grads last): structure errors say "grads"
+  /// instead of "argument 3". Empty: errors say "argument <position>".
+  c10::ArrayRef<std::string_view> arg_names = {};
+  /// update_leaves(): checks every leaf's operands before any leaf is updated (an in-place
+  /// call that must not half-apply on a dtype, device or shape mismatch). A problem throws
+  /// std::invalid_argument "<op>: at '<path>': <problem>", with nothing updated.
+  CheckFn check = nullptr;
 };
 
 /// Runs `f` on every leaf of the zipped arguments and returns the tree of its results, with

@@ -92,8 +92,12 @@ struct SgdOptions {
 /// @param exp_avg_sq  second moments, updated in place (start from zeros).
 /// @param step        1-based step number, for the bias corrections.
 /// @throws std::invalid_argument for bad options or step < 1; tree::StructureError when the
-///         trees differ (names the path and argument positions); a leaf's torch error with its
-///         path (shape or dtype mismatch), saying which leaves were updated.
+///         trees differ ("adam_step: key mismatch at '<path>': params has keys {..}, grads has
+///         keys {..}", the arguments by name); std::invalid_argument when a leaf of grads,
+///         exp_avg or exp_avg_sq differs from its parameter in dtype, device or shape
+///         ("adam_step: at 'fc.weight': grads has dtype float64, expected float32 (the dtype
+///         of params)"). These are checked before any leaf is updated: the trees are untouched.
+///         A leaf's torch error otherwise, with its path, saying which leaves were updated.
 /// Thread safety: do not use the same trees from other threads during the call.
 void adam_step(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
                TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& options = {});
@@ -111,8 +115,10 @@ void adam_step(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
 // otherwise one leaf job per parameter, each one kernel call (leaves that are not contiguous,
 // or of another dtype, take the at:: ops instead). Runs under at::NoGradGuard and bumps the
 // version counter of every tensor it writes, as in-place ATen ops do.
-// The trees must have the same structure and per-leaf shapes (tree::StructureError naming the
-// path otherwise).
+// The trees must have the same structure (tree::StructureError naming the op, the path and
+// the arguments by name otherwise) and every leaf its parameter's dtype, device and shape
+// (std::invalid_argument naming the op, the path, the argument, the expected and the given
+// value), both checked before any leaf is updated, as for adam_step.
 
 /// torch.optim.Adam (weight decay added to the gradient), with amsgrad and maximize.
 /// @param max_exp_avg_sq  with amsgrad: the running maximum of exp_avg_sq (start from zeros).
@@ -135,7 +141,8 @@ void sgd_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTenso
                           int64_t step, const SgdOptions& options);
 
 /// The same step as at::_foreach_* calls over the flattened leaves (PyTorch's foreach Adam).
-/// Leaves are matched in flatten order; the structures must be equal (tree::StructureError).
+/// Leaves are matched in flatten order; the structures must be equal (tree::StructureError)
+/// and the leaves match as for adam_step (std::invalid_argument), checked before any update.
 void adam_step_foreach(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
                        TreeTensor& exp_avg_sq, int64_t step, const AdamOptions& options = {});
 

@@ -9,4 +9,5 @@
 #include "treetensor/tensor/optim.hpp"        // IWYU pragma: export
 #include "treetensor/tensor/reduce.hpp"       // IWYU pragma: export
 #include "treetensor/tensor/rounding.hpp"     // IWYU pragma: export
+#include "treetensor/tensor/submit.hpp"       // IWYU pragma: export
 #include "treetensor/tensor/tree_tensor.hpp"  // IWYU pragma: export

@@ -76,6 +76,15 @@ class Operand {
   at::Scalar scalar_;
 };
 
+/// A tensor's shape as torch.Size: a std::vector<int64_t> (it compares equal to one) that
+/// prints as PyTorch does, `torch.Size([2, 3])`, and `torch.Size([])` for a 0-d tensor.
+struct Size : std::vector<int64_t> {
+  using std::vector<int64_t>::vector;
+  Size() = default;
+  Size(std::vector<int64_t> v) noexcept : std::vector<int64_t>(std::move(v)) {}  // NOLINT
+};
+std::ostream& operator<<(std::ostream& os, const Size& s);
+
 /// A tree whose leaves are tensors, with the tensor API applied leaf-wise (DI-treetensor
 /// parity). It IS a Tree<at::Tensor> (TreeLike), so every tree algorithm (map, zip_map,
 /// flatten, filter, subside/rise, print) works on it; their Tree<at::Tensor> results convert
@@ -99,6 +108,27 @@ class TreeTensor : public TensorTree {
   TreeTensor() = default;
   /// Wraps a plain tree of tensors (e.g. the result of tree::map); no tensor data is copied.
   TreeTensor(TensorTree t) noexcept : TensorTree(std::move(t)) {}  // NOLINT
+  TreeTensor(const TreeTensor&) = default;
+  TreeTensor(TreeTensor&&) = default;
+  // Lvalues only: `t["a"] = x` would assign to the copy operator[] returns and change nothing,
+  // so it does not compile; replace a node through at() (`t.at("a") = x`).
+  TreeTensor& operator=(const TreeTensor&) & = default;
+  TreeTensor& operator=(TreeTensor&&) & = default;
+
+  /// The subtree under `key` as a TreeTensor, so that the tensor API applies to it
+  /// (`t["model"].sum()`, `t["enc"]["w"].leaf()`). It is a new tree that shares the leaves'
+  /// tensors: in-place tensor ops on it (`t["enc"].mul_(2)`) change `t`'s tensors, but
+  /// replacing a leaf or a key of it does not change `t` (use at(), which gives the node
+  /// itself, a TensorTree&, for that). Copies the subtree's keys and tensor handles, never
+  /// tensor data. @throws tree::KeyError as Tree::operator[] (naming the whole chain walked).
+  TreeTensor operator[](std::string_view key) const;
+  /// The leaf tensor (Tree::leaf()). On a temporary, such as `t["a"].leaf()` (operator[]
+  /// returns a copy), the handle comes by value so that it outlives the copy; assigning to
+  /// it (`t["a"].leaf() = x`) then copies x's values into the shared tensor, as ATen's
+  /// `y.index(...) = x` does.
+  const at::Tensor& leaf() const& { return TensorTree::leaf(); }
+  at::Tensor& leaf() & { return TensorTree::leaf(); }
+  at::Tensor leaf() && { return TensorTree::leaf(); }
 
   // ---- methods generated from the op table (see the free functions of the same name) ----
 #define TREETENSOR_DECLARE_UNARY_INPLACE(name, ...) \
@@ -167,7 +197,8 @@ class TreeTensor : public TensorTree {
   at::Tensor norm(double p = 2) const;
 
   // ---- attributes (trees of values; see single()) ----------------------------------------
-  tree::Tree<std::vector<int64_t>> shape() const;
+  /// The tree of leaf shapes; it prints as torch.Size leaves (`├── a --> torch.Size([2, 3])`).
+  tree::Tree<Size> shape() const;
   tree::Tree<at::ScalarType> dtype() const;
   tree::Tree<at::Device> device() const;
   tree::Tree<int64_t> numel() const;
@@ -176,6 +207,11 @@ class TreeTensor : public TensorTree {
   TreeTensor grad() const;
   /// The leading dimension every leaf shares; see treetensor::batch_size().
   int64_t batch_size() const;
+
+ private:
+  struct ContinueTrail {};
+  // Copies `node` and lets a chained operator[] on this copy continue the KeyError path.
+  TreeTensor(const TensorTree& node, ContinueTrail);
 };
 
 /// Writes `t` in treetensor's layout: the header `<TreeTensor>`, one `key --> tensor(...)`

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "treetensor/tree/internal_error.hpp"
@@ -44,6 +45,22 @@ inline Path make_path(const Trail& trail) {
   return Path(std::move(keys));
 }
 
+/// Who zips, for messages: the op the user called (it leads every message) and, when the
+/// caller knows them, its arguments' names by zip position (a call may zip its arguments in
+/// another order than its signature; then `names[pos]` is the signature's name), else
+/// "argument <pos>".
+struct ZipNames {
+  std::string_view op = "zip";
+  const std::string_view* names = nullptr;
+  std::size_t count = 0;
+
+  std::string arg(std::size_t pos) const {
+    if (pos < count) return std::string(names[pos]);
+    return "argument " + std::to_string(pos);
+  }
+  std::string prefix() const { return std::string(op) + ": "; }
+};
+
 /// The key lists of the internal nodes met at one zip node, with their argument positions.
 struct KeySets {
   std::vector<std::vector<std::string>> keys;
@@ -54,31 +71,32 @@ struct KeySets {
 [[noreturn]] inline void throw_key_mismatch(const Trail& trail, std::size_t pa,
                                             const std::vector<std::string>& ka, std::size_t pb,
                                             const std::vector<std::string>& kb,
-                                            const std::string& tail = "") {
+                                            const std::string& tail = "", const ZipNames& n = {}) {
   Path here = make_path(trail);
-  throw StructureError(here, "zip: key mismatch at '" + here.describe() + "': argument " +
-                                 std::to_string(pa) + " has keys " + format_keys(ka) +
-                                 ", argument " + std::to_string(pb) + " has keys " +
-                                 format_keys(kb) + tail);
+  throw StructureError(here, n.prefix() + "key mismatch at '" + here.describe() +
+                                 "': " + n.arg(pa) + " has keys " + format_keys(ka) + ", " +
+                                 n.arg(pb) + " has keys " + format_keys(kb) + tail);
 }
 
 /// @throws StructureError: argument `leaf_pos` is a leaf where argument `tree_pos` is a subtree
 /// with `tree_keys`, and inherit was not asked for.
 [[noreturn]] inline void throw_leaf_faces_subtree(const Trail& trail, std::size_t leaf_pos,
                                                   std::size_t tree_pos,
-                                                  const std::vector<std::string>& tree_keys) {
+                                                  const std::vector<std::string>& tree_keys,
+                                                  const ZipNames& n = {}) {
   Path here = make_path(trail);
-  throw StructureError(
-      here, "zip: at '" + here.describe() + "' argument " + std::to_string(leaf_pos) +
-                " is a leaf but argument " + std::to_string(tree_pos) + " is a subtree with keys " +
-                format_keys(tree_keys) + "; pass inherit to broadcast the leaf into the subtree");
+  throw StructureError(here, n.prefix() + "at '" + here.describe() + "' " + n.arg(leaf_pos) +
+                                 " is a leaf but " + n.arg(tree_pos) + " is a subtree with keys " +
+                                 format_keys(tree_keys) +
+                                 "; pass inherit to broadcast the leaf into the subtree");
 }
 
 /// @throws StructureError: argument `pos` has no leaf at `trail` and nothing fills it.
-[[noreturn]] inline void throw_no_leaf(const Trail& trail, std::size_t pos) {
+[[noreturn]] inline void throw_no_leaf(const Trail& trail, std::size_t pos,
+                                       const ZipNames& n = {}) {
   Path here = make_path(trail);
-  throw StructureError(here, "zip: argument " + std::to_string(pos) + " has no leaf at '" +
-                                 here.describe() + "' and no missing value was given");
+  throw StructureError(here, n.prefix() + n.arg(pos) + " has no leaf at '" + here.describe() +
+                                 "' and no missing value was given");
 }
 
 /// The keys to descend into at one internal node under `mode`: the first list (left), their
@@ -87,14 +105,14 @@ struct KeySets {
 /// list; every list is sorted.
 /// @throws StructureError naming the path, both argument positions and both key lists.
 inline std::vector<std::string> merge_keys(const KeySets& sets, ZipMode mode, bool can_fill,
-                                           const Trail& trail) {
+                                           const Trail& trail, const ZipNames& n = {}) {
   const auto& k = sets.keys;
   const auto& pos = sets.positions;
   TREETENSOR_INTERNAL_ASSERT(!k.empty() && k.size() == pos.size(), "one position per key list");
   std::vector<std::string> keys = k[0];
   for (std::size_t s = 1; s < k.size(); ++s) {
     if (k[s] == keys) continue;
-    if (mode == ZipMode::strict) throw_key_mismatch(trail, pos[0], k[0], pos[s], k[s]);
+    if (mode == ZipMode::strict) throw_key_mismatch(trail, pos[0], k[0], pos[s], k[s], "", n);
     std::vector<std::string> merged;
     if (mode == ZipMode::inner)
       std::set_intersection(keys.begin(), keys.end(), k[s].begin(), k[s].end(),
@@ -109,7 +127,8 @@ inline std::vector<std::string> merge_keys(const KeySets& sets, ZipMode mode, bo
     if (!std::includes(k[s].begin(), k[s].end(), keys.begin(), keys.end()))
       for (std::size_t t = 0; t < k.size(); ++t)
         if (!std::includes(k[s].begin(), k[s].end(), k[t].begin(), k[t].end()))
-          throw_key_mismatch(trail, pos[t], k[t], pos[s], k[s], " and no missing value was given");
+          throw_key_mismatch(trail, pos[t], k[t], pos[s], k[s], " and no missing value was given",
+                             n);
   return keys;
 }
 
