@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/bytes.hpp"
+#include "pickle_bytes.hpp"
 
 namespace io = treetensor::io;
 using namespace std::string_literals;
@@ -78,14 +79,8 @@ void mutate_all(const std::string& original, std::mt19937_64& rng, int rounds = 
 }
 
 // ---- generated seeds: pickle bytes as torch.save lays them out, in a zip archive ----
-std::string u32(std::uint32_t v) {
-  std::string s(4, '\0');
-  for (int k = 0; k < 4; ++k) s[k] = static_cast<char>((v >> (8 * k)) & 0xff);
-  return s;
-}
-std::string str(const std::string& s) {
-  return "X" + u32(static_cast<std::uint32_t>(s.size())) + s;
-}
+using pickle_bytes::str;
+using pickle_bytes::u32;
 std::string repeat(const std::string& piece, std::size_t n) {
   std::string out;
   for (std::size_t k = 0; k < n; ++k) out += piece;

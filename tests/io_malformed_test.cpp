@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io_test_util.hpp"
+#include "pickle_bytes.hpp"
 #include "treetensor/io/safetensors.hpp"
 
 using namespace io_test;
@@ -75,14 +76,8 @@ std::string safetensors_error(const std::string& path) {
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 // ---- pickle bytes, written as torch.save writes them ----------------------------------------
-std::string u32(std::uint32_t v) {
-  std::string s(4, '\0');
-  for (int k = 0; k < 4; ++k) s[k] = static_cast<char>((v >> (8 * k)) & 0xff);
-  return s;
-}
-std::string str(const std::string& s) {
-  return "X" + u32(static_cast<std::uint32_t>(s.size())) + s;
-}
+using pickle_bytes::str;
+using pickle_bytes::u32;
 std::string integer(std::int64_t v) {
   std::string s = "\x8a\x08";
   for (int k = 0; k < 8; ++k)
