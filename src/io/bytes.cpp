@@ -163,6 +163,19 @@ bool fill(int fd, const std::string& path, const std::function<void(std::FILE*)>
   if (!ok) errno = err;
   return ok && closed;
 }
+
+// After the rename, the folder's entry is what a power loss must not lose: fsync the folder
+// (best effort, as a folder that cannot be opened for reading still took the rename).
+void sync_folder_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : path.substr(0, slash);
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;
+  ::fsync(dir);
+  ::close(dir);
+}
 }  // namespace
 
 void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write) {
@@ -183,6 +196,7 @@ void replace_file(const std::string& path, const std::function<void(std::FILE*)>
     ::unlink(tmp.c_str());
     throw IoError(path, std::nullopt, std::string("cannot write: ") + std::strerror(err));
   }
+  sync_folder_of(path);
 }
 
 std::uint8_t Cursor::u8(const char* what) {

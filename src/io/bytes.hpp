@@ -70,7 +70,8 @@ Input map_file(const std::string& path, bool views);
 
 /// Writes a file as `write(FILE*)` fills it, atomically: into a new temporary file beside
 /// `path` (a random name, created O_EXCL|O_NOFOLLOW, so nothing planted there is followed),
-/// flushed and fsynced, then renamed over `path`. An existing `path` keeps its permission bits;
+/// flushed and fsynced, then renamed over `path` (and the folder fsynced, so the rename survives
+/// a power loss). An existing `path` keeps its permission bits;
 /// a new one gets 0666 & ~umask, as fopen would give it. Readers see the old file or the new
 /// one, never a part; concurrent writers each replace the whole file. On any failure the
 /// temporary file is removed and `path` is left as it was.
