@@ -76,7 +76,10 @@ std::set<std::string> loaded_blas_libraries() {
       [](dl_phdr_info* info, size_t, void* data) {
         std::string path = info->dlpi_name ? info->dlpi_name : "";
         std::string name = std::filesystem::path(path).filename().string();
-        if (name.find("blas") != std::string::npos || name.find("mkl_core") != std::string::npos) {
+        // cuBLAS is the GPU's BLAS (loaded by CUDA LibTorch whatever the device): not the CPU's.
+        const bool cpu_blas =
+            name.find("blas") != std::string::npos && name.find("cublas") == std::string::npos;
+        if (cpu_blas || name.find("mkl_core") != std::string::npos) {
           std::error_code ec;
           auto real = std::filesystem::canonical(path, ec);
           static_cast<std::set<std::string>*>(data)->insert(ec ? path : real.string());
@@ -85,6 +88,18 @@ std::set<std::string> loaded_blas_libraries() {
       },
       &out);
   return out;
+}
+
+// MKL linked into LibTorch itself (PyPI's wheels): no MKL library is loaded, but the build
+// settings name its version and its C entry point gives the thread count.
+std::string mkl_in_libtorch(int& threads) {
+  std::smatch m;
+  const std::string cfg = at::show_config();
+  if (!std::regex_search(cfg, m, std::regex("Math Kernel Library Version ([^ \n]+)"))) return "";
+  using ThreadsFn = int (*)();
+  if (auto fn = reinterpret_cast<ThreadsFn>(dlsym(RTLD_DEFAULT, "MKL_Get_Max_Threads")))
+    threads = fn();
+  return "MKL " + m[1].str() + " (linked into LibTorch)";
 }
 
 std::string blas_in_use(int& threads, std::string& note) {
@@ -103,6 +118,7 @@ std::string blas_in_use(int& threads, std::string& note) {
   std::string libs;
   for (const auto& lib : loaded_blas_libraries()) libs += (libs.empty() ? "" : ", ") + lib;
   if (!libs.empty()) text += (text.empty() ? "" : "; ") + libs;
+  if (text.empty()) text = mkl_in_libtorch(threads);
   if (text.empty()) {
     std::smatch m;
     const std::string cfg = at::show_config();
