@@ -7,8 +7,8 @@
 Every figure in the block comes from the files, so the README says exactly which run it shows
 (command, machine, LibTorch, allocator, date). Bounds (`min`, `limit`, `one-call`) are shown
 apart from strategies with their speed-up in brackets, references (`compute`,
-`native-discard`) without one, and a row whose std is at least its mean has no speed-up: it
-is not a finding. Needs only Python's standard library.
+`native-discard`) without one, and a row whose std is at least its mean (or whose size's
+`native` is so) has no speed-up: it is not a finding. Needs only Python's standard library.
 """
 import argparse
 import json
@@ -25,13 +25,19 @@ WORKLOADS = [
 ]
 
 
-def speedup(r):
+def noisy(r):
+    return r is not None and r["std_ms"] >= r["mean_ms"]
+
+
+def speedup(r, native):
     if not r["verified"]:
         return "not verified"
     if r.get("role") == "reference":
         return "(reference)"
-    if r["std_ms"] >= r["mean_ms"]:
+    if noisy(r):
         return "noisy (std >= mean)"
+    if noisy(native):
+        return "noisy baseline"
     x = f"{r['speedup_vs_native']:.2f}x"
     return f"({x} bound)" if r.get("role") == "bound" else x
 
@@ -54,9 +60,10 @@ def table(results, size_header):
     for size in sizes:
         group = [r for r in results if r["size"] == size]
         group.sort(key=lambda r: order.get(r.get("role", "strategy"), 0))
+        native = next((r for r in group if r["strategy"] == "native"), None)
         for r in group:
             lines.append(
-                f"| {size} | `{r['strategy']}` | {r['mean_ms']:.3f} | {r['std_ms']:.3f} | {rate(r)} | {speedup(r)} |"
+                f"| {size} | `{r['strategy']}` | {r['mean_ms']:.3f} | {r['std_ms']:.3f} | {rate(r)} | {speedup(r, native)} |"
             )
     return lines
 
