@@ -115,7 +115,11 @@ TEST(Policy, AutomaticKeepsTinyCallsOnTheCaller) {
   rt::StreamGuard g(rt::automatic);
   const rt::Decision d = rt::explain(c.call);
   EXPECT_EQ(d.strategy, rt::Strategy::linear);
+#if !defined(__SANITIZE_ADDRESS__)
+  // Under ASan the calibrated dispatch and hand-off costs shift unevenly, so the call may be
+  // kept on the caller as "measuring linear first" rather than as tiny; both stay linear.
   EXPECT_NE(d.reason.find("tiny"), std::string::npos) << d.reason;
+#endif
   for (int rep = 0; rep < 20; ++rep) rt::run(c.call);
   EXPECT_EQ(elsewhere.load(), 0);
   const auto& cal = rt::detail::calibration();
