@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "pickle_bytes.hpp"
 #include "run_command.hpp"
 #include "treetensor/io/checkpoint.hpp"
 
@@ -129,6 +130,22 @@ TEST(InspectTool, AHugeSparseFileGivesACleanError) {
   EXPECT_EQ(status, 1);
   EXPECT_HAS(out, "at byte 0: neither a zip-format nor a legacy torch.save file");
   EXPECT_EQ(out.find("cannot map"), std::string::npos) << out;
+  std::remove(path.c_str());
+}
+
+// A valid checkpoint larger than memory (a 30 GiB tensor, a hole): listed from its structure,
+// the data never read or mapped (a writable private mapping of it is commit-charged).
+TEST(InspectTool, AValidFileLargerThanMemoryIsListed) {
+  constexpr std::int64_t numel = (std::int64_t{30} << 30) / 4;
+  const std::string path = std::string(TREETENSOR_IO_FIXTURES) + "/../inspect_huge_valid.pt";
+  const std::string head =
+      pickle_bytes::legacy_head(pickle_bytes::tensor_pickle({numel}, {1}, 0, numel), numel);
+  std::ofstream(path, std::ios::binary) << head;
+  ASSERT_EQ(::truncate(path.c_str(), std::int64_t(head.size()) + numel * 4), 0);
+  const auto [status, out] = inspect(path);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_HAS(out, "└── t --> Tensor Float [8053063680] 32212254720 B");
+  EXPECT_HAS(out, "total: 1 tensors, 8053063680 elements, 32212254720 bytes of tensor data");
   std::remove(path.c_str());
 }
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "io_test_util.hpp"
+#include "pickle_bytes.hpp"
 #include "treetensor/io/safetensors.hpp"
 #include "treetensor/tensor/tensor.hpp"
 
@@ -227,6 +228,59 @@ TEST(IoLoad, AHugeSparseFileGivesACleanError) {
     }
   }
   fs::remove_all(dir);
+}
+
+// Valid files whose one tensor (30 GiB, a hole) is larger than this machine's memory, as
+// torch.load(map_location="meta") takes them: legacy torch.save and safetensors.
+std::vector<std::string> write_huge_valid_files(const fs::path& dir) {
+  constexpr std::int64_t numel = (std::int64_t{30} << 30) / 4;  // float32
+  const std::string legacy = (dir / "huge_valid.pt").string();
+  const std::string head =
+      pickle_bytes::legacy_head(pickle_bytes::tensor_pickle({numel}, {1}, 0, numel), numel);
+  std::ofstream(legacy, std::ios::binary) << head;
+  const std::string header = R"({"w":{"dtype":"F32","shape":[)" + std::to_string(numel) +
+                             R"(],"data_offsets":[0,)" + std::to_string(numel * 4) + "]}}";
+  std::string length(8, '\0');
+  for (int k = 0; k < 8; ++k) length[k] = static_cast<char>((header.size() >> (8 * k)) & 0xff);
+  const std::string st = (dir / "huge_valid.safetensors").string();
+  std::ofstream(st, std::ios::binary) << length + header;
+  EXPECT_EQ(::truncate(legacy.c_str(), std::int64_t(head.size()) + numel * 4), 0);
+  EXPECT_EQ(::truncate(st.c_str(), std::int64_t(8 + header.size()) + numel * 4), 0);
+  return {legacy, st};
+}
+
+// map_location meta: the structure (dtype, shape, stride, storage size) and no data read, so a
+// checkpoint larger than memory loads at once. Copying or mapping it would need 30 GiB.
+TEST(IoLoad, OnTheMetaDeviceAFileLargerThanMemoryLoadsItsStructure) {
+  const auto dir = scratch("meta_huge");
+  const auto files = write_huge_valid_files(dir);
+  const auto meta = io::LoadOptions().device(c10::kMeta);
+  for (const at::Tensor& w :
+       {std::get<at::Tensor>(io::load(files[0], meta).tree.at(tt::tree::Path{"t"}).leaf()),
+        io::load_safetensors(files[1], meta).tensors.at("w").leaf()}) {
+    EXPECT_TRUE(w.is_meta());
+    EXPECT_EQ(w.scalar_type(), at::kFloat);
+    EXPECT_EQ(w.sizes(), at::IntArrayRef({(std::int64_t{30} << 30) / 4}));
+    EXPECT_EQ(w.storage().nbytes(), std::size_t{30} << 30);
+  }
+  fs::remove_all(dir);
+}
+
+// A real checkpoint on meta: every path, dtype, shape and stride as loaded on the CPU.
+TEST(IoLoad, OnTheMetaDeviceTheStructureIsTheCpuLoads) {
+  const std::string file = fixture("checkpoint.pt");
+  const tt::TreeTensor cpu = io::load_tensors(file);
+  const tt::TreeTensor meta = io::load_tensors(file, io::LoadOptions().device(c10::kMeta));
+  const auto a = tt::tree::flatten(cpu), b = tt::tree::flatten(meta);
+  ASSERT_EQ(a.spec.paths(), b.spec.paths());
+  ASSERT_FALSE(a.leaves.empty());
+  for (std::size_t k = 0; k < a.leaves.size(); ++k) {
+    EXPECT_TRUE(b.leaves[k].is_meta());
+    EXPECT_EQ(a.leaves[k].scalar_type(), b.leaves[k].scalar_type());
+    EXPECT_EQ(a.leaves[k].sizes(), b.leaves[k].sizes());
+    EXPECT_EQ(a.leaves[k].strides(), b.leaves[k].strides());
+    EXPECT_EQ(a.leaves[k].requires_grad(), b.leaves[k].requires_grad());
+  }
 }
 
 TEST(IoLoad, ALegacyFileOfManyStoragesLoads) {

@@ -76,28 +76,11 @@ std::string safetensors_error(const std::string& path) {
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 // ---- pickle bytes, written as torch.save writes them ----------------------------------------
+using pickle_bytes::integer;
+using pickle_bytes::ints;
 using pickle_bytes::str;
+using pickle_bytes::tensor_pickle;
 using pickle_bytes::u32;
-std::string integer(std::int64_t v) {
-  std::string s = "\x8a\x08";
-  for (int k = 0; k < 8; ++k)
-    s += static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * k)) & 0xff);
-  return s;
-}
-std::string ints(const std::vector<std::int64_t>& v) {
-  std::string s = "(";
-  for (auto x : v) s += integer(x);
-  return s + "t";
-}
-// {'t': _rebuild_tensor_v2(('storage', <cls>, '0', 'cpu', numel), offset, size, stride, grad, {})}
-std::string tensor_pickle(std::vector<std::int64_t> size, std::vector<std::int64_t> stride,
-                          std::int64_t offset = 0, std::int64_t numel = 2,
-                          const std::string& cls = "FloatStorage", bool grad = false) {
-  return std::string("\x80\x02}(") + str("t") + "ctorch._utils\n_rebuild_tensor_v2\n((" +
-         str("storage") + "ctorch\n" + cls + "\n" + str("0") + str("cpu") + integer(numel) + "tQ" +
-         integer(offset) + ints(size) + ints(stride) + (grad ? "\x88" : "\x89") +
-         "ccollections\nOrderedDict\n)RtRu.";
-}
 
 }  // namespace
 

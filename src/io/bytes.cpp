@@ -34,7 +34,7 @@ Input Input::slice(std::uint64_t offset, std::uint64_t n, const char* what) cons
   if (!add_ok(offset, n, end) || end > size)
     fail(offset, std::string(what) + " of " + std::to_string(n) + " bytes runs past the end (" +
                      std::to_string(size) + " bytes)");
-  return Input{data + offset, n, name, map, views};
+  return Input{data + offset, n, name, map, views, meta};
 }
 
 c10::DataPtr Input::data_ptr(std::uint64_t offset, std::uint64_t n) const {
@@ -53,6 +53,14 @@ c10::DataPtr Input::data_ptr(std::uint64_t offset, std::uint64_t n) const {
   else if (n)
     std::memcpy(copy.get(), part.data, n);
   return copy;
+}
+
+at::Storage Input::storage(std::uint64_t offset, std::uint64_t n) const {
+  if (meta) {
+    slice(offset, n, "tensor data");
+    return at::Storage(at::Storage::use_byte_size_t(), n, c10::GetAllocator(c10::kMeta), true);
+  }
+  return at::Storage(at::Storage::use_byte_size_t(), n, data_ptr(offset, n), nullptr, false);
 }
 
 FileMap::FileMap(const std::string& path) : path_(path) {
@@ -113,9 +121,10 @@ void FileMap::read(const std::uint8_t* p, std::size_t n, void* out) const {
   }
 }
 
-Input map_file(const std::string& path, bool views) {
+Input map_file(const std::string& path, const LoadOptions& options) {
   auto map = std::make_shared<FileMap>(path);
-  return Input{map->data(), map->size(), path, map, views};
+  const bool meta = options.map_location && options.map_location->is_meta();
+  return Input{map->data(), map->size(), path, map, options.mmap && !meta, meta};
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // private memory mapping that tensors may view.
 
 #include <c10/core/Allocator.h>
+#include <c10/core/Storage.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,9 @@ struct Input {
   std::shared_ptr<FileMap> map;
   /// Tensors view `map`'s writable private mapping instead of copying (LoadOptions::mmap).
   bool views = false;
+  /// Storages are made on the meta device: sizes checked, no byte of data read or allocated
+  /// (LoadOptions::map_location = meta, as torch.load(map_location="meta")).
+  bool meta = false;
 
   [[noreturn]] void fail(std::uint64_t offset, const std::string& what) const {
     throw IoError(name, offset, what);
@@ -62,11 +66,15 @@ struct Input {
   Input slice(std::uint64_t offset, std::uint64_t n, const char* what) const;
   /// A DataPtr for [offset, offset + n): a view sharing `map` when `views`, else a copy.
   c10::DataPtr data_ptr(std::uint64_t offset, std::uint64_t n) const;
+  /// The storage of [offset, offset + n): on the meta device when `meta` (resizable, as
+  /// set_() on a meta tensor requires), else over data_ptr().
+  at::Storage storage(std::uint64_t offset, std::uint64_t n) const;
 };
 
-/// The file, mapped read-only; `views`: tensors will view a private writable mapping of it.
+/// The file, mapped read-only, its tensors' data copied, viewed (LoadOptions::mmap) or not read
+/// at all (map_location meta) as `options` say.
 /// @throws IoError naming the file when it cannot be opened, is not a regular file, or mapped.
-Input map_file(const std::string& path, bool views);
+Input map_file(const std::string& path, const LoadOptions& options);
 
 /// Writes a file as `write(FILE*)` fills it, atomically: into a new temporary file beside
 /// `path` (a random name, created O_EXCL|O_NOFOLLOW, so nothing planted there is followed),

@@ -90,8 +90,7 @@ at::Storage make_storage(const detail::StorageRef& ref, Input record) {
                        c10::toString(ref.dtype) + " elements needs more than its " +
                        std::to_string(record.size) + " bytes");
   if (reinterpret_cast<std::uintptr_t>(record.data) % item != 0) record.views = false;  // copy
-  return at::Storage(at::Storage::use_byte_size_t(), need, record.data_ptr(0, need), nullptr,
-                     false);
+  return record.storage(0, need);
 }
 
 Object load_zip(const Input& file) {
@@ -220,7 +219,7 @@ Object load_from_bytes(const Input& file) {
 }  // namespace detail
 
 Object load(const std::string& path, const LoadOptions& options) {
-  return load_bytes(detail::map_file(path, options.mmap), options);
+  return load_bytes(detail::map_file(path, options), options);
 }
 
 TreeTensor load_tensors(const std::string& path, const LoadOptions& options) {

@@ -817,7 +817,7 @@ class Converter {
                       !mul_ok(end, item, bytes) || bytes > storage.nbytes()))
       fail(path, "the tensor reaches past its storage '" + u_.storages_[index].key + "' (" +
                      std::to_string(storage.nbytes()) + " bytes)");
-    at::Tensor t = at::empty({0}, at::TensorOptions().dtype(n.dtype));
+    at::Tensor t = at::empty({0}, at::TensorOptions().dtype(n.dtype).device(storage.device()));
     t.set_(storage, n.i, n.size, n.stride);
     if (n.flag) {
       if (!at::isFloatingType(n.dtype) && !at::isComplexType(n.dtype))

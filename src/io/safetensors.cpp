@@ -168,8 +168,8 @@ at::Tensor tensor_of(const Input& file, const Entry& e, std::uint64_t data_at) {
   const std::uint64_t at = data_at + e.begin, n = e.end - e.begin;
   Input view = file;
   if ((at % c10::elementSize(e.dtype)) != 0) view.views = false;  // misaligned: copied
-  at::Storage storage(at::Storage::use_byte_size_t(), n, view.data_ptr(at, n), nullptr, false);
-  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(e.dtype));
+  const at::Storage storage = view.storage(at, n);
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(e.dtype).device(storage.device()));
   std::vector<std::int64_t> strides(e.shape.size(), 1);
   for (std::size_t d = e.shape.size(); d-- > 1;)
     if (__builtin_mul_overflow(strides[d], std::max<std::int64_t>(e.shape[d], 1), &strides[d - 1]))
@@ -208,7 +208,7 @@ SafetensorsFile safetensors_from_bytes(const Input& file, const LoadOptions& opt
 }  // namespace detail
 
 SafetensorsFile load_safetensors(const std::string& path, const LoadOptions& options) {
-  return detail::safetensors_from_bytes(detail::map_file(path, options.mmap), options);
+  return detail::safetensors_from_bytes(detail::map_file(path, options), options);
 }
 
 void save_safetensors(const std::string& path, const TensorTree& tensors,

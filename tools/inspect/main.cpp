@@ -162,15 +162,17 @@ void collect_json(const io::Object& o, const tr::Tree<io::Value>& node, tr::Path
 
 io::Object read(const std::string& file, std::string& format,
                 std::map<std::string, std::string>& metadata) {
+  // Tensors on the meta device: the data is never read, copied or mapped, so a checkpoint
+  // larger than memory is listed as quickly as a small one.
+  const auto structure_only = io::LoadOptions().device(c10::kMeta);
   if (std::filesystem::path(file).extension() == ".safetensors") {
     format = "safetensors";
-    auto st = io::load_safetensors(file, io::LoadOptions().mapped());
+    auto st = io::load_safetensors(file, structure_only);
     metadata = std::move(st.metadata);
     return io::to_object(st.tensors);
   }
   format = "torch.save";
-  // Mapped: the tensors' data is never read here, so it need not be copied.
-  return io::load(file, io::LoadOptions().mapped());
+  return io::load(file, structure_only);
 }
 
 int run(const std::string& file, bool as_json) {

@@ -27,7 +27,8 @@
 // is copied into memory, so once load() returns, nothing done to the file (truncated, rewritten
 // in place, replaced) reaches the loaded tensors, and writing a tensor never reaches the file.
 // With LoadOptions::mmap (torch.load(mmap=True)) tensors view a private mapping instead: see
-// there for what that allows. The file must not change while load() runs.
+// there for what that allows; with map_location meta no data is read at all (the structure
+// alone, for files larger than memory). The file must not change while load() runs.
 //
 // Saving: atomic. The archive goes to a new temporary file beside the target (a random name
 // created O_EXCL|O_NOFOLLOW: a symlink planted there is not followed), is fsynced and renamed
@@ -65,7 +66,10 @@ class IoError : public std::runtime_error {
 /// Options of load() (torch.load's map_location, for one device).
 struct LoadOptions {
   /// Where tensors go; unset: the CPU (the file's own locations are not honoured: this
-  /// LibTorch may have no such device).
+  /// LibTorch may have no such device). The meta device (`c10::kMeta`), as
+  /// torch.load(map_location="meta"): every tensor with its dtype, shape, stride and storage
+  /// size, on the meta device, and no byte of tensor data read, copied or mapped, so a file
+  /// larger than memory loads in the time its structure takes (treetensor-inspect loads so).
   std::optional<c10::Device> map_location;
   /// torch.load(mmap=True): tensors view a private, copy-on-write mapping of the file instead
   /// of copies, so loading reads only the structure and pages are read when first touched.

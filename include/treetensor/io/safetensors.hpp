@@ -14,7 +14,8 @@
 // Memory and saving as checkpoint.hpp says: tensors are copies (nothing done to the file after
 // loading reaches them); with LoadOptions::mmap each tensor views a private mapping when its data
 // offset is a multiple of its element size (writers, this one too, pad the header to 8 bytes,
-// so this is the usual case; a misaligned tensor is copied), with LoadOptions::mmap's hazard.
+// so this is the usual case; a misaligned tensor is copied), with LoadOptions::mmap's hazard;
+// with map_location meta, the tensors are on the meta device and no data is read.
 // Saving is atomic, keeps the target's mode, and leaves it as it was on any failure.
 
 #include <map>
