@@ -238,7 +238,7 @@ TEST(IoAdamState, NamesComeFromTheFileOrTheCallerNeverAGuess) {
                              "order"),
             std::string::npos)
       << message({});
-  EXPECT_NE(message({"conv.weight"}).find("1 names for the group's 6 parameters"),
+  EXPECT_NE(message({"conv.weight"}).find("1 names for the groups' 6 parameters"),
             std::string::npos);
   const std::vector<std::string> names = {"conv.weight", "conv.bias", "bn.weight",
                                           "bn.bias",     "fc.weight", "fc.bias"};
@@ -249,4 +249,103 @@ TEST(IoAdamState, NamesComeFromTheFileOrTheCallerNeverAGuess) {
   const io::Object named = io::load(fixture("adam_named.pt"));
   EXPECT_THROW(io::adam_state_from(named, std::vector<std::string>(12, "x")), std::invalid_argument)
       << "names that disagree with the file's param_names";
+}
+
+namespace {
+// The tensors of the dict at `at` of `o`, in file order (a state dict: dotted keys → paths).
+tt::TreeTensor state_dict_at(const io::Object& o, const tr::Path& at) {
+  std::vector<std::pair<std::string, at::Tensor>> items;
+  for (const auto& [key, child] : o.tree.at(at).children())
+    items.emplace_back(key, std::get<at::Tensor>(child.leaf()));
+  return tt::from_state_dict(items);
+}
+
+io::Object object_at(const io::Object& o, const tr::Path& at) {
+  io::Object sub;
+  sub.tree = o.tree.at(at);
+  return sub;
+}
+
+template <class F>
+std::string invalid_argument_of(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no std::invalid_argument";
+}
+}  // namespace
+
+// The optimizer object: a PyTorch training checkpoint (model + Adam in two param groups, one
+// with amsgrad) continued for two steps in C++ and handed back; torch.optim.Adam's own two
+// steps from the same checkpoint agree.
+TEST(IoAdam, ContinuesAPyTorchRunOfTwoParamGroups) {
+  const io::Object checkpoint = io::load(fixture("adam_groups.pt"));
+  const io::Object optimizer = object_at(checkpoint, tr::Path{"optimizer"});
+  EXPECT_NE(invalid_argument_of([&] {
+              io::adam_state_from(optimizer);
+            }).find("2 param groups: adam_state_from takes one"),
+            std::string::npos);
+  tt::TreeTensor params = state_dict_at(checkpoint, tr::Path{"model"});
+  io::Adam adam(params);
+  adam.load_state_dict(optimizer);
+  ASSERT_EQ(adam.groups().size(), 2u);
+  EXPECT_EQ(adam.groups()[1].names,
+            (std::vector<std::string>{"0.bias", "1.bias", "2.bias", "3.bias"}));
+  EXPECT_TRUE(adam.groups()[1].options.amsgrad());
+  EXPECT_DOUBLE_EQ(adam.groups()[1].options.lr(), 5e-3);
+  EXPECT_DOUBLE_EQ(adam.groups()[0].options.weight_decay(), 0.01);
+  EXPECT_EQ(adam.groups()[0].step, 1);
+  adam.step(tt::ones_like(params));
+  adam.step(params.clone() * 2);
+  EXPECT_EQ(adam.groups()[1].step, 3);
+  const auto dir = scratch("adam_groups");
+  const std::string params_file = (dir / "params.pt").string(), state = (dir / "state.pt").string();
+  io::save_state_dict(params_file, adam.params());
+  io::save(state, adam.state_dict());
+  const auto [status, text] =
+      python("check-adam-groups " + fixture("adam_groups.pt") + " " + params_file + " " + state);
+  EXPECT_EQ(status, 0) << text;
+  std::filesystem::remove_all(dir);
+}
+
+// Bad input is refused naming the parameter, before anything changes.
+TEST(IoAdam, RefusesAStateOrGradientsThatDoNotFitItsParameters) {
+  const io::Object checkpoint = io::load(fixture("adam_groups.pt"));
+  const io::Object optimizer = object_at(checkpoint, tr::Path{"optimizer"});
+  tt::TreeTensor params = state_dict_at(checkpoint, tr::Path{"model"});
+  tt::TreeTensor fewer = params.clone();
+  fewer.at(tr::Path{"3"}).erase("bias");
+  io::Adam small(fewer);
+  EXPECT_NE(invalid_argument_of([&] {
+              small.load_state_dict(optimizer);
+            }).find("Adam: the state names '3.bias', not a parameter"),
+            std::string::npos);
+  tt::TreeTensor more = params.clone();
+  more.insert(tr::Path{"extra"}, at::zeros({2}));
+  io::Adam large(more);
+  EXPECT_NE(invalid_argument_of([&] {
+              large.load_state_dict(optimizer);
+            }).find("Adam: parameter 'extra' is in no param group of the state"),
+            std::string::npos);
+  tt::TreeTensor reshaped = params.clone();
+  reshaped.at(tr::Path{"0", "weight"}).leaf() = at::zeros({2, 2});
+  io::Adam wrong(reshaped);
+  EXPECT_NE(invalid_argument_of([&] {
+              wrong.load_state_dict(optimizer);
+            }).find("Adam: at '0.weight': exp_avg has shape [3, 3], expected [2, 2]"),
+            std::string::npos);
+
+  io::Adam adam(params);
+  adam.load_state_dict(optimizer);
+  const tt::TreeTensor before = params.clone();
+  tt::TreeTensor grads = tt::ones_like(params);
+  grads.at(tr::Path{"3", "bias"}).leaf() = at::ones({3}, at::kDouble);
+  EXPECT_NE(invalid_argument_of([&] {
+              adam.step(grads);
+            }).find("Adam: at '3.bias': grads has dtype Double, expected Float"),
+            std::string::npos);
+  EXPECT_TRUE(tt::equal(params, before)) << "nothing updated";
+  EXPECT_EQ(adam.groups()[0].step, 1);
 }

@@ -9,6 +9,9 @@ checks files that treetensor wrote (what Python users get back).
   fixtures.py check-adam FIXTURE FILE  FILE must be adam_named's state (FIXTURE) after one more
                                        step with zero parameters and unit gradients, as PyTorch
                                        takes it, with ids in order
+  fixtures.py check-adam-groups FIXTURE PARAMS STATE  PARAMS (a state dict) and STATE (an
+                                       optimizer state dict) must be adam_groups' checkpoint
+                                       (FIXTURE) after two more torch.optim.Adam steps
 
 The expect form lists every leaf with its key path (a list of keys; list items by index),
 Python type and value (tensors: dtype, shape, flat values, requires_grad, Parameter), every
@@ -116,6 +119,27 @@ def adam_named_state():
     return opt.state_dict()
 
 
+def adam_groups():
+    """Adam over a Sequential in two param groups, as fine-tuning sets them: weights with weight
+    decay, biases without and with amsgrad (their states hold max_exp_avg_sq)."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(4)])
+    named = list(model.named_parameters())
+    opt = torch.optim.Adam(
+        [{"params": [(n, p) for n, p in named if n.endswith("weight")], "weight_decay": 0.01},
+         {"params": [(n, p) for n, p in named if n.endswith("bias")], "lr": 5e-3,
+          "amsgrad": True}], lr=1e-2, betas=(0.85, 0.995))
+    return model, opt
+
+
+def adam_groups_state():
+    """The model and the optimizer after one step: what a training checkpoint holds."""
+    model, opt = adam_groups()
+    model(torch.randn(5, 3)).pow(2).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
 def fixtures():
     torch.manual_seed(0)
     model = TinyNet()
@@ -149,6 +173,7 @@ def fixtures():
         "plain_tensor": torch.arange(5),
         "tied": {"encoder.weight": base, "decoder.weight": base, "decoder.bias": torch.ones(2)},
         "adam_named": adam_named_state(),
+        "adam_groups": adam_groups_state(),
     }
 
 
@@ -260,6 +285,37 @@ def check_adam(fixture_path, path):
     print(f"{path}: PyTorch's next Adam step, ids and names in order")
 
 
+def check_adam_groups(fixture_path, params_path, state_path):
+    """params_path and state_path must be the adam_groups checkpoint after two more steps with
+    gradients 1 and 2·param, as torch.optim.Adam takes them (within rounding)."""
+    model, opt = adam_groups()
+    checkpoint = torch.load(fixture_path)
+    model.load_state_dict(checkpoint["model"])
+    opt.load_state_dict(checkpoint["optimizer"])
+    for k in range(2):
+        for p in model.parameters():
+            p.grad = torch.ones_like(p) if k == 0 else 2 * p.detach().clone()
+        opt.step()
+    got_params, got = torch.load(params_path), torch.load(state_path)
+    _, fresh = adam_groups()
+    fresh.load_state_dict(got)  # PyTorch accepts it
+    want = opt.state_dict()
+    if list(got["state"]) != list(want["state"]):
+        sys.exit(f"{state_path}: state ids {list(got['state'])}, {list(want['state'])} expected")
+    for g, w in zip(got["param_groups"], want["param_groups"]):
+        for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "params", "param_names"):
+            if g[key] != w[key]:
+                sys.exit(f"{state_path}: param group key '{key}' is {g[key]}, {w[key]} expected")
+    for i, s in want["state"].items():
+        if set(got["state"][i]) != set(s):
+            sys.exit(f"{state_path}: state {i} holds {sorted(got['state'][i])}, {sorted(s)} expected")
+        for key, value in s.items():
+            torch.testing.assert_close(got["state"][i][key], value, rtol=1e-6, atol=1e-7)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(got_params[name], value, rtol=1e-6, atol=1e-7)
+    print(f"{state_path}: torch.optim.Adam's two steps over two param groups (amsgrad in one)")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "write":
@@ -270,6 +326,8 @@ if __name__ == "__main__":
         check_module(sys.argv[2])
     elif cmd == "check-adam":
         check_adam(sys.argv[2], sys.argv[3])
+    elif cmd == "check-adam-groups":
+        check_adam_groups(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "check-safetensors":
         check_safetensors(sys.argv[2], sys.argv[3])
     elif cmd == "write-legacy-many":  # N one-element tensors, legacy format (many storages)
