@@ -54,7 +54,7 @@ class BenchTool : public ::testing::Test {
 
 const std::set<std::string> kRecordKeys = {"workload",          "strategy", "role",   "size",
                                            "mean_ms",           "std_ms",   "gflops", "gbps",
-                                           "speedup_vs_native", "verified"};
+                                           "speedup_vs_native", "verified", "noisy"};
 
 // Bounds and references are told apart from strategies, in the JSON and in the table.
 std::string expected_role(const std::string& strategy) {
@@ -85,6 +85,10 @@ void expect_record_shape(const json& r) {
   EXPECT_GE(r.at("std_ms").get<double>(), 0) << r.dump();
   EXPECT_GT(r.at("speedup_vs_native").get<double>(), 0) << r.dump();
   EXPECT_EQ(r.at("role"), expected_role(r.at("strategy").get<std::string>())) << r.dump();
+  // Flagged by the spread alone: above a quarter of the mean is noise.
+  EXPECT_EQ(r.at("noisy").get<bool>(),
+            r.at("std_ms").get<double>() > 0.25 * r.at("mean_ms").get<double>())
+      << r.dump();
 }
 
 TEST_F(BenchTool, SeedWritesEveryRowVerifiedWithDocumentedNames) {

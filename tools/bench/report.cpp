@@ -74,8 +74,9 @@ std::string speedup_cell(const Record& r) {
 }
 
 std::string verified_cell(const Record& r) {
-  if (r.role() != Role::strategy) return r.verified ? role_name(r.role()) : "NO";
-  return r.verified ? "yes" : "NO";
+  const std::string noise = r.noisy() ? ", noisy" : "";
+  if (r.role() != Role::strategy) return (r.verified ? role_name(r.role()) : "NO") + noise;
+  return (r.verified ? "yes" : "NO") + noise;
 }
 
 std::string rate_cell(const std::optional<double>& rate) {
@@ -106,7 +107,8 @@ nlohmann::json Record::to_json() const {
       {"gflops", gflops ? nlohmann::json(*gflops) : nlohmann::json()},
       {"gbps", gbps ? nlohmann::json(*gbps) : nlohmann::json()},
       {"speedup_vs_native", verified ? nlohmann::json(speedup_vs_native) : nlohmann::json()},
-      {"verified", verified}};
+      {"verified", verified},
+      {"noisy", noisy()}};
   j.update(extra);
   return j;
 }
@@ -141,12 +143,13 @@ void print_table(std::ostream& out, const std::vector<Record>& records,
           << fmt::format("{:>11}{:>5}  {}\n", speedup_cell(*r), r->reps, verified_cell(*r));
     }
   }
-  // A row whose spread is as large as its mean says nothing: named, so no one reads it as one.
+  // A row with a wide spread says little: named, so no one reads it (or a ratio to it) as one.
   std::string noisy;
   for (const auto& r : records)
-    if (r.std_ms >= r.mean_ms)
-      noisy += (noisy.empty() ? "" : ", ") + size_text(r.size) + " " + r.strategy;
-  if (!noisy.empty()) out << "(std >= mean, not a finding: " << noisy << ")\n";
+    if (r.noisy()) noisy += (noisy.empty() ? "" : ", ") + size_text(r.size) + " " + r.strategy;
+  if (!noisy.empty())
+    out << fmt::format("(std > {:.0f}% of the mean, noise, not a finding: {})\n",
+                       kNoiseFraction * 100, noisy);
   if (std::any_of(records.begin(), records.end(),
                   [](const Record& r) { return r.role() != Role::strategy; }))
     out << "(in brackets: a bound's speed-up, a yardstick for the strategies, not a way to run "
@@ -336,8 +339,8 @@ std::optional<std::string> write_plot(const std::string& path, const std::vector
            "`sudo apt-get install gnuplot-nox` (Debian/Ubuntu) and run again to get " +
            path;
   std::vector<const Record*> verified;
-  for (const auto& r : records)  // a noisy row (std >= mean) is no finding: not drawn
-    if (r.verified && (r.std_ms < r.mean_ms || r.strategy == "native")) verified.push_back(&r);
+  for (const auto& r : records)  // a noisy row is no finding: not drawn
+    if (r.verified && (!r.noisy() || r.strategy == "native")) verified.push_back(&r);
   if (verified.empty())
     return "no plot: no row was verified, so there is nothing to draw in " + path;
   draw_plot(path, verified, spec, term);

@@ -21,6 +21,9 @@ Role role_of(const std::string& strategy);
 
 /// One row: a strategy at one size (seed) or on one model (optimizer). Field names are the
 /// JSON names other tools read; keep them.
+/// The spread (std / mean) above which a row is flagged as noise rather than a finding.
+inline constexpr double kNoiseFraction = 0.25;
+
 struct Record {
   std::string workload;  ///< "seed" or "optimizer"
   std::string strategy;  ///< "min", "native", "native-discard", "foreach", ...
@@ -37,6 +40,9 @@ struct Record {
   std::optional<double> gbps;
 
   Role role() const { return role_of(strategy); }
+  /// A spread above kNoiseFraction of the mean: noise, not a finding (flagged in the table,
+  /// `noisy` in the JSON, not drawn).
+  bool noisy() const { return std_ms > kNoiseFraction * mean_ms; }
 
   nlohmann::json to_json() const;
 };
