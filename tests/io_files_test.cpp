@@ -126,7 +126,7 @@ TEST(IoSave, APlantedSymlinkIsNotFollowed) {
   const std::string file = (dir / "x.pt").string(), victim = (dir / "victim").string();
   std::ofstream(victim) << "precious";
   // The names a predictable writer would use: this process's pid, and a few guesses.
-  for (const std::string suffix : {std::to_string(::getpid()), std::string("0"), std::string("")})
+  for (const std::string& suffix : {std::to_string(::getpid()), std::string("0"), std::string("")})
     fs::create_symlink(victim, file + ".tmp-" + suffix);
   io::save(file, filled(1, 4));
   EXPECT_EQ(only_value(io::load_tensors(file)), 1.0f);
