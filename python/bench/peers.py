@@ -279,7 +279,7 @@ def stats(ms):
 
 def tree_bench_rows(path, sizes):
     """bench/tree_bench's flatten/unflatten/map (Tree<int>, Google Benchmark) as reference rows."""
-    out = subprocess.run([path, "--benchmark_format=json", "--benchmark_min_time=0.1",
+    out = subprocess.run([path, "--benchmark_format=json", "--benchmark_min_time=0.05",
                           "--benchmark_repetitions=5", "--benchmark_report_aggregates_only=true",
                           "--benchmark_filter=BM_Tree(Flatten|Unflatten|Map)/"],
                          capture_output=True, text=True, check=True)
@@ -444,9 +444,9 @@ def main():
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="draw the speed-ups here (PNG, gnuplot)")
     ap.add_argument("--tree-bench", help="bench/tree_bench binary: C++ reference rows of the structure section")
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--batch-ms", type=float, default=8.0, help="time one batch of calls takes (default 8)")
+    ap.add_argument("--batch-ms", type=float, default=5.0, help="time one batch of calls takes (default 5)")
     ap.add_argument("--seed-s", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 3 rounds: checks the verification path")
     ap.add_argument("--perturb", metavar="SIDE", help="change SIDE's results before comparing (tests the check)")
@@ -534,7 +534,7 @@ def main():
                    else "bitwise")
             notes.append(f"{case}: {len(ok) - 1} of {len(results) - 1} sides equal {baseline} {how}"
                          + (f" ({', '.join(s for s in ok if s != baseline)})" if len(ok) > 1 else ""))
-            rounds = min(args.rounds, 7) if section == "optimizer" else args.rounds  # 0.1 s a step
+            rounds = min(args.rounds, 5) if section == "optimizer" else args.rounds  # 0.1 s a step
             timed = time_case(case, ok, {s: owner[(case, s)] for s in ok}, rounds, args.warmup,
                               args.batch_ms / 1e3, 100000, progress)
             for w in workers.values():
