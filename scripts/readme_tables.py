@@ -88,7 +88,10 @@ def peers_tables(data):
         rows = [r for r in data["results"] if r["section"] == section]
         if not rows:
             continue
-        sides = list(dict.fromkeys(r["strategy"] for r in rows))
+        seen = list(dict.fromkeys(r["strategy"] for r in rows))
+        # Our sides first, the baseline last, the peers between, each group in run order.
+        sides = sorted(seen, key=lambda s: (0 if s.startswith("ours") else 2 if s == baseline else 1,
+                                            seen.index(s)))
         ours = "ours auto" if section == "seed" else "ours flat" if section == "optimizer" else "ours"
         peers = [p for p in ("tensordict", "DI-treetensor") if p in sides] if section != "optimizer" else []
         lines += ["", f"*{section}* (us per call, median ± std; baseline `{baseline}`)", "",
