@@ -27,6 +27,11 @@ compile suite's eager cases):
              (treevalue), ours from Python, ours from C++ (tree_bench, Tree<int>: a reference)
   seed       200 leaves, S x 2S @ 2S x 4S float32 matmuls: ours linear / stream(2) / auto,
              DI-treetensor (its stream needs CUDA), the torch loop (baseline)
+  optimizer  one Adam, AdamW and SGD-momentum step over ResNet-50's trainable tensors
+             (data/models): torch.optim's for-loop (baseline), foreach and fused steps, compared
+             within a bound derived from the step; ours n/a (no optimizer in the Python API)
+
+Not measured: the gradient all_reduce (our Python API exposes no collectives).
 
 Exit status: 0 when every available side was verified and timed, 2 when a side's result did not
 match (or a side failed), 1 on a usage or worker error.
