@@ -2,12 +2,15 @@
 # The README's first command: installs what a fresh Debian 12 machine lacks, builds
 # treetensor-bench (Release, in build-release/), then runs the seed experiment, an Adam step over
 # ResNet-50, the elementwise grid and the all_reduce of MobileNetV3-Small's and ResNet-50's
-# gradient trees over 2 local ranks, on their defaults. Tables go to stdout; JSON and PNG plots to
-# out/.
+# gradient trees over 2 local ranks, on their defaults; then the peers workload
+# (python/bench/peers.py): our Python package beside DI-treetensor, tensordict, optree and
+# torch's own pytree and optimizers, each library in its own process. Tables go to stdout; JSON
+# and PNG plots to out/.
 #
-#   bash scripts/bench.sh            # the defaults (about 3 minutes on 2 cores)
-#   bash scripts/bench.sh -T 5       # extra flags go to every run, so only flags all take:
-#                                    # -M -T --warmup --dtype --device --seed --caching-allocator
+#   bash scripts/bench.sh            # the defaults (about 4 minutes on 2 cores)
+#   bash scripts/bench.sh -T 5       # extra flags go to every treetensor-bench run, so only flags
+#                                    # all take: -M -T --warmup --dtype --device --seed
+#                                    # --caching-allocator (the peers workload takes none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,8 +18,9 @@ source scripts/env.sh
 
 echo "bench.sh: building treetensor-bench and treetensor-inspect (Release, build-release/; log in build-release/bench-build.log)" >&2
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_torch[@]}" >/dev/null
-# Both tools and the library: what `cmake --install build-release` installs (README), not the tests.
-if ! cmake --build build-release -j"$(nproc)" --target treetensor-bench treetensor-inspect \
+# Both tools and the library: what `cmake --install build-release` installs (README), not the
+# tests; and tree_bench, the C++ figures of the peers workload's structure rows.
+if ! cmake --build build-release -j"$(nproc)" --target treetensor-bench treetensor-inspect tree_bench \
   >build-release/bench-build.log 2>&1; then
   tail -n 40 build-release/bench-build.log >&2
   echo "bench.sh: the build failed; full log in build-release/bench-build.log" >&2
@@ -38,6 +42,22 @@ echo
 echo
 "$bench" allreduce --json out/allreduce.json --plot out/allreduce.png "$@" ||
   failed+=("allreduce (exit $?)")
+echo
+# The peers: our package (pip-installed into build-release/python, never into the venv; its
+# build folder persists, so a second run rebuilds nothing) under the venv's Python, the peers
+# (scripts/peers-env.sh) in their own venv and process: both are named `treetensor`.
+if ! peers_python=$(bash scripts/peers-env.sh); then
+  failed+=("peers (scripts/peers-env.sh could not make the peers' venv)")
+elif ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$python" -m pip install -q --no-build-isolation --no-deps \
+    --upgrade -Cbuild-dir=build-release/wheel --target build-release/python . \
+    >build-release/python-install.log 2>&1; then
+  tail -n 20 build-release/python-install.log >&2
+  failed+=("peers (pip could not install the package; log in build-release/python-install.log)")
+else
+  "$python" python/bench/peers.py --peers-python "$peers_python" --ours-path build-release/python \
+    --tree-bench build-release/bench/tree_bench --json out/peers.json --plot out/peers.png ||
+    failed+=("peers (exit $?)")
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "bench.sh: not every row was verified or measured: ${failed[*]}; see the lines above" >&2
   exit 2

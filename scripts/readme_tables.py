@@ -22,6 +22,7 @@ WORKLOADS = [
     ("optimizer", "Adam step", "model"),
     ("elementwise", "Elementwise grid", "N x E, op"),
     ("allreduce", "all_reduce over 2 local ranks", "model"),
+    ("peers", "Beside the peers", None),  # python/bench/peers.py: its own table (peers_tables)
 ]
 
 
@@ -68,11 +69,54 @@ def table(results, size_header):
     return lines
 
 
+def peers_cell(r):
+    if r is None:
+        return "-"
+    if r.get("status"):
+        return r["status"].split(" (")[0] if r["status"].startswith("n/a") else "**error**"
+    us, sd = r["median_ms"] * 1e3, r["std_ms"] * 1e3
+    txt = f"{us:.1f} ± {sd:.1f}" if us < 1000 else f"{us / 1e3:.1f} ± {sd / 1e3:.1f} ms"
+    return txt + (" (noisy)" if r["noisy"] else "")
+
+
+def peers_tables(data):
+    """One table per section: a row per case, a column per side (us per call, median ± std over
+    the rounds), then how many times slower each peer is than ours (verified, quiet rows only)."""
+    cfg = data["config"]
+    lines = []
+    for section, baseline in cfg["baselines"].items():
+        rows = [r for r in data["results"] if r["section"] == section]
+        if not rows:
+            continue
+        seen = list(dict.fromkeys(r["strategy"] for r in rows))
+        # Our sides first, the baseline last, the peers between, each group in run order.
+        sides = sorted(seen, key=lambda s: (0 if s.startswith("ours") else 2 if s == baseline else 1,
+                                            seen.index(s)))
+        ours = "ours auto" if section == "seed" else "ours flat" if section == "optimizer" else "ours"
+        peers = [p for p in ("tensordict", "DI-treetensor") if p in sides] if section != "optimizer" else []
+        lines += ["", f"*{section}* (us per call, median ± std; baseline `{baseline}`)", "",
+                  "| case | " + " | ".join(f"`{s}`" for s in sides) + "".join(f" | {p} / ours" for p in peers) + " |",
+                  "|---" + "|--:" * (len(sides) + len(peers)) + "|"]
+        notes = []
+        for case in dict.fromkeys(r["size"] for r in rows):
+            by = {r["strategy"]: r for r in rows if r["size"] == case}
+            cells = [peers_cell(by.get(s)) for s in sides]
+            for p in peers:
+                a, b = by.get(p), by.get(ours)
+                good = all(x and not x.get("status") and x["verified"] and not x["noisy"] for x in (a, b))
+                cells.append(f"{a['median_ms'] / b['median_ms']:.2f}x" if good else "-")
+            lines.append(f"| {case} | " + " | ".join(cells) + " |")
+            notes += [f"{case} / `{s}`: {r['status']}" for s, r in by.items()
+                      if r.get("status") and not r["status"].startswith("error")]
+        lines += [""] + [f"- {n}" for n in dict.fromkeys(notes)]
+    return lines
+
+
 def block(out_dir):
     parts = [BEGIN]
     found = [w for w in WORKLOADS if (out_dir / f"{w[0]}.json").exists()]
     if not found:
-        sys.exit(f"readme_tables: no {{seed,optimizer,elementwise,allreduce}}.json in {out_dir}: "
+        sys.exit(f"readme_tables: no {{seed,optimizer,elementwise,allreduce,peers}}.json in {out_dir}: "
                  "run `bash scripts/bench.sh` first")
     for name, title, size_header in found:
         path = out_dir / f"{name}.json"
@@ -86,6 +130,10 @@ def block(out_dir):
             + ("; every row verified" if cfg.get("all_verified") else "; NOT every row verified"),
             "",
         ]
+        if name == "peers":
+            parts += [f"- {line}" for line in cfg.get("summary", [])]
+            parts += peers_tables(data)
+            continue
         parts += [f"- {note}" for note in cfg.get("verification", [])]
         parts += [""] + table(data["results"], size_header)
     parts += ["", END]
