@@ -19,8 +19,11 @@ namespace treetensor::python {
 namespace {
 PyTypeObject* g_tree_type = nullptr;
 // treetensor.torch's fallback (tree, name) -> value, or None when torch has no such name: asked
-// for a name that is neither a key nor a method. Owned for the process (never released at exit).
+// for a name that is neither a key nor a method; and its dict name -> leaf-wise function, which
+// __getattr__ binds to the tree itself (the common case stays in C++). Owned for the process
+// (never released at exit).
 PyObject* g_attr_fallback = nullptr;
+PyObject* g_attr_methods = nullptr;
 
 [[noreturn]] void throw_type(const std::string& what) {
   throw py::type_error(what);
@@ -421,6 +424,8 @@ released while leaf work runs.)");
     if (c) return child_object(self, *c, name);
     // Keys first, then torch's own names leaf-wise (DI-treetensor's fallback to torch).
     if (g_attr_fallback && name.rfind("__", 0) != 0) {
+      if (PyObject* fn = PyDict_GetItemString(g_attr_methods, name.c_str()))
+        return py::reinterpret_steal<py::object>(PyMethod_New(fn, h.ptr()));
       py::object r = py::reinterpret_borrow<py::object>(g_attr_fallback)(h, name);
       if (!r.is_none()) return r;
     }
@@ -552,13 +557,16 @@ released while leaf work runs.)");
 
   m.def(
       "_set_attr_fallback",
-      [](py::object fn) {
+      [](py::object fn, py::dict methods) {
         Py_XDECREF(g_attr_fallback);
+        Py_XDECREF(g_attr_methods);
         g_attr_fallback = fn.release().ptr();
+        g_attr_methods = methods.release().ptr();
       },
-      py::arg("fn"),
+      py::arg("fn"), py::arg("methods"),
       "Installs fn(tree, name) -> value or None, asked by Tensor.__getattr__ for a name that is "
-      "neither a key nor a method (treetensor.torch's fallback to torch).");
+      "neither a key nor a method and not in `methods` (name -> function, bound to the tree "
+      "there); treetensor.torch's fallback to torch.");
   m.def(
       "from_dict", [](py::handle d) { return wrap(to_tree(d)); }, py::arg("data"),
       "A tree from a nested dict (torch.Tensor leaves are shared).");

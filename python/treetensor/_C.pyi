@@ -522,8 +522,8 @@ def _randn(shapes: Any, *, dtype: Any = ..., device: Any = ..., requires_grad: b
 
 def _randn_like(input: Any, *, dtype: Any = ..., device: Any = ..., requires_grad: builtins.bool = ...) -> Any: ...
 
-def _set_attr_fallback(fn: Any) -> None:
-    """Installs fn(tree, name) -> value or None, asked by Tensor.__getattr__ for a name that is neither a key nor a method (treetensor.torch's fallback to torch)."""
+def _set_attr_fallback(fn: Any, methods: builtins.dict) -> None:
+    """Installs fn(tree, name) -> value or None, asked by Tensor.__getattr__ for a name that is neither a key nor a method and not in `methods` (name -> function, bound to the tree there); treetensor.torch's fallback to torch."""
 
 def _stack(tensors: Any, dim: typing.SupportsInt | typing.SupportsIndex = ...) -> Any: ...
 

@@ -173,7 +173,8 @@ def treelized(fn, name, subside=False, inplace=False):
     """fn leaf-wise: f(*args, **kwargs) gives fn's own result without tree arguments, else the
     tree of leaf results (wrap); an in-place name (`abs_`) returns its first tree argument."""
     def f(*args, **kwargs):
-        if args and type(args[0]) is _Tree and not _more_trees(args, kwargs, subside):
+        if args and type(args[0]) is _Tree and (len(args) == 1 and not kwargs
+                                                or not _more_trees(args, kwargs, subside)):
             # one tree, first: the leaf loop in C++ (Tensor._leaf_call), a tree back directly
             r = args[0]._leaf_call(fn, args[1:], kwargs, name)
             return args[0] if inplace else wrap(r)

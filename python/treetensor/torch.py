@@ -240,22 +240,26 @@ def _torch_method(name):
     return _leafwise.treelized(attr, name, inplace=name.endswith("_"))
 
 
-_attr_cache = {}
+_attr_methods = {}  # name -> leaf-wise method, bound by Tensor.__getattr__ in C++
+_no_attr = set()  # names torch.Tensor lacks
 _nothing = object()
 
 
 def _attr_fallback(tree, name):
-    f = _attr_cache.get(name, _nothing)
-    if f is _nothing:
-        f = _attr_cache[name] = _torch_method(name)
+    # The first access of a name (later ones of a method stay in C++: _attr_methods).
+    if name in _no_attr:
+        return None
+    f = _torch_method(name)
     if f is None:
+        _no_attr.add(name)
         return None
     if type(f) is _Getter:
         return f(tree)
+    _attr_methods[name] = f
     return _types.MethodType(f, tree)
 
 
-_C._set_attr_fallback(_attr_fallback)
+_C._set_attr_fallback(_attr_fallback, _attr_methods)
 
 
 def __getattr__(name):
