@@ -193,6 +193,9 @@ CASES = [
     ("idiom-get-default", "T('t').get('zz', 5)", None),
     ("idiom-in", "('a' in T('t'), 'zz' in T('t'))", None),
     ("idiom-json", "T('t').json()", None),
+    ("idiom-pop", "(lambda t: (t.pop('b'), t))(T('t'))", None),
+    ("idiom-update", "(lambda t: (t.update({'c': torch.ones(1)}), t)[1])(T('t'))", None),
+    ("idiom-setdefault", "(lambda t: (t.setdefault('c', torch.ones(1)), t))(T('t'))", None),
     ("idiom-keys", "list(T('t').keys())", None),
     ("idiom-checkpoint-int-keys", "ttorch.Tensor({'state': {0: torch.ones(1)}})", None),
     # methods and operators bound in C++

@@ -239,6 +239,13 @@ def test_ditengine_idioms():
     assert "adv" in data and torch.equal(data.get("adv"), torch.ones(6)) and data.get("nope", 7) == 7
     del data.adv
     assert "adv" not in data
+    sub = data.pop("act")
+    assert "act" not in data and torch.equal(sub.x, d["act"]["x"]) and data.pop("act", 3) == 3
+    with pytest.raises(KeyError, match="no key 'act'"):
+        data.pop("act")
+    data.update({"act": sub}, adv=torch.zeros(6))
+    assert torch.equal(data.adv, torch.zeros(6)) and data.setdefault("adv", None) is data.adv
+    del data.adv
     j = data.json()
     assert isinstance(j, dict) and j["act"]["x"] is data.act.x
     mine, theirs = multiprocessing.Pipe()  # the connection pickles what it sends

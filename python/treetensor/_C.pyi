@@ -366,6 +366,9 @@ class Tensor:
     def numpy(self):
         """The leaves' ``numpy()`` (a treetensor.numpy.ndarray sharing their memory)."""
     def permute(self, *args) -> Any: ...
+    def pop(self, key, *default):
+        """Removes the child `key` and returns it (a tensor or a tree); `default` when there is none
+        (dict.pop; KeyError without a default)."""
     def pow(self, other: Any) -> Any:
         """pow(b): a^b, leaf-wise (b: a tree, tensor or number)."""
     def pow_(self, other: Any) -> Any:
@@ -394,6 +397,8 @@ class Tensor:
         """rsqrt(): reciprocal square root 1 / sqrt(x), on every leaf."""
     def rsqrt_(self) -> Any:
         """rsqrt_(): reciprocal square root 1 / sqrt(x), in place on every leaf (the same tensors); returns self."""
+    def setdefault(self, key, default=...):
+        """The child `key`; set to `default` first when there is none (dict.setdefault)."""
     @property
     def shape(self) -> Any: ...
     def short(self): ...
@@ -457,6 +462,8 @@ class Tensor:
     def unsqueeze(self, dim: typing.SupportsInt | typing.SupportsIndex) -> Any: ...
     def unsqueeze_(*args, **kwargs):
         """``unsqueeze_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.unsqueeze_ on every leaf; without a tree argument, the function itself."""
+    def update(self, other=..., **kwargs):
+        """Sets each child of `other` (a dict, a tree or (key, value) pairs) and of kwargs (dict.update)."""
     def values(self) -> builtins.list:
         """The children of this node in key order: tensors for leaves, trees for subtrees."""
     def view(self, *args) -> Any: ...

@@ -93,8 +93,8 @@ def call(fn, args, kwargs, name, subside=False):
                     keys, first = n.keys(), i
                 elif n.keys() != keys:
                     raise ValueError(
-                        f"treetensor: {name}: the trees differ at '{_describe(path)}': argument "
-                        f"{first} has keys {{{', '.join(sorted(keys))}}}, argument {i} has keys "
+                        f"treetensor: {name}: the trees differ at '{_describe(path)}': tree argument "
+                        f"{first} has keys {{{', '.join(sorted(keys))}}}, tree argument {i} has keys "
                         f"{{{', '.join(sorted(n))}}}")
         if keys is None:
             try:

@@ -284,14 +284,16 @@ def __getattr__(name):
 # ---- a leaf facing a subtree (treevalue's inherit, DI-treetensor parity) ------------------------
 # The C++ ops zip strictly (DESIGN.md §2); when one refuses two trees, the operator or function
 # runs again through treetensor.common's rules, where a leaf of one tree broadcasts into the
-# other's subtree at the same path (other key mismatches still raise ValueError). Only the
+# other's subtree at the same path (other key mismatches raise the C++ ValueError). Only the
 # refused call pays for it.
 def _inheriting(cpp, fallback, name):
     def f(*args, **kwargs):
         try:
             return cpp(*args, **kwargs)
-        except ValueError:
-            if _builtins.sum(_is_tree(a) for a in args) < 2:
+        except ValueError as e:
+            # only a leaf facing a subtree (zip_rules.hpp: "... pass inherit to broadcast ...");
+            # other mismatches keep the C++ message
+            if "inherit" not in str(e) or _builtins.sum(_is_tree(a) for a in args) < 2:
                 raise
         args = [Tensor(a) if isinstance(a, dict) else a for a in args]
         return _leafwise.wrap(_leafwise.call(fallback, args, kwargs, name)[0])
@@ -367,6 +369,37 @@ Tensor.norm = _torch_method("norm")  # per leaf, as DI-treetensor's
 Tensor.norm.__doc__ = "torch.Tensor.norm of every leaf (a tree; DI-treetensor)."
 Tensor.get = lambda self, key, default=None: self[key] if key in self else default
 Tensor.get.__doc__ = "The child `key` (a tensor or a tree), or `default` when there is none."
+def _pop(self, key, *default):
+    """Removes the child `key` and returns it (a tensor or a tree); `default` when there is none
+    (dict.pop; KeyError without a default)."""
+    if key not in self:
+        if default:
+            return default[0]
+        raise KeyError(f"treetensor: no key '{key}' at '{self._path or '<root>'}'")
+    value = self[key]
+    if isinstance(value, Tensor):
+        value = Tensor(value.to_dict())  # its own root: the view would lose its node
+    del self[key]
+    return value
+
+
+def _update(self, other=(), **kwargs):
+    """Sets each child of `other` (a dict, a tree or (key, value) pairs) and of kwargs (dict.update)."""
+    items = other.items() if hasattr(other, "items") else other
+    for k, v in list(items) + list(kwargs.items()):
+        self[k] = v
+
+
+def _setdefault(self, key, default=None):
+    """The child `key`; set to `default` first when there is none (dict.setdefault)."""
+    if key not in self:
+        self[key] = default
+    return self[key]
+
+
+Tensor.pop = _pop
+Tensor.update = _update
+Tensor.setdefault = _setdefault
 Tensor.json = lambda self: self.to_dict()
 Tensor.json.__doc__ = "The nested dict of the leaf tensors (DI-treetensor's json())."
 
