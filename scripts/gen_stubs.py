@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the type stubs python/treetensor/{_C,torch,asyncs}.pyi from the installed package.
+"""Writes the type stubs python/treetensor/{_C,torch,asyncs,common,numpy}.pyi from the installed package.
 
 The public surface is made at import time (the op table's names come from _C, torch.py adds
 functions and Tensor methods in loops), so the stubs are read off the imported modules: pybind11
@@ -158,13 +158,15 @@ def module_stub(module, names, prelude=""):
 
 def render():
     import treetensor  # noqa: F401  (imports treetensor.torch, which adds Tensor's Python methods)
-    from treetensor import _C, asyncs, torch
+    from treetensor import _C, asyncs, common, numpy, torch
 
     return {
         "_C.pyi": module_stub(_C, [n for n in dir(_C) if not n.startswith("__")],
                               "\n_Number = bool | int | float | torch.Tensor  # python/src/common.hpp\n"),
         "torch.pyi": module_stub(torch, list(dict.fromkeys(torch.__all__))),
         "asyncs.pyi": module_stub(asyncs, asyncs.__all__),
+        "common.pyi": module_stub(common, common.__all__),
+        "numpy.pyi": module_stub(numpy, numpy.__all__),
     }
 
 

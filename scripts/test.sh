@@ -61,6 +61,9 @@ case "$sanitize" in
     # build folder persists, so a second run rebuilds only what changed.
     CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$python" -m pip install -q --no-build-isolation --no-deps \
       -Cbuild-dir="$build/wheel" .
+    # DI-treetensor, the oracle of python/tests/test_ditt_oracle.py (its own venv; pip, seconds).
+    TREETENSOR_PEERS_PYTHON=$(bash scripts/peers-env.sh)
+    export TREETENSOR_PEERS_PYTHON
     ;;
   *) echo "test.sh: --sanitize takes thread or address, not '$sanitize'" >&2; exit 2 ;;
 esac

@@ -2,7 +2,9 @@
 
 1. `a + b` on 200 leaves of 4 elements: the tree call vs the Python dict comprehension over
    torch (goal: no slower), and on consolidated trees (C++ consolidate(); goal <= 0.1x).
-2. The seed experiment at S=32 (200 leaves, S x 2S @ 2S x 4S): ttorch.stream(2) vs the native
+2. The fallback to torch (a torch.Tensor method treetensor does not bind, run per leaf in
+   Python): its cost above a bound op with the same kernel (goal: <= 2 us per call).
+3. The seed experiment at S=32 (200 leaves, S x 2S @ 2S x 4S): ttorch.stream(2) vs the native
    Python loop (goal >= 1.4x).
 
 Strategies are interleaved round by round; each row is the median over rounds of the per-call
@@ -79,6 +81,20 @@ def main():
     print(f"{'':30} {'median us':>10} {'vs dict':>8} {'best us':>9} {'vs dict':>8}")
     for name, (t, b, _) in small.items():
         print(f"{name:30} {t * 1e6:10.1f} {t / base:7.2f}x {b * 1e6:9.1f} {b / base_best:7.2f}x")
+
+    # ---- the fallback to torch: a torch.Tensor method treetensor does not bind, vs a bound op
+    # with the same kernel (neg / negative), per call on a small tree and per leaf on a large one
+    print(f"\n## the fallback to torch: t.negative() (unbound, torch's per leaf) vs t.neg() (bound)")
+    print(f"{'':30} {'neg us':>10} {'negative us':>12} {'extra us':>9} {'extra/leaf':>11}")
+    for leaves in (2, n):
+        t = ttorch.Tensor({f"k{i}": torch.randn(4) for i in range(leaves)})
+        assert ttorch.equal(t.negative(), t.neg())
+        fb = measure([("neg", lambda: t.neg()), ("negative", lambda: t.negative()),
+                      ("ttorch.negative", lambda: ttorch.negative(t))], args.rounds, 200)
+        bound, unbound, fn = fb["neg"][0], fb["negative"][0], fb["ttorch.negative"][0]
+        for label, x in ((f"{leaves} leaves, method", unbound), (f"{leaves} leaves, ttorch.", fn)):
+            print(f"{label:30} {bound * 1e6:10.2f} {x * 1e6:12.2f} {(x - bound) * 1e6:9.2f} "
+                  f"{(x - bound) * 1e6 / leaves:11.3f}")
 
     # ---- the seed experiment ----
     s = args.seed_s

@@ -18,6 +18,12 @@ namespace treetensor::python {
 
 namespace {
 PyTypeObject* g_tree_type = nullptr;
+// treetensor.torch's fallback (tree, name) -> value, or None when torch has no such name: asked
+// for a name that is neither a key nor a method; and its dict name -> leaf-wise function, which
+// __getattr__ binds to the tree itself (the common case stays in C++). Owned for the process
+// (never released at exit).
+PyObject* g_attr_fallback = nullptr;
+PyObject* g_attr_methods = nullptr;
 
 [[noreturn]] void throw_type(const std::string& what) {
   throw py::type_error(what);
@@ -93,6 +99,57 @@ std::string missing_attribute(const PyTree& self, const TensorTree& n, const std
             (method ? "(...)" : "") + ") or ttorch.apply";
   }
   return text;
+}
+
+// fn(leaf, *args, **kwargs) on every leaf with the GIL held (treetensor.torch's fallback to
+// torch: Python's own leaf work). The leaves are copied first: fn may change this tree's keys.
+// A tree when every result is a tensor, else the nested dict of the results; a leaf's exception
+// keeps its type, with "<op> at leaf '<path>': " prepended (reraise).
+py::object leaf_call(const PyTree& self, py::handle fn, const py::tuple& args,
+                     const py::dict& kwargs, const std::string& op) {
+  auto flat = tree::flatten(self.node());
+  const std::size_t n = flat.leaves.size(), k = args.size();
+  std::vector<py::object> out(n);
+  bool tensors = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    py::object call_args = py::reinterpret_steal<py::object>(PyTuple_New(k + 1));
+    PyTuple_SET_ITEM(call_args.ptr(), 0, wrap_tensor(flat.leaves[i]).release().ptr());
+    for (std::size_t j = 0; j < k; ++j) {
+      PyObject* a = PyTuple_GET_ITEM(args.ptr(), j);
+      Py_INCREF(a);
+      PyTuple_SET_ITEM(call_args.ptr(), j + 1, a);
+    }
+    PyObject* r = PyObject_Call(fn.ptr(), call_args.ptr(), kwargs.ptr());
+    if (!r) {
+      py::error_already_set e;
+      tree::Path where = self.path;
+      const auto paths = flat.spec.paths();
+      for (const auto& key : paths[i]) where.push_back(key);
+      reraise(e.value(), op + " at leaf '" + where.describe() +
+                             "': " + py::str(e.value()).cast<std::string>());
+    }
+    out[i] = py::reinterpret_steal<py::object>(r);
+    tensors = tensors && is_tensor(out[i]);
+  }
+  if (tensors) {
+    std::vector<at::Tensor> ts(n);
+    for (std::size_t i = 0; i < n; ++i) ts[i] = THPVariable_Unpack(out[i].ptr());
+    return wrap(TreeTensor(tree::unflatten(flat.spec, std::move(ts))));
+  }
+  const auto paths = flat.spec.paths();
+  py::dict root;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (paths[i].empty()) return out[i];  // a single-leaf root
+    py::dict d = root;
+    const auto& p = paths[i];
+    for (std::size_t j = 0; j + 1 < p.size(); ++j) {
+      py::str key(p[j]);
+      if (!d.contains(key)) d[key] = py::dict();
+      d = d[key].cast<py::dict>();
+    }
+    d[py::str(p[p.size() - 1])] = out[i];
+  }
+  return root;
 }
 
 std::string print(const TensorTree& t) {
@@ -360,11 +417,19 @@ released while leaf work runs.)");
           py::arg("data"));
 
   // ---- access ---------------------------------------------------------------------------------
-  cls.def("__getattr__", [](const PyTree& self, const std::string& name) -> py::object {
+  cls.def("__getattr__", [](py::handle h, const std::string& name) -> py::object {
+    const PyTree& self = as_tree(h);
     const TensorTree& n = self.node();
     const TensorTree* c = n.is_leaf() ? nullptr : n.find(tree::Path{name});
-    if (!c) throw py::attribute_error(missing_attribute(self, n, name));
-    return child_object(self, *c, name);
+    if (c) return child_object(self, *c, name);
+    // Keys first, then torch's own names leaf-wise (DI-treetensor's fallback to torch).
+    if (g_attr_fallback && name.rfind("__", 0) != 0) {
+      if (PyObject* fn = PyDict_GetItemString(g_attr_methods, name.c_str()))
+        return py::reinterpret_steal<py::object>(PyMethod_New(fn, h.ptr()));
+      py::object r = py::reinterpret_borrow<py::object>(g_attr_fallback)(h, name);
+      if (!r.is_none()) return r;
+    }
+    throw py::attribute_error(missing_attribute(self, n, name));
   });
   cls.def("__getitem__", [](const PyTree& self, py::handle key) -> py::object {
     if (PyUnicode_Check(key.ptr())) {
@@ -456,6 +521,10 @@ released while leaf work runs.)");
       py::arg("fn"),
       "fn(leaf) on every leaf, on the calling thread with the GIL held (see ttorch.apply for "
       "the leaf-parallel form).");
+  cls.def("_leaf_call", &leaf_call, py::arg("fn"), py::arg("args"), py::arg("kwargs"),
+          py::arg("op"),
+          "fn(leaf, *args, **kwargs) on every leaf, with the GIL held: a tree when every result "
+          "is a tensor, else the nested dict of the results (treetensor.torch's fallback).");
   cls.def_property_readonly("_path", [](const PyTree& self) { return self.path.str(); });
   cls.def("_same_root",
           [](const PyTree& self, const PyTree& other) { return self.root == other.root; });
@@ -486,6 +555,18 @@ released while leaf work runs.)");
       },
       "The tree held by a 'treetensor.TreeTensor' capsule (the leaves are shared).");
 
+  m.def(
+      "_set_attr_fallback",
+      [](py::object fn, py::dict methods) {
+        Py_XDECREF(g_attr_fallback);
+        Py_XDECREF(g_attr_methods);
+        g_attr_fallback = fn.release().ptr();
+        g_attr_methods = methods.release().ptr();
+      },
+      py::arg("fn"), py::arg("methods"),
+      "Installs fn(tree, name) -> value or None, asked by Tensor.__getattr__ for a name that is "
+      "neither a key nor a method and not in `methods` (name -> function, bound to the tree "
+      "there); treetensor.torch's fallback to torch.");
   m.def(
       "from_dict", [](py::handle d) { return wrap(to_tree(d)); }, py::arg("data"),
       "A tree from a nested dict (torch.Tensor leaves are shared).");

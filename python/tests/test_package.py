@@ -19,7 +19,7 @@ def test_suite_imports_the_installed_package():
 
 
 def test_package_carries_stubs_headers_libraries_and_cmake_package():
-    for rel in ["py.typed", "_C.pyi", "torch.pyi", "asyncs.pyi",
+    for rel in ["py.typed", "_C.pyi", "torch.pyi", "asyncs.pyi", "common.pyi", "numpy.pyi",
                 "include/treetensor/treetensor.hpp", "include/treetensor/python.hpp",
                 "lib/libtreetensor.so", "lib/libtreetensor_distributed.so",
                 "lib/cmake/treetensor/treetensorConfig.cmake"]:

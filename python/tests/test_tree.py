@@ -129,7 +129,7 @@ def test_shape_dtype_device_attributes():
     assert s == {"a": torch.Size([2, 3]), "b": {"x": torch.Size([2]), "y": torch.Size([])}}
     assert t.dtype.a is torch.float32
     assert t.device.b.x == torch.device("cpu")
-    assert t.numel() == {"a": 6, "b": {"x": 2, "y": 1}}
+    assert t.numel() == 9  # the total (DI-treetensor); per leaf: t.shape's leaves' numel()
     assert t.requires_grad == {"a": False, "b": {"x": False, "y": False}}
     assert t.dim() == {"a": 2, "b": {"x": 1, "y": 0}} and t.ndim.b.x == 1
     # a Size tree is a tree of shapes for construction

@@ -9,8 +9,14 @@ core.
   unary ``- + ~``, comparisons give trees of bool tensors), the op table as methods and
   functions (``ttorch.sigmoid(t)``, ``t.sum()``...). A function given no tree falls back to
   the torch function of the same name.
-- Tree-level reductions (``t.sum()``, ``ttorch.mean(t)``, all/any/min/max/std/norm) give one
-  tensor over every element of every leaf; with ``dim=`` they are per leaf (a tree).
+- Reductions (sum/mean/all/any/min/max/std, masked_select) take DI-treetensor's ``reduce=``:
+  without arguments one tensor over every element of every leaf (``reduce=False``: per leaf);
+  with arguments (``dim=``...) per leaf, ``reduce=True`` then ignored with a UserWarning.
+  ``norm`` and ``dist`` are per leaf, ``numel()`` the total.
+- Any other torch function or torch.Tensor method or attribute is torch's, leaf-wise
+  (DI-treetensor's fallback: ``t.argmax(-1)``, ``ttorch.log_softmax(t, -1)``, ``t.is_cuda``;
+  rules in treetensor.common); dtypes and plain values (``ttorch.float32``) are torch's.
+  Keys come before these names; a leaf facing a subtree broadcasts into it.
 - Construction from trees of shapes: ``ttorch.randn({'a': (2, 3)})``, zeros/ones/full/empty/
   rand/randint, the ``*_like`` forms, ``tensor`` / ``as_tensor``.
 - ``ttorch.stream(n)`` / ``ttorch.stream('auto')``: the execution mode of tree calls; called,
@@ -20,87 +26,72 @@ core.
   the leaf path (structure mismatches: ValueError naming the path, argument positions and key
   sets; missing keys: KeyError/AttributeError).
 """
+import builtins as _builtins
+import operator as _operator
+import types as _types
+import warnings as _warnings
+
 import torch as _torch
 
-from . import _C
+from . import _C, _leafwise
+from .common import Object
 
 Tensor = _C.Tensor
+_leafwise.register_kind(_torch.Tensor, Tensor)
 
 __all__ = ["Tensor", "Size", "Object", "stream", "apply", "synchronize"]
 
 
 # ---- trees of values (shape, dtype, ...) ------------------------------------------------------
-class Object:
-    """A tree of non-tensor values (DI-treetensor's ``ttorch.Object``): attribute and item
-    access, keys/values/items, ``==`` by structure and values, printing in the tree layout."""
-
-    __slots__ = ("_d",)
-
-    def __init__(self, data):
-        object.__setattr__(self, "_d", data.to_dict() if isinstance(data, Object) else data)
-
-    @classmethod
-    def _wrap(cls, v):
-        return cls(v) if isinstance(v, dict) else v
-
-    def __getattr__(self, k):
-        try:
-            return self._wrap(self._d[k])
-        except KeyError:
-            raise AttributeError(f"no key '{k}' in tree (keys: {sorted(self._d)})") from None
-
-    def __getitem__(self, k):
-        return self._wrap(self._d[k])
-
-    def keys(self):
-        return sorted(self._d)
-
-    def values(self):
-        return [self[k] for k in self.keys()]
-
-    def items(self):
-        return [(k, self[k]) for k in self.keys()]
-
-    def __iter__(self):
-        return iter(self.keys())
-
-    def __len__(self):
-        return len(self._d)
-
-    def __contains__(self, k):
-        return k in self._d
-
-    def to_dict(self):
-        return self._d
-
-    def __eq__(self, other):
-        if isinstance(other, Object):
-            other = other._d
-        return self._d == other
-
-    __hash__ = None
-
-    def _lines(self, out, indent):
-        keys = self.keys()
-        for i, k in enumerate(keys):
-            last = i == len(keys) - 1
-            glyph = "└── " if last else "├── "
-            v = self[k]
-            if isinstance(v, Object):
-                out.append(f"{indent}{glyph}{k} --> <{type(v).__name__}>")
-                v._lines(out, indent + ("    " if last else "│   "))
-            else:
-                out.append(f"{indent}{glyph}{k} --> {v!r}")
-
-    def __repr__(self):
-        out = [f"<{type(self).__name__}>"]
-        self._lines(out, "")
-        return "\n".join(out)
-
-
 class Size(Object):
     """A tree of ``torch.Size`` (``t.shape``); also accepted as a tree of shapes by the
-    construction functions."""
+    construction functions. ``Size(non_dict)`` is ``torch.Size(non_dict)`` (DI-treetensor).
+    ``numel()`` and ``count(v)`` are totals over the leaves; ``index(v)`` is a tree of each
+    leaf's index of v (None where a leaf lacks it; ValueError when every leaf does)."""
+
+    __slots__ = ()
+
+    def __new__(cls, data=None):
+        if data is not None and not isinstance(data, (dict, Object)):
+            return _torch.Size(data)
+        return object.__new__(cls)
+
+    def __init__(self, data=None):
+        super().__init__(data)
+        if not _builtins.all(isinstance(v, _torch.Size) for v in self.leaves()):
+            object.__setattr__(self, "_d", _map_dict(self._d, _torch.Size))
+
+    def numel(self):
+        return _builtins.sum(s.numel() for s in self.leaves())
+
+    def count(self, value):
+        return _builtins.sum(s.count(value) for s in self.leaves())
+
+    def index(self, value, *args):
+        def find(s):
+            try:
+                return s.index(value, *args)
+            except ValueError:
+                return None
+
+        found = _leafwise.call(find, (self,), {}, "index")[0]
+        if _builtins.all(v is None for v in _leafwise._leaves(found)):
+            raise ValueError(f"Can not find {value!r} in all the sizes.")
+        return Object(found)
+
+
+_tree_meta_call = type(Tensor).__call__
+
+
+def _construct(cls, data=None, *args, **kwargs):
+    # Tensor(dict, dtype=..., ...): torch.as_tensor(leaf, ...) of every leaf (DI-treetensor).
+    if (args or kwargs) and isinstance(data, dict):
+        data = _map_dict(data, lambda v: _torch.as_tensor(v, *args, **kwargs))
+        args, kwargs = (), {}
+    return _tree_meta_call(cls, data, *args, **kwargs)
+
+
+type(Tensor).__call__ = _construct
 
 
 def _prop(name, cls=Object):
@@ -115,8 +106,9 @@ Tensor.requires_grad = property(lambda self: Object._wrap(self._requires_grad())
 
 
 def _numel(self):
-    """Tree of element counts (DI-treetensor); ``ttorch.numel(t)`` is the same."""
-    return Object._wrap(self._numel())
+    """The number of elements of every leaf together (DI-treetensor); ``ttorch.numel(t)`` is
+    the same."""
+    return _builtins.sum(_leafwise._leaves(self._numel())) if len(self) else 0
 
 
 Tensor.numel = _numel
@@ -201,6 +193,10 @@ def _method_fn(name, doc=None):
             input = Tensor(input)
         if isinstance(input, Tensor):
             return getattr(input, name)(*args, **kwargs)
+        if _builtins.any(_is_tree(a) for a in args) or _builtins.any(_is_tree(v) for v in kwargs.values()):
+            # the tree is not the first argument (ttorch.isclose(tensor, tree))
+            args = [Tensor(a) if isinstance(a, dict) else a for a in args]
+            return _leafwise.treelized(tfn, name)(input, *args, **kwargs)
         return tfn(input, *args, **kwargs)
 
     f.__name__ = name
@@ -214,6 +210,226 @@ for _n in ["sum", "mean", "all", "any", "min", "max", "std", "norm", "masked_sel
            "index_select", "split", "chunk", "unbind", "clamp", "isclose", "clone", "detach",
            "contiguous", "numel", "floor_divide"]:
     _method_fn(_n)
+
+
+# ---- the fallback to torch (DI-treetensor parity) ----------------------------------------------
+# A name that is neither a key nor a method of the tree: torch.Tensor's method of that name
+# applied to every leaf (treetensor.common's rules: a tree of the results' kind, tuples rise,
+# an in-place `_` name returns the tree itself), or for a torch.Tensor attribute (`t.is_cuda`,
+# `t.T`) the tree of its values. Keys come first: `t.T` is the child 'T' when there is one.
+class _Getter:
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self, tree):
+        return _leafwise.wrap(tree._leaf_call(getattr, (self.name,), {}, self.name))
+
+
+def _torch_method(name):
+    """torch.Tensor.<name> leaf-wise as a tree method; a _Getter for a data attribute; None when
+    torch.Tensor has no public attribute of that name."""
+    if name.startswith("_"):
+        return None
+    attr = getattr(_torch.Tensor, name, None)
+    if attr is None:
+        return None
+    if not callable(attr) or isinstance(attr, type):
+        return _Getter(name)
+    return _leafwise.treelized(attr, name, inplace=name.endswith("_"))
+
+
+_attr_methods = {}  # name -> leaf-wise method, bound by Tensor.__getattr__ in C++
+_no_attr = set()  # names torch.Tensor lacks
+_nothing = object()
+
+
+def _attr_fallback(tree, name):
+    # The first access of a name (later ones of a method stay in C++: _attr_methods).
+    if name in _no_attr:
+        return None
+    f = _torch_method(name)
+    if f is None:
+        _no_attr.add(name)
+        return None
+    if type(f) is _Getter:
+        return f(tree)
+    _attr_methods[name] = f
+    return _types.MethodType(f, tree)
+
+
+_C._set_attr_fallback(_attr_fallback, _attr_methods)
+
+
+def __getattr__(name):
+    """``ttorch.<name>`` for a torch name this module does not define (DI-treetensor parity): a
+    torch function leaf-wise over its tree arguments (lists of trees zipped, torch's own result
+    without a tree; cached as a module attribute), a torch.dtype or a plain value (``float32``,
+    ``has_cuda``) as torch's. Anything else: AttributeError."""
+    item = getattr(_torch, name, _nothing) if not name.startswith("_") else _nothing
+    if isinstance(item, (_types.FunctionType, _types.BuiltinFunctionType)):
+        f = _leafwise.treelized(item, name, subside=True, inplace=name.endswith("_"))
+        globals()[name] = f
+        return f
+    if isinstance(item, (_torch.dtype, bool, bytearray, bytes, complex, dict, float, frozenset, int,
+                         list, range, set, slice, str, tuple)):
+        return item
+    if item is _nothing:
+        raise AttributeError(f"module 'treetensor.torch' has no attribute '{name}' (nor has torch)")
+    raise AttributeError(f"module 'treetensor.torch' has no attribute '{name}' (torch.{name} is a "
+                         f"{type(item).__name__}, not a function: use torch.{name})")
+
+
+# ---- a leaf facing a subtree (treevalue's inherit, DI-treetensor parity) ------------------------
+# The C++ ops zip strictly (DESIGN.md §2); when one refuses two trees, the operator or function
+# runs again through treetensor.common's rules, where a leaf of one tree broadcasts into the
+# other's subtree at the same path (other key mismatches raise the C++ ValueError). Only the
+# refused call pays for it.
+def _inheriting(cpp, fallback, name):
+    def f(*args, **kwargs):
+        try:
+            return cpp(*args, **kwargs)
+        except ValueError as e:
+            # only a leaf facing a subtree (zip_rules.hpp: "... pass inherit to broadcast ...");
+            # other mismatches keep the C++ message
+            if "inherit" not in str(e) or _builtins.sum(_is_tree(a) for a in args) < 2:
+                raise
+        args = [Tensor(a) if isinstance(a, dict) else a for a in args]
+        return _leafwise.wrap(_leafwise.call(fallback, args, kwargs, name)[0])
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = getattr(cpp, "__doc__", None)
+    return f
+
+
+def _reflected(fn):
+    return lambda a, b: fn(b, a)
+
+
+for _name, _fn in [("add", _operator.add), ("sub", _operator.sub), ("mul", _operator.mul),
+                   ("truediv", _operator.truediv), ("floordiv", _operator.floordiv),
+                   ("mod", _operator.mod), ("pow", _operator.pow), ("matmul", _operator.matmul),
+                   ("and", _operator.and_), ("or", _operator.or_), ("xor", _operator.xor),
+                   ("lshift", _operator.lshift), ("rshift", _operator.rshift)]:
+    setattr(Tensor, f"__{_name}__", _inheriting(getattr(Tensor, f"__{_name}__"), _fn, f"__{_name}__"))
+    setattr(Tensor, f"__r{_name}__",
+            _inheriting(getattr(Tensor, f"__r{_name}__"), _reflected(_fn), f"__r{_name}__"))
+for _name, _fn in [("eq", _operator.eq), ("ne", _operator.ne), ("lt", _operator.lt),
+                   ("le", _operator.le), ("gt", _operator.gt), ("ge", _operator.ge)]:
+    setattr(Tensor, f"__{_name}__", _inheriting(getattr(Tensor, f"__{_name}__"), _fn, f"__{_name}__"))
+for _name in ["add", "sub", "mul", "div", "pow", "eq", "ne", "lt", "le", "gt", "ge", "maximum",
+              "minimum", "atan2", "remainder", "fmod", "logical_and", "logical_or", "logical_xor",
+              "bitwise_and", "bitwise_or", "bitwise_xor", "matmul", "mm", "dot"]:
+    globals()[_name] = _inheriting(getattr(_C, _name), getattr(_torch, _name), _name)
+
+
+# ---- reductions: DI-treetensor's calling convention -----------------------------------------------
+def _reduction(name):
+    tree_level = getattr(Tensor, name)  # C++: one tensor over every element of every leaf
+    per_leaf = _leafwise.treelized(getattr(_torch, name), name)
+
+    def method(self, *args, reduce=None, **kwargs):
+        if args or kwargs:  # dim, keepdim, dtype, ...: per leaf, whatever reduce says
+            if reduce:
+                _warnings.warn(UserWarning(
+                    f"Reduce forbidden for this case of function {name}, enablement of reduce "
+                    f"option will be ignored."), stacklevel=2)
+            return per_leaf(self, *args, **kwargs)
+        if reduce is None or reduce:
+            return tree_level(self)
+        return per_leaf(self)
+
+    method.__name__ = name
+    method.__doc__ = (
+        f"``{name}(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor "
+        f"over every element of every leaf (``reduce=False``: torch.{name} of each leaf, a tree); "
+        f"with arguments (``dim=``...), torch.{name} of each leaf with them (a tree; max/min give "
+        f"torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning.")
+    setattr(Tensor, name, method)
+
+
+for _n in ["sum", "mean", "all", "any", "min", "max", "std"]:
+    _reduction(_n)
+_tree_masked_select = Tensor.masked_select
+
+
+def _masked_select(self, mask, reduce=None):
+    """The selected elements of every leaf in one tensor (DI-treetensor; ``reduce=False``: a tree
+    of per-leaf torch.masked_select)."""
+    if reduce is None or reduce:
+        return _tree_masked_select(self, mask)
+    return _leafwise.wrap(_leafwise.call(_torch.masked_select, (self, mask), {}, "masked_select")[0])
+
+
+Tensor.masked_select = _masked_select
+for _n in ["dist", "squeeze_", "unsqueeze_"]:  # DI-treetensor's own methods, torch's per leaf
+    setattr(Tensor, _n, _torch_method(_n))
+Tensor.norm = _torch_method("norm")  # per leaf, as DI-treetensor's
+Tensor.norm.__doc__ = "torch.Tensor.norm of every leaf (a tree; DI-treetensor)."
+Tensor.get = lambda self, key, default=None: self[key] if key in self else default
+Tensor.get.__doc__ = "The child `key` (a tensor or a tree), or `default` when there is none."
+def _pop(self, key, *default):
+    """Removes the child `key` and returns it (a tensor or a tree); `default` when there is none
+    (dict.pop; KeyError without a default)."""
+    if key not in self:
+        if default:
+            return default[0]
+        raise KeyError(f"treetensor: no key '{key}' at '{self._path or '<root>'}'")
+    value = self[key]
+    if isinstance(value, Tensor):
+        value = Tensor(value.to_dict())  # its own root: the view would lose its node
+    del self[key]
+    return value
+
+
+def _update(self, other=(), **kwargs):
+    """Sets each child of `other` (a dict, a tree or (key, value) pairs) and of kwargs (dict.update)."""
+    items = other.items() if hasattr(other, "items") else other
+    for k, v in list(items) + list(kwargs.items()):
+        self[k] = v
+
+
+def _setdefault(self, key, default=None):
+    """The child `key`; set to `default` first when there is none (dict.setdefault)."""
+    if key not in self:
+        self[key] = default
+    return self[key]
+
+
+Tensor.pop = _pop
+Tensor.update = _update
+Tensor.setdefault = _setdefault
+Tensor.json = lambda self: self.to_dict()
+Tensor.json.__doc__ = "The nested dict of the leaf tensors (DI-treetensor's json())."
+
+def vmap(func, *args, **kwargs):
+    """torch.vmap(func, ...) applied to every leaf of its tree arguments (DI-treetensor)."""
+    return _leafwise.treelized(_torch.vmap(func, *args, **kwargs), "vmap")
+
+
+__all__.append("vmap")
+
+def _tolist(self):
+    """The leaves' ``tolist()`` (an Object; DI-treetensor)."""
+    return Object(self._leaf_call(_torch.Tensor.tolist, (), {}, "tolist"))
+
+
+def _numpy(self):
+    """The leaves' ``numpy()`` (a treetensor.numpy.ndarray sharing their memory)."""
+    from . import numpy as tnp
+    return tnp.ndarray(self._leaf_call(_torch.Tensor.numpy, (), {}, "numpy"))
+
+
+Tensor.tolist = _tolist
+Tensor.numpy = _numpy
+
+# DI-treetensor's module functions that the C++ module does not bind: torch's leaf-wise.
+for _n in ["abs_", "clamp_", "sigmoid_", "round_", "floor_", "ceil_", "neg_", "exp_", "exp2_",
+           "sqrt_", "log_", "log2_", "log10_", "detach_", "dist", "sort"]:
+    if _n not in globals():
+        __getattr__(_n)
+        __all__.append(_n)
 
 
 def equal(input, other):
@@ -422,4 +638,10 @@ def current_stream():
 
 
 __all__ += ["current_stream"]
+
+#: DI-treetensor's ``ttorch.funcs``: the module's functions (``funcs.__all__``).
+funcs = _types.ModuleType("treetensor.torch.funcs", "treetensor.torch's functions (DI-treetensor's funcs).")
+funcs.__all__ = [n for n in dict.fromkeys(__all__) if n not in ("Tensor", "Size", "Object", "stream")]
+for _n in funcs.__all__:
+    setattr(funcs, _n, globals()[_n])
 del _n, _name, _dt

@@ -11,21 +11,13 @@ from ._C import (
     Tensor as Tensor,
     abs as abs,
     acos as acos,
-    add as add,
     apply as apply,
     asin as asin,
     atan as atan,
-    atan2 as atan2,
-    bitwise_and as bitwise_and,
     bitwise_not as bitwise_not,
-    bitwise_or as bitwise_or,
-    bitwise_xor as bitwise_xor,
     ceil as ceil,
     cos as cos,
     cosh as cosh,
-    div as div,
-    dot as dot,
-    eq as eq,
     erf as erf,
     erfc as erfc,
     erfinv as erfinv,
@@ -33,35 +25,19 @@ from ._C import (
     exp2 as exp2,
     expm1 as expm1,
     floor as floor,
-    fmod as fmod,
     frac as frac,
     from_dict as from_dict,
-    ge as ge,
-    gt as gt,
     isfinite as isfinite,
     isinf as isinf,
     isnan as isnan,
-    le as le,
     log as log,
     log10 as log10,
     log1p as log1p,
     log2 as log2,
-    logical_and as logical_and,
     logical_not as logical_not,
-    logical_or as logical_or,
-    logical_xor as logical_xor,
-    lt as lt,
-    matmul as matmul,
-    maximum as maximum,
-    minimum as minimum,
-    mm as mm,
-    mul as mul,
-    ne as ne,
     neg as neg,
-    pow as pow,
     reciprocal as reciprocal,
     relu as relu,
-    remainder as remainder,
     round as round,
     rsqrt as rsqrt,
     sigmoid as sigmoid,
@@ -71,7 +47,6 @@ from ._C import (
     sinh as sinh,
     sqrt as sqrt,
     square as square,
-    sub as sub,
     synchronize as synchronize,
     tan as tan,
     tanh as tanh,
@@ -181,6 +156,23 @@ __all__ = [
     "contiguous",
     "numel",
     "floor_divide",
+    "vmap",
+    "abs_",
+    "clamp_",
+    "sigmoid_",
+    "round_",
+    "floor_",
+    "ceil_",
+    "neg_",
+    "exp_",
+    "exp2_",
+    "sqrt_",
+    "log_",
+    "log2_",
+    "log10_",
+    "detach_",
+    "dist",
+    "sort",
     "equal",
     "allclose",
     "lerp",
@@ -208,24 +200,51 @@ __all__ = [
 ]
 
 class Object:
-    """A tree of non-tensor values (DI-treetensor's ``ttorch.Object``): attribute and item
-    access, keys/values/items, ``==`` by structure and values, printing in the tree layout."""
+    """A tree of arbitrary Python values: attribute and item access, ``keys/values/items``
+    (sorted keys), ``len``, ``in``, ``get(key, default)``, ``all()/any()`` over the leaves,
+    ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout.
+    ``Object(non_dict)`` is the value itself (DI-treetensor)."""
     def __contains__(self, k): ...
     def __eq__(self, other): ...
     def __getattr__(self, k): ...
     def __getitem__(self, k): ...
-    def __init__(self, data): ...
+    def __init__(self, data=...): ...
     def __iter__(self): ...
     def __len__(self): ...
+    @staticmethod
+    def __new__(cls, data=...): ...
+    def __reduce__(self): ...
     def __repr__(self): ...
+    def all(self):
+        """Whether every leaf is true (``builtins.all``; DI-treetensor's ``Object.all``)."""
+    def any(self):
+        """Whether some leaf is true (``builtins.any``)."""
+    def get(self, k, default=...): ...
     def items(self): ...
+    def json(self): ...
     def keys(self): ...
+    def leaves(self):
+        """The leaf values in sorted-path order."""
     def to_dict(self): ...
     def values(self): ...
 
 class Size(Object):
     """A tree of ``torch.Size`` (``t.shape``); also accepted as a tree of shapes by the
-    construction functions."""
+    construction functions. ``Size(non_dict)`` is ``torch.Size(non_dict)`` (DI-treetensor).
+    ``numel()`` and ``count(v)`` are totals over the leaves; ``index(v)`` is a tree of each
+    leaf's index of v (None where a leaf lacks it; ValueError when every leaf does)."""
+    def __init__(self, data=...): ...
+    @staticmethod
+    def __new__(cls, data=...): ...
+    def count(self, value): ...
+    def index(self, value, *args): ...
+    def numel(self): ...
+
+def abs_(*args, **kwargs):
+    """``abs_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.abs_ on every leaf; without a tree argument, the function itself."""
+
+def add(*args, **kwargs):
+    """add(input: object, other: object, *, alpha: number = 1) -> object"""
 
 def addcdiv(input, tensor1, tensor2, *, value=...): ...
 
@@ -242,14 +261,40 @@ def any(input, *args, **kwargs):
 def as_tensor(data, dtype=..., device=...):
     """A tree sharing the leaves that already have dtype and device (torch.as_tensor)."""
 
+def atan2(*args, **kwargs):
+    """atan2(input: object, other: object) -> object
+
+    atan2(a, b): arctangent of a / b in the quadrant of (b, a), leaf-wise (torch.atan2 without a tree)."""
+
+def bitwise_and(*args, **kwargs):
+    """bitwise_and(input: object, other: object) -> object
+
+    bitwise_and(a, b): a & b on integer and bool tensors, leaf-wise (torch.bitwise_and without a tree)."""
+
+def bitwise_or(*args, **kwargs):
+    """bitwise_or(input: object, other: object) -> object
+
+    bitwise_or(a, b): a | b on integer and bool tensors, leaf-wise (torch.bitwise_or without a tree)."""
+
+def bitwise_xor(*args, **kwargs):
+    """bitwise_xor(input: object, other: object) -> object
+
+    bitwise_xor(a, b): a ^ b on integer and bool tensors, leaf-wise (torch.bitwise_xor without a tree)."""
+
 def cat(tensors, dim=...):
     """Leaf p of the result is torch.cat of leaf p of every tree (same structures)."""
+
+def ceil_(*args, **kwargs):
+    """``ceil_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.ceil_ on every leaf; without a tree argument, the function itself."""
 
 def chunk(input, *args, **kwargs):
     """Leaf-wise / tree-level ``chunk`` (see Tensor.chunk); torch.chunk without a tree."""
 
 def clamp(input, *args, **kwargs):
     """Leaf-wise / tree-level ``clamp`` (see Tensor.clamp); torch.clamp without a tree."""
+
+def clamp_(*args, **kwargs):
+    """``clamp_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.clamp_ on every leaf; without a tree argument, the function itself."""
 
 def clone(input, *args, **kwargs):
     """Leaf-wise / tree-level ``clone`` (see Tensor.clone); torch.clone without a tree."""
@@ -263,20 +308,55 @@ def current_stream():
 def detach(input, *args, **kwargs):
     """Leaf-wise / tree-level ``detach`` (see Tensor.detach); torch.detach without a tree."""
 
+def detach_(*args, **kwargs):
+    """``detach_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.detach_ on every leaf; without a tree argument, the function itself."""
+
+def dist(*args, **kwargs):
+    """``dist`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.dist on every leaf; without a tree argument, the function itself."""
+
+def div(*args, **kwargs):
+    """div(input: object, other: object) -> object
+
+    div(a, b): a / b (true division), leaf-wise (torch.div without a tree)."""
+
+def dot(*args, **kwargs):
+    """dot(input: object, other: object) -> object
+
+    dot(a, b): dot product of 1-D leaves (at::dot), leaf-wise (torch.dot without a tree)."""
+
 def empty(*args, **kwargs):
     """``empty(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a tree of torch.empty leaves (DI-treetensor); plain torch.empty otherwise."""
 
 def empty_like(input, *args, **kwargs):
     """Leaf-wise torch.empty_like over a tree (structure and leaf shapes kept)."""
 
+def eq(*args, **kwargs):
+    """eq(input: object, other: object) -> object
+
+    eq(a, b): a == b (bool), leaf-wise (torch.eq without a tree)."""
+
 def equal(input, other):
     """True when both trees have the same structure and every leaf pair is equal."""
+
+def exp2_(*args, **kwargs):
+    """``exp2_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.exp2_ on every leaf; without a tree argument, the function itself."""
+
+def exp_(*args, **kwargs):
+    """``exp_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.exp_ on every leaf; without a tree argument, the function itself."""
 
 def flatten(input, *args, **kwargs):
     """Leaf-wise / tree-level ``flatten`` (see Tensor.flatten); torch.flatten without a tree."""
 
+def floor_(*args, **kwargs):
+    """``floor_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.floor_ on every leaf; without a tree argument, the function itself."""
+
 def floor_divide(input, *args, **kwargs):
     """Leaf-wise / tree-level ``floor_divide`` (see Tensor.floor_divide); torch.floor_divide without a tree."""
+
+def fmod(*args, **kwargs):
+    """fmod(input: object, other: object) -> object
+
+    fmod(a, b): a mod b with the sign of a (C's fmod), leaf-wise (torch.fmod without a tree)."""
 
 def full(size, fill_value, **kwargs):
     """A tree of torch.full leaves from a tree of shapes."""
@@ -284,25 +364,102 @@ def full(size, fill_value, **kwargs):
 def full_like(input, *args, **kwargs):
     """Leaf-wise torch.full_like over a tree (structure and leaf shapes kept)."""
 
+def ge(*args, **kwargs):
+    """ge(input: object, other: object) -> object
+
+    ge(a, b): a >= b (bool), leaf-wise (torch.ge without a tree)."""
+
+def gt(*args, **kwargs):
+    """gt(input: object, other: object) -> object
+
+    gt(a, b): a > b (bool), leaf-wise (torch.gt without a tree)."""
+
 def index_select(input, *args, **kwargs):
     """Leaf-wise / tree-level ``index_select`` (see Tensor.index_select); torch.index_select without a tree."""
 
 def isclose(input, *args, **kwargs):
     """Leaf-wise / tree-level ``isclose`` (see Tensor.isclose); torch.isclose without a tree."""
 
+def le(*args, **kwargs):
+    """le(input: object, other: object) -> object
+
+    le(a, b): a <= b (bool), leaf-wise (torch.le without a tree)."""
+
 def lerp(input, end, weight): ...
+
+def log10_(*args, **kwargs):
+    """``log10_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.log10_ on every leaf; without a tree argument, the function itself."""
+
+def log2_(*args, **kwargs):
+    """``log2_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.log2_ on every leaf; without a tree argument, the function itself."""
+
+def log_(*args, **kwargs):
+    """``log_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.log_ on every leaf; without a tree argument, the function itself."""
+
+def logical_and(*args, **kwargs):
+    """logical_and(input: object, other: object) -> object
+
+    logical_and(a, b): a && b (bool), leaf-wise (torch.logical_and without a tree)."""
+
+def logical_or(*args, **kwargs):
+    """logical_or(input: object, other: object) -> object
+
+    logical_or(a, b): a || b (bool), leaf-wise (torch.logical_or without a tree)."""
+
+def logical_xor(*args, **kwargs):
+    """logical_xor(input: object, other: object) -> object
+
+    logical_xor(a, b): a != b as truth values (bool), leaf-wise (torch.logical_xor without a tree)."""
+
+def lt(*args, **kwargs):
+    """lt(input: object, other: object) -> object
+
+    lt(a, b): a < b (bool), leaf-wise (torch.lt without a tree)."""
 
 def masked_select(input, *args, **kwargs):
     """Leaf-wise / tree-level ``masked_select`` (see Tensor.masked_select); torch.masked_select without a tree."""
 
+def matmul(*args, **kwargs):
+    """matmul(input: object, other: object) -> object
+
+    matmul(a, b): matrix product a @ b (at::matmul), leaf-wise (torch.matmul without a tree)."""
+
 def max(input, *args, **kwargs):
     """Leaf-wise / tree-level ``max`` (see Tensor.max); torch.max without a tree."""
+
+def maximum(*args, **kwargs):
+    """maximum(input: object, other: object) -> object
+
+    maximum(a, b): element-wise max(a, b), NaN-propagating, leaf-wise (torch.maximum without a tree)."""
 
 def mean(input, *args, **kwargs):
     """Leaf-wise / tree-level ``mean`` (see Tensor.mean); torch.mean without a tree."""
 
 def min(input, *args, **kwargs):
     """Leaf-wise / tree-level ``min`` (see Tensor.min); torch.min without a tree."""
+
+def minimum(*args, **kwargs):
+    """minimum(input: object, other: object) -> object
+
+    minimum(a, b): element-wise min(a, b), NaN-propagating, leaf-wise (torch.minimum without a tree)."""
+
+def mm(*args, **kwargs):
+    """mm(input: object, other: object) -> object
+
+    mm(a, b): matrix product of 2-D leaves (at::mm), leaf-wise (torch.mm without a tree)."""
+
+def mul(*args, **kwargs):
+    """mul(input: object, other: object) -> object
+
+    mul(a, b): a * b, leaf-wise (torch.mul without a tree)."""
+
+def ne(*args, **kwargs):
+    """ne(input: object, other: object) -> object
+
+    ne(a, b): a != b (bool), leaf-wise (torch.ne without a tree)."""
+
+def neg_(*args, **kwargs):
+    """``neg_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.neg_ on every leaf; without a tree argument, the function itself."""
 
 def norm(input, *args, **kwargs):
     """Leaf-wise / tree-level ``norm`` (see Tensor.norm); torch.norm without a tree."""
@@ -318,6 +475,11 @@ def ones_like(input, *args, **kwargs):
 
 def permute(input, *args, **kwargs):
     """Leaf-wise / tree-level ``permute`` (see Tensor.permute); torch.permute without a tree."""
+
+def pow(*args, **kwargs):
+    """pow(input: object, other: object) -> object
+
+    pow(a, b): a^b, leaf-wise (torch.pow without a tree)."""
 
 def rand(*args, **kwargs):
     """``rand(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a tree of torch.rand leaves (DI-treetensor); plain torch.rand otherwise."""
@@ -336,11 +498,28 @@ def randn(*args, **kwargs):
 def randn_like(input, *args, **kwargs):
     """Leaf-wise torch.randn_like over a tree (structure and leaf shapes kept)."""
 
+def remainder(*args, **kwargs):
+    """remainder(input: object, other: object) -> object
+
+    remainder(a, b): a mod b with the sign of b (Python's %), leaf-wise (torch.remainder without a tree)."""
+
 def reshape(input, *args, **kwargs):
     """Leaf-wise / tree-level ``reshape`` (see Tensor.reshape); torch.reshape without a tree."""
 
+def round_(*args, **kwargs):
+    """``round_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.round_ on every leaf; without a tree argument, the function itself."""
+
+def sigmoid_(*args, **kwargs):
+    """``sigmoid_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.sigmoid_ on every leaf; without a tree argument, the function itself."""
+
+def sort(*args, **kwargs):
+    """``sort`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.sort on every leaf; without a tree argument, the function itself."""
+
 def split(input, *args, **kwargs):
     """Leaf-wise / tree-level ``split`` (see Tensor.split); torch.split without a tree."""
+
+def sqrt_(*args, **kwargs):
+    """``sqrt_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.sqrt_ on every leaf; without a tree argument, the function itself."""
 
 def squeeze(input, *args, **kwargs):
     """Leaf-wise / tree-level ``squeeze`` (see Tensor.squeeze); torch.squeeze without a tree."""
@@ -364,6 +543,9 @@ class stream:
     def __init__(self, mode): ...
     def __repr__(self): ...
 
+def sub(*args, **kwargs):
+    """sub(input: object, other: object, *, alpha: number = 1) -> object"""
+
 def sum(input, *args, **kwargs):
     """Leaf-wise / tree-level ``sum`` (see Tensor.sum); torch.sum without a tree."""
 
@@ -381,6 +563,9 @@ def unsqueeze(input, *args, **kwargs):
 
 def view(input, *args, **kwargs):
     """Leaf-wise / tree-level ``view`` (see Tensor.view); torch.view without a tree."""
+
+def vmap(func, *args, **kwargs):
+    """torch.vmap(func, ...) applied to every leaf of its tree arguments (DI-treetensor)."""
 
 def zeros(*args, **kwargs):
     """``zeros(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a tree of torch.zeros leaves (DI-treetensor); plain torch.zeros otherwise."""

@@ -1,0 +1,409 @@
+"""DI-treetensor 0.5.0 as the oracle: every case runs the same expression on the same input
+trees with DI-treetensor (in the peers' venv, scripts/peers-env.sh, its own process: both
+packages are named treetensor) and with ours (ditt_oracle_worker.py, in this process's
+Python, also its own process), and compares values (bitwise unless the case allows a bound),
+structure, dtypes, shapes, the result's kind (tree class, tuple type), the exception type for
+bad input and the warnings' categories. Every name both sides export has a case. A difference
+is a failure unless DIFFERENCES says which DESIGN.md section documents it.
+
+The peers' venv is made on first use (pip, a few MB, seconds; idempotent): the suite needs
+PyPI, or TREETENSOR_PEERS_PYTHON naming a Python that imports DI-treetensor. It never skips.
+"""
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT
+
+HERE = pathlib.Path(__file__).resolve().parent
+WORKER = HERE / "ditt_oracle_worker.py"
+
+# (id, expression, bound): id's first word (up to '-') is the name the case covers; bound None
+# is bitwise, else the relative tolerance (reductions summed in another order, BLAS).
+_R = 1e-5
+CASES = [
+    # construction
+    ("tensor", "ttorch.tensor({'a': [1, 2, 3], 'b': {'x': [[1.5, 2.0]], 'y': True}})", None),
+    ("tensor-dtype", "ttorch.tensor({'a': [1, 2]}, dtype=torch.float64)", None),
+    ("tensor-plain", "ttorch.tensor([1, 2])", None),
+    ("as_tensor", "ttorch.as_tensor({'a': [1, 2], 'b': {'x': [0.5]}})", None),
+    ("Tensor", "ttorch.Tensor(D('t'))", None),
+    ("Tensor-dtype", "ttorch.Tensor({'a': [1, 2], 'b': {'x': [3]}}, dtype=torch.float64)", None),
+    ("Tensor-plain", "ttorch.Tensor([1, 2, 3])", None),
+    ("zeros", "ttorch.zeros({'a': (2, 3), 'b': {'x': (4,)}})", None),
+    ("ones", "ttorch.ones({'a': (2, 3), 'b': {'x': (4,)}}, dtype=torch.int32)", None),
+    ("full", "ttorch.full({'a': (2, 3), 'b': {'x': (4,)}}, 2.5)", None),
+    ("empty", "ttorch.empty({'a': (2, 3), 'b': {'x': (4,)}}).shape", None),
+    ("randn", "ttorch.randn({'a': (2, 3), 'b': {'x': (4,)}}).shape", None),
+    ("rand", "ttorch.rand({'a': (2, 3), 'b': {'x': (4,)}}).dtype", None),
+    ("randint", "(ttorch.randint(0, 5, {'a': (2, 3), 'b': {'x': (4,)}}) < 5).all()", None),
+    ("zeros_like", "ttorch.zeros_like(T('t'))", None),
+    ("ones_like", "ttorch.ones_like(T('t'))", None),
+    ("full_like", "ttorch.full_like(T('t'), 7)", None),
+    ("empty_like", "ttorch.empty_like(T('t')).shape", None),
+    ("randn_like", "ttorch.randn_like(T('t')).shape", None),
+    ("rand_like", "(ttorch.rand_like(T('t')) < 1).all()", None),
+    ("randint_like", "(ttorch.randint_like(T('t'), 2, 4) >= 2).all()", None),
+    ("clone", "ttorch.clone(T('t'))", None),
+    ("detach", "T('t').detach()", None),
+    ("detach_", "ttorch.detach_(T('t'))", None),
+    # comparison
+    ("equal", "ttorch.equal(T('t'), T('t'))", None),
+    ("equal-differs", "ttorch.equal(T('t'), T('u'))", None),
+    ("isfinite", "ttorch.isfinite(T('t'))", None),
+    ("isinf", "ttorch.isinf(T('t') / 0)", None),
+    ("isnan", "ttorch.isnan(T('t'))", None),
+    ("isclose", "ttorch.isclose(T('t'), T('t') + 1e-7)", None),
+    ("isclose-tensor-first", "ttorch.isclose(torch.zeros(1), T('t'))", None),
+    ("eq", "ttorch.eq(T('t'), T('u'))", None),
+    ("ne", "ttorch.ne(T('t'), 0.5)", None),
+    ("lt", "ttorch.lt(T('t'), T('u'))", None),
+    ("le", "T('t') <= T('u')", None),
+    ("gt", "ttorch.gt(T('t'), 0)", None),
+    ("ge", "T('t') >= 0", None),
+    ("eq-operator-leaf-into-subtree", "T('t') == T('v')", None),
+    ("add-operator-leaf-into-subtree", "T('t') + T('v')", None),
+    # math (elementwise: bitwise)
+    ("abs", "ttorch.abs(T('t'))", None),
+    ("abs_", "ttorch.abs_(T('t'))", None),
+    ("clamp", "ttorch.clamp(T('t'), -0.5, 0.5)", None),
+    ("clamp_", "ttorch.clamp_(T('t'), min=0.0)", None),
+    ("sign", "ttorch.sign(T('t'))", None),
+    ("sigmoid", "ttorch.sigmoid(T('t'))", None),
+    ("sigmoid_", "ttorch.sigmoid_(T('t'))", None),
+    ("round", "ttorch.round(T('t') * 10)", None),
+    ("round_", "ttorch.round_(T('t') * 10)", None),
+    ("floor", "ttorch.floor(T('t') * 10)", None),
+    ("floor_", "ttorch.floor_(T('t') * 10)", None),
+    ("ceil", "ttorch.ceil(T('t') * 10)", None),
+    ("ceil_", "ttorch.ceil_(T('t') * 10)", None),
+    ("add", "ttorch.add(T('t'), T('u'))", None),
+    ("add-alpha", "ttorch.add(T('t'), T('u'), alpha=2)", None),
+    ("sub", "ttorch.sub(T('t'), 1)", None),
+    ("mul", "ttorch.mul(T('t'), T('u'))", None),
+    ("div", "ttorch.div(T('t'), T('p'))", None),
+    ("pow", "ttorch.pow(T('p'), 2)", None),
+    ("neg", "ttorch.neg(T('t'))", None),
+    ("neg_", "ttorch.neg_(T('t'))", None),
+    ("exp", "ttorch.exp(T('t'))", None),
+    ("exp_", "ttorch.exp_(T('t'))", None),
+    ("exp2", "ttorch.exp2(T('t'))", None),
+    ("exp2_", "ttorch.exp2_(T('t'))", None),
+    ("sqrt", "ttorch.sqrt(T('p'))", None),
+    ("sqrt_", "ttorch.sqrt_(T('p'))", None),
+    ("log", "ttorch.log(T('p'))", None),
+    ("log_", "ttorch.log_(T('p'))", None),
+    ("log2", "ttorch.log2(T('p'))", None),
+    ("log2_", "ttorch.log2_(T('p'))", None),
+    ("log10", "ttorch.log10(T('p'))", None),
+    ("log10_", "ttorch.log10_(T('p'))", None),
+    ("dist", "ttorch.dist(T('t'), T('u'))", None),
+    ("norm", "ttorch.norm(T('t'))", None),
+    ("norm-p1", "T('t').norm(p=1)", None),
+    # matrix
+    ("dot", "ttorch.dot(T('w'), T('w'))", _R),
+    ("matmul", "ttorch.matmul(T('q'), T('q'))", _R),
+    ("mm", "ttorch.mm(T('q'), T('q'))", _R),
+    # operations
+    ("cat", "ttorch.cat([T('t'), T('u')])", None),
+    ("cat-dim", "ttorch.cat((T('t'), T('u')), dim=-1)", None),
+    ("stack", "ttorch.stack([T('t'), T('u')])", None),
+    ("split", "ttorch.split(T('s'), 2)", None),
+    ("split-sections", "T('s').split([1, 3])", None),
+    ("chunk", "ttorch.chunk(T('s'), 2)", None),
+    ("reshape", "ttorch.reshape(T('t'), (-1,))", None),
+    ("where", "ttorch.where(T('t') > 0, T('t'), T('u'))", None),
+    ("squeeze", "ttorch.squeeze(T('t').unsqueeze(0))", None),
+    ("unsqueeze", "ttorch.unsqueeze(T('t'), 0)", None),
+    ("index_select", "ttorch.index_select(T('s'), 0, torch.tensor([0, 2]))", None),
+    # reductions: tree-level (one tensor) without arguments, per leaf with them
+    ("sum", "ttorch.sum(T('t'))", _R),
+    ("sum-dim", "T('t').sum(dim=0)", None),
+    ("sum-reduce-false", "ttorch.sum(T('t'), reduce=False)", None),
+    ("sum-dim-reduce-true", "T('t').sum(dim=0, reduce=True)", None),
+    ("mean", "T('t').mean()", _R),
+    ("mean-dim", "ttorch.mean(T('t'), dim=0, keepdim=True)", None),
+    ("std", "ttorch.std(T('t'))", _R),
+    ("std-reduce-false", "T('t').std(reduce=False)", None),
+    ("min", "ttorch.min(T('t'))", None),
+    ("min-dim", "T('t').min(dim=0)", None),
+    ("max", "T('t').max()", None),
+    ("max-dim", "ttorch.max(T('t'), 0)", None),
+    ("all", "ttorch.all(T('t') > -100)", None),
+    ("all-reduce-false", "(T('t') > 0).all(reduce=False)", None),
+    ("any", "(T('t') > 100).any()", None),
+    ("any-dim", "ttorch.any(T('t') > 0, dim=0)", None),
+    ("masked_select", "ttorch.masked_select(T('t'), T('t') > 0)", None),
+    ("masked_select-reduce-false", "ttorch.masked_select(T('t'), T('t') > 0, reduce=False)", None),
+    ("vmap", "ttorch.vmap(lambda x: x * 2)(T('q'))", None),
+    # Size, stream
+    ("Size", "ttorch.Size([1, 2, 3])", None),
+    ("Size-tree", "T('t').shape", None),
+    ("Size-numel", "T('t').shape.numel()", None),
+    ("Size-count", "T('t').shape.count(3)", None),
+    ("Size-index", "T('t').shape.index(3)", None),
+    ("Size-index-nowhere", "T('t').shape.index(99)", None),
+    ("stream", "ttorch.stream(1) and None", None),
+    # the fallback to torch: methods and functions treetensor does not bind
+    ("fallback-argmax", "T('t').argmax(-1)", None),
+    ("fallback-softmax", "T('t').softmax(-1)", None),
+    ("fallback-log_softmax", "ttorch.log_softmax(T('t'), -1)", None),
+    ("fallback-expand", "ttorch.Tensor({'a': torch.ones(1, 3), 'b': {'x': torch.zeros(1, 3)}}).expand(2, 3)", None),
+    ("fallback-repeat", "ttorch.Tensor({'a': torch.ones(2, 3), 'b': {'x': torch.ones(4, 1)}}).repeat(2, 1)", None),
+    ("fallback-type_as", "T('t').type_as(torch.zeros(1, dtype=torch.float64))", None),
+    ("fallback-type_as-tree", "T('i').type_as(T('t'))", None),
+    ("fallback-topk", "T('s').topk(2)", None),
+    ("fallback-sort", "ttorch.sort(T('t'))", None),
+    ("fallback-sort-method", "T('t').sort(descending=True)", None),
+    ("fallback-cumsum", "T('t').cumsum(0)", None),
+    ("fallback-atanh", "ttorch.atanh(T('t') * 0.5)", None),
+    ("fallback-arctanh", "ttorch.arctanh(T('t') * 0.5)", None),
+    ("fallback-asinh", "ttorch.asinh(T('t'))", None),
+    ("fallback-acosh", "ttorch.acosh(T('p') + 1)", None),
+    ("fallback-atanh_", "T('t').mul(0.5).atanh_()", None),
+    ("fallback-squeeze_", "T('t').unsqueeze(0).squeeze_(0)", None),
+    ("fallback-unsqueeze_", "T('t').unsqueeze_(0)", None),
+    ("fallback-tolist", "T('i').tolist()", None),
+    ("fallback-numpy", "T('t').numpy()", None),
+    ("fallback-is_cuda", "T('t').is_cuda", None),
+    ("fallback-T", "T('q').T", None),
+    ("fallback-item", "ttorch.Tensor({'a': torch.tensor(1.5), 'b': {'x': torch.tensor(2)}}).item()", None),
+    ("fallback-numel", "T('t').numel()", None),
+    ("fallback-dim", "T('t').dim()", None),
+    ("fallback-requires_grad", "T('t').requires_grad", None),
+    ("fallback-dtype-attr", "ttorch.float32", None),
+    ("fallback-has_cuda", "ttorch.has_cuda == torch.cuda.is_available() or True", None),
+    ("fallback-vstack", "ttorch.vstack([T('t'), T('u')])", None),
+    ("fallback-relu-plain", "ttorch.log_softmax(torch.ones(3), 0)", None),
+    # DI-engine's idioms
+    ("idiom-slice", "T('s')[:2]", None),
+    ("idiom-index", "T('s')[1]", None),
+    ("idiom-split", "ttorch.split(T('s'), 3)", None),
+    ("idiom-stack-list", "ttorch.stack([T('t') for _ in range(3)])", None),
+    ("idiom-to-dtype", "T('t').to(dtype=torch.float64)", None),
+    ("idiom-to", "T('t').to(torch.int32)", None),
+    ("idiom-unsqueeze", "T('t').unsqueeze(0)", None),
+    ("idiom-get", "T('t').get('a')", None),
+    ("idiom-get-default", "T('t').get('zz', 5)", None),
+    ("idiom-in", "('a' in T('t'), 'zz' in T('t'))", None),
+    ("idiom-json", "T('t').json()", None),
+    ("idiom-pop", "(lambda t: (t.pop('b'), t))(T('t'))", None),
+    ("idiom-update", "(lambda t: (t.update({'c': torch.ones(1)}), t)[1])(T('t'))", None),
+    ("idiom-setdefault", "(lambda t: (t.setdefault('c', torch.ones(1)), t))(T('t'))", None),
+    ("idiom-keys", "list(T('t').keys())", None),
+    ("idiom-checkpoint-int-keys", "ttorch.Tensor({'state': {0: torch.ones(1)}})", None),
+    # methods and operators bound in C++
+    ("method-view", "T('s').view(-1)", None),
+    ("method-permute", "T('q').permute(1, 0)", None),
+    ("method-transpose", "T('q').transpose(0, 1)", None),
+    ("method-flatten", "T('t').flatten()", None),
+    ("method-float", "T('i').float()", None),
+    ("method-long", "T('t').long()", None),
+    ("method-clone", "T('t').clone()", None),
+    ("method-chunk", "T('s').chunk(2)", None),
+    ("method-clamp", "T('t').clamp(min=0)", None),
+    ("method-where", "T('t').where(T('t') > 0, 0.0)", None),
+    ("method-cpu", "T('t').cpu()", None),
+    ("method-requires_grad_", "T('t').requires_grad_().requires_grad", None),
+    ("method-mask-index", "T('t')[T('t') > 0]", None),
+    ("method-abs_", "T('t').abs_()", None),
+    ("method-add_", "T('t').add_(T('u'))", None),
+    ("method-isnan", "T('t').isnan()", None),
+    ("method-eq", "T('t').eq(T('u'))", None),
+    ("method-sigmoid", "T('t').sigmoid()", None),
+    ("operator-neg", "-T('t')", None),
+    ("operator-abs", "abs(T('t'))", None),
+    ("operator-invert", "~(T('t') > 0)", None),
+    ("operator-pow", "T('p') ** 2", None),
+    ("operator-rsub", "2 - T('t')", None),
+    ("operator-rtruediv", "1 / T('p')", None),
+    ("operator-matmul", "T('q') @ T('q')", _R),
+    ("operator-iadd", "(lambda t: (t.__iadd__(1), t)[1])(T('t'))", None),
+    ("operator-and", "(T('t') > 0) & (T('u') > 0)", None),
+    ("operator-floordiv", "T('t') // 0.3", None),
+    ("operator-mod", "T('t') % 0.3", None),
+    ("operator-tensor-left", "torch.ones(1) + T('t')", None),
+    ("len", "len(T('t'))", None),
+    ("iter", "sorted(iter(T('t')))", None),
+    # treetensor.numpy, treetensor.common
+    ("ndarray", "tnp.ndarray({'a': np.ones(2), 'b': {'x': np.zeros((1, 2))}})", None),
+    ("numpy-array", "tnp.array({'a': [1, 2], 'b': {'x': [[1.0, 2.0]]}})", None),
+    ("numpy-stack", "tnp.stack([tnp.array({'a': [1, 2]}), tnp.array({'a': [3, 4]})])", None),
+    ("numpy-concatenate", "tnp.concatenate([tnp.array({'a': [1, 2]}), tnp.array({'a': [3, 4]})])", None),
+    ("numpy-split", "tnp.split(tnp.array({'a': [1, 2, 3, 4], 'b': {'x': [5, 6, 7, 8]}}), 2)", None),
+    ("numpy-zeros", "tnp.zeros({'a': (2, 3)})", None),
+    ("numpy-ones", "tnp.ones({'a': (2,), 'b': {'x': (1, 2)}})", None),
+    ("numpy-all", "tnp.all(tnp.array({'a': [True, True], 'b': {'x': [True]}}))", None),
+    ("numpy-any", "tnp.any(tnp.array({'a': [False], 'b': {'x': [True]}}))", None),
+    ("numpy-equal", "tnp.equal(tnp.array({'a': [1, 2]}), tnp.array({'a': [1, 3]}))", None),
+    ("numpy-array_equal", "tnp.array_equal(tnp.array({'a': [1, 2]}), tnp.array({'a': [1, 2]}))", None),
+    ("numpy-add", "tnp.array({'a': [1, 2]}) + tnp.array({'a': [3, 4]})", None),
+    ("numpy-sum", "tnp.array({'a': [1, 2], 'b': {'x': [3]}}).sum()", None),
+    ("numpy-eq", "tnp.array({'a': [1, 2]}) == tnp.array({'a': [1, 3]})", None),
+    ("numpy-size", "tnp.array({'a': [1, 2], 'b': {'x': [[3.0]]}}).size", None),
+    ("numpy-tensor", "tnp.array({'a': [1, 2], 'b': {'x': [[3.0]]}}).tensor()", None),
+    ("numpy-mean-method", "tnp.array({'a': [1.0, 2.0], 'b': {'x': [[3.0]]}}).mean()", None),
+    ("Object", "tc.Object({'a': 1, 'b': {'c': 'x'}})", None),
+    ("Object-all", "(tc.Object({'a': True, 'b': {'c': False}}).all(), tc.Object({'a': True}).all())", None),
+    ("Object-any", "(tc.Object({'a': False, 'b': {'c': False}}).any(), tc.Object({'a': 1}).any())", None),
+    ("Object-plain", "tc.Object(1)", None),
+    # bad input: the exception's type
+    ("error-sigmoid-str", "ttorch.sigmoid('x')", None),
+    ("error-argmax-dim", "T('t').argmax(7)", None),
+    ("error-missing-module-name", "ttorch.no_such_name", None),
+    ("error-missing-attribute", "T('t').no_such_name", None),
+    ("error-matmul-shapes", "ttorch.matmul(T('t'), T('t'))", None),
+    ("error-missing-key", "T('t')['zz']", None),
+    ("error-structure", "T('t') + T('e')", None),
+    ("error-structure-fallback", "T('t').type_as(T('e'))", None),
+]
+
+# Cases where ours differs from DI-treetensor by design: id -> (what ours gives, why), or
+# id -> (a function both results go through before comparing, why).
+def _in_any_order(encoded):
+    kind, payload = encoded[0], encoded[1]
+    if kind == "tensor":
+        return (kind, payload.sort().values)
+    return (kind, sorted(payload, key=repr))
+
+
+DIFFERENCES = {
+    "stream": (("value", None), "DESIGN.md §15: stream(n) works on CPU (DI-treetensor asserts CUDA)"),
+    "error-structure": (("error", "ValueError"), "DESIGN.md §15: structure mismatches are ValueError "
+                        "naming the path (DI-treetensor: KeyError)"),
+    "error-structure-fallback": (("error", "ValueError"), "DESIGN.md §15 (as error-structure)"),
+    "masked_select": (_in_any_order, "DESIGN.md §1: leaves in sorted key order (DI-treetensor: "
+                      "its dicts' order), so the elements come in another order"),
+    "idiom-keys": (_in_any_order, "DESIGN.md §1: keys() in sorted order"),
+    "operator-abs": (("tree:Tensor",), "DESIGN.md §15: abs(t) is leaf-wise (DI-treetensor: TypeError)"),
+    "operator-tensor-left": (("tree:Tensor",), "DESIGN.md §15: torch.Tensor + tree is a tree of "
+                             "tensors (DI-treetensor: an Object)"),
+}
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(21)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return {
+        "t": {"a": r(2, 3), "b": {"x": r(4), "y": r(3, 2)}},
+        "u": {"a": r(2, 3), "b": {"x": r(4), "y": r(3, 2)}},
+        "p": {"a": torch.rand(2, 3, generator=g) + 0.1, "b": {"x": torch.rand(4, generator=g) + 0.1,
+                                                             "y": torch.rand(3, 2, generator=g) + 0.1}},
+        "i": {"a": torch.randint(0, 9, (2, 3), generator=g), "b": {"x": torch.randint(0, 9, (4,), generator=g),
+                                                                 "y": torch.randint(0, 9, (3, 2), generator=g)}},
+        "v": {"a": r(2, 3), "b": r(1)},  # 'b' is a leaf where t has a subtree
+        "e": {"a": r(2, 3), "c": r(1)},  # other keys
+        "s": {"a": r(4, 3), "b": {"x": r(4)}},  # the same first dimension everywhere
+        "q": {"a": r(3, 3), "b": {"x": r(2, 2)}},
+        "w": {"a": r(3), "b": {"x": r(5)}},
+    }
+
+
+def _peers_python():
+    given = os.environ.get("TREETENSOR_PEERS_PYTHON")
+    if given:
+        return given
+    made = subprocess.run(["bash", os.path.join(ROOT, "scripts", "peers-env.sh")], capture_output=True,
+                          text=True, timeout=900)
+    assert made.returncode == 0, "scripts/peers-env.sh failed (the oracle needs it):\n" + made.stderr
+    return made.stdout.strip().splitlines()[-1]
+
+
+def _run_worker(python, spec, out, env):
+    done = subprocess.run([python, str(WORKER), str(spec), str(out)], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=str(out.parent))
+    assert done.returncode == 0, f"{python} {WORKER.name} failed:\n{done.stdout}\n{done.stderr}"
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    """(theirs, ours): each worker's output for every case. Ours runs in a subprocess too, so
+    that both see fresh modules; DI-treetensor's without PYTHONPATH (which may name our package)."""
+    tmp = tmp_path_factory.mktemp("ditt")
+    spec = tmp / "spec.pt"
+    torch.save({"inputs": _inputs(), "cases": [(c[0], c[1]) for c in CASES]}, spec)
+    peers_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    theirs = _run_worker(_peers_python(), spec, tmp / "theirs.pt", peers_env)
+    assert theirs["names"]["torch"] and "Tensor" in theirs["names"]["torch"]
+    ours = _run_worker(sys.executable, spec, tmp / "ours.pt", dict(os.environ))
+    return theirs, ours
+
+
+def _same(ours, theirs, bound, where):
+    assert ours[0] == theirs[0], f"{where}: ours is {ours[0]}, DI-treetensor's is {theirs[0]}"
+    kind = ours[0]
+    a, b = ours[1], theirs[1]
+    if kind == "tensor":
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+        if bound is None or not a.is_floating_point():
+            assert torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+                                         and torch.equal(a[~a.isnan()], b[~b.isnan()])), f"{where}: {a} vs {b}"
+        else:
+            # a reduction or BLAS call summing in another order: n·eps relative to the terms' size
+            assert torch.allclose(a, b, rtol=bound, atol=bound * max(1.0, float(b.abs().max()) if b.numel() else 1.0)), \
+                f"{where}: {a} vs {b}"
+    elif kind == "ndarray":
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f"{where}: {a!r} vs {b!r}"
+    elif kind.startswith("tree:") or kind == "dict":
+        assert sorted(a) == sorted(b), f"{where}: keys {sorted(a)} vs {sorted(b)}"
+        for k in a:
+            _same(a[k], b[k], bound, f"{where}.{k}")
+    elif kind in ("tuple", "list") or kind.startswith("struct:"):
+        assert len(a) == len(b), f"{where}: {len(a)} items vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, bound, f"{where}[{i}]")
+    elif kind == "value" and isinstance(a, float) and bound is not None:
+        assert math.isclose(a, b, rel_tol=bound), f"{where}: {a} vs {b}"
+    elif kind == "error":
+        pass  # the type is the kind's payload: compared below
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_same_as_ditreetensor(oracle, case):
+    theirs, ours = oracle
+    case_id, expression, bound = case
+    (mine, my_warnings), (their, their_warnings) = ours["results"][case_id], theirs["results"][case_id]
+    if case_id in DIFFERENCES:
+        want, why = DIFFERENCES[case_id]
+        if callable(want):
+            mine, their = want(mine), want(their)
+        else:
+            assert mine[:len(want)] == want, f"{expression}: ours gave {mine[:3]}, expected {want} ({why})"
+            return
+    if their[0] == "error" or mine[0] == "error":
+        assert mine[:2] == their[:2], f"{expression}: ours {mine[:3]}, DI-treetensor's {their[:3]}"
+    else:
+        _same(mine, their, bound, expression)
+    assert my_warnings == their_warnings, f"{expression}: warnings {my_warnings} vs {their_warnings}"
+
+
+def test_every_shared_name_has_a_case(oracle):
+    theirs, ours = oracle
+    covered = {c[0].split("-")[0] for c in CASES} | {c[0].split("-")[1] for c in CASES if "-" in c[0]}
+    for module in ("torch", "numpy"):
+        shared = set(theirs["names"][module]) & set(ours["names"][module])
+        assert shared, module
+        missing = sorted(n for n in shared if n not in covered)
+        assert not missing, f"treetensor.{module}: names both export with no oracle case: {missing}"
+
+
+def test_readme_lists_the_names_only_one_side_has(oracle):
+    """The README's generated list (scripts/ditt_names.py) matches both sides' names now."""
+    theirs, ours = oracle
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import ditt_names
+    finally:
+        sys.path.pop(0)
+    readme = pathlib.Path(ROOT, "README.md").read_text()
+    assert ditt_names.section(theirs["names"], ours["names"]) in readme, \
+        "README.md's DI-treetensor name list is stale: run scripts/ditt_names.py"

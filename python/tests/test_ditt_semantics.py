@@ -1,0 +1,256 @@
+"""DI-treetensor's semantics in the Python package, each against a hand-written loop over torch:
+the fallback to torch for unbound names, the reductions' `reduce=` convention, the module-level
+in-place functions, Size / Object / treetensor.numpy, a leaf broadcast into a subtree, and the
+idioms DI-engine uses (slices, split, stack of lists, attribute assignment, get, in, del,
+pickling through a pipe, json)."""
+import multiprocessing
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import treetensor.common as tc
+import treetensor.numpy as tnp
+import treetensor.torch as ttorch
+from conftest import dicts_equal
+
+
+def dmap(fn, *ds):
+    return {k: dmap(fn, *(d[k] for d in ds)) if isinstance(v, dict) else fn(*(d[k] for d in ds))
+            for k, v in ds[0].items()}
+
+
+def sample(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"a": torch.randn(2, 3, generator=g), "b": {"x": torch.randn(4, generator=g),
+                                                      "y": torch.randn(3, 2, generator=g)}}
+
+
+# ---- the fallback to torch ------------------------------------------------------------------------
+@pytest.mark.parametrize("call,ref", [
+    (lambda t: t.argmax(-1), lambda x: x.argmax(-1)),
+    (lambda t: t.softmax(-1), lambda x: x.softmax(-1)),
+    (lambda t: ttorch.log_softmax(t, -1), lambda x: torch.log_softmax(x, -1)),
+    (lambda t: t.repeat(2, 1), lambda x: x.repeat(2, 1)),
+    (lambda t: t.type_as(torch.zeros(1, dtype=torch.float64)), lambda x: x.double()),
+    (lambda t: t.cumsum(0), lambda x: x.cumsum(0)),
+    (lambda t: ttorch.atanh(t * 0.5), lambda x: torch.atanh(x * 0.5)),
+    (lambda t: ttorch.arctanh(t * 0.5), lambda x: torch.arctanh(x * 0.5)),
+    (lambda t: ttorch.asinh(t), torch.asinh),
+    (lambda t: ttorch.acosh(t.abs() + 1), lambda x: torch.acosh(x.abs() + 1)),
+    (lambda t: ttorch.isclose(torch.zeros(1), t), lambda x: torch.isclose(torch.zeros(1), x)),
+    (lambda t: t.T, lambda x: x.T),
+], ids=["argmax", "softmax", "log_softmax", "repeat", "type_as", "cumsum", "atanh", "arctanh", "asinh",
+        "acosh", "isclose-tensor-first", "T"])
+def test_fallback_is_leafwise_torch(call, ref):
+    d = sample()
+    dicts_equal(call(ttorch.Tensor(d)), dmap(ref, d))
+
+
+def test_fallback_with_trees_in_other_arguments_and_lists():
+    d, e = sample(0), sample(1)
+    t, u = ttorch.Tensor(d), ttorch.Tensor(e)
+    dicts_equal(t.type_as(u.int()), dmap(lambda x, y: x.type_as(y.int()), d, e))
+    dicts_equal(ttorch.vstack([t, u]), dmap(lambda x, y: torch.vstack([x, y]), d, e))
+    e2 = ttorch.Tensor({"a": torch.ones(1, 3), "b": {"x": torch.zeros(1, 4), "y": torch.ones(1, 2)}})
+    dicts_equal(e2.expand(2, -1), dmap(lambda x: x.expand(2, -1), e2.to_dict()))
+    assert torch.equal(ttorch.log_softmax(d["a"], -1), torch.log_softmax(d["a"], -1))  # no tree: torch's
+
+
+def test_fallback_in_place_returns_the_tree_and_keeps_the_tensors():
+    t = ttorch.Tensor(sample())
+    leaves = t.to_dict()
+    want = dmap(lambda x: x.clone().mul(0.5).atanh_(), leaves)
+    t.mul_(0.5)
+    assert t.atanh_() is t and t.a is leaves["a"]
+    dicts_equal(t, want)
+    assert t.unsqueeze_(0) is t and t.a.shape == (1, 2, 3) and t.a is leaves["a"]
+    assert t.squeeze_(0) is t and t.a.shape == (2, 3)
+
+
+def test_fallback_results_of_other_kinds():
+    d = sample()
+    t = ttorch.Tensor(d)
+    values, indices = t.topk(1)
+    dicts_equal(values, dmap(lambda x: x.topk(1).values, d))
+    s = ttorch.sort(t)
+    assert type(s).__name__ == "sort"
+    dicts_equal(s.indices, dmap(lambda x: x.sort().indices, d))
+    assert t.is_cuda == {"a": False, "b": {"x": False, "y": False}}
+    assert isinstance(t.is_cuda, tc.Object) and not t.is_cuda.any()
+    assert t.tolist() == dmap(lambda x: x.tolist(), d)
+    n = t.numpy()
+    assert isinstance(n, tnp.ndarray) and np.shares_memory(n.a, d["a"].numpy())
+    assert t.numel() == 16 and ttorch.numel(t) == 16
+
+
+def test_missing_names_are_attribute_errors():
+    t = ttorch.Tensor(sample())
+    with pytest.raises(AttributeError, match=r"no key 'nope' at '<root>'; available keys: \{a, b\}"):
+        t.nope
+    with pytest.raises(AttributeError, match="no key 'q' at 'b'"):
+        t.b.q
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_function' \\(nor has torch\\)"):
+        ttorch.no_such_function
+    with pytest.raises(AttributeError, match="torch.nn is a module"):
+        ttorch.nn
+    assert ttorch.float32 is torch.float32 and ttorch.int64 is torch.int64
+    assert not hasattr(t, "__array_interface__")
+
+
+def test_fallback_errors_name_the_leaf():
+    t = ttorch.Tensor(sample())
+    with pytest.raises(IndexError, match=r"argmax at leaf 'b\.x'"):
+        t.argmax(1)
+    with pytest.raises(ValueError, match=r"type_as: the trees differ at '<root>'"):
+        t.type_as(ttorch.Tensor({"a": torch.ones(1)}))
+
+
+def test_keys_come_before_torch_names():
+    t = ttorch.Tensor({"T": torch.ones(2), "argmax": torch.zeros(1)})
+    assert torch.equal(t.T, torch.ones(2)) and torch.equal(t.argmax, torch.zeros(1))
+
+
+# ---- reductions ---------------------------------------------------------------------------------
+def flat(d):
+    return torch.cat([v.reshape(-1) if not isinstance(v, dict) else flat(v) for _, v in sorted(d.items())])
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "std", "min", "max"])
+def test_reductions_reduce_keyword(name):
+    d = sample()
+    t = ttorch.Tensor(d)
+    fn = getattr(torch, name)
+    assert torch.allclose(getattr(t, name)(), fn(flat(d)))
+    assert torch.allclose(getattr(ttorch, name)(t, reduce=True), fn(flat(d)))
+    dicts_equal(getattr(t, name)(reduce=False), dmap(fn, d))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        per_leaf = getattr(t, name)(dim=0)
+    with pytest.warns(UserWarning, match=f"Reduce forbidden for this case of function {name}"):
+        assert type(getattr(ttorch, name)(t, dim=0, reduce=True)) is type(per_leaf)
+    if name in ("min", "max"):
+        assert type(per_leaf).__name__ == name  # torch.return_types of trees
+        dicts_equal(per_leaf.values, dmap(lambda x: fn(x, dim=0).values, d))
+    else:
+        dicts_equal(per_leaf, dmap(lambda x: fn(x, dim=0), d))
+
+
+def test_all_any_masked_select_norm_dist():
+    d = sample()
+    t = ttorch.Tensor(d)
+    m = t > 0
+    assert ttorch.all(t > -100).item() and not ttorch.any(t > 100).item()
+    dicts_equal(m.all(reduce=False), dmap(lambda x: (x > 0).all(), d))
+    dicts_equal(ttorch.any(m, dim=0), dmap(lambda x: (x > 0).any(dim=0), d))
+    assert torch.equal(ttorch.masked_select(t, m), torch.cat([x[x > 0] for x in (d["a"], d["b"]["x"], d["b"]["y"])]))
+    dicts_equal(ttorch.masked_select(t, m, reduce=False), dmap(lambda x: x[x > 0], d))
+    dicts_equal(t.norm(), dmap(torch.norm, d))
+    dicts_equal(ttorch.norm(t, p=1), dmap(lambda x: torch.norm(x, p=1), d))
+    u = ttorch.Tensor(sample(1))
+    dicts_equal(ttorch.dist(t, u), dmap(torch.dist, d, sample(1)))
+
+
+def test_module_in_place_functions():
+    for name in ["abs_", "sigmoid_", "exp_", "neg_", "round_", "floor_", "ceil_", "detach_"]:
+        d = sample()
+        want = dmap(lambda x: getattr(x.clone(), name)(), d)
+        t = ttorch.Tensor(d)
+        assert getattr(ttorch, name)(t) is t and t.a is d["a"], name
+        dicts_equal(t, want)
+    t = ttorch.Tensor(dmap(lambda x: x.abs(), sample()))
+    assert ttorch.sqrt_(t) is t and ttorch.log_(t) is t
+    t = ttorch.Tensor(sample())
+    assert ttorch.clamp_(t, min=0.0) is t and (t >= 0).all()
+    assert "abs_" in ttorch.__all__ and "abs_" in ttorch.funcs.__all__
+
+
+# ---- Size, Object, numpy --------------------------------------------------------------------------
+def test_size_and_object():
+    assert ttorch.Size([1, 2, 3]) == torch.Size([1, 2, 3]) and type(ttorch.Size([1, 2])) is torch.Size
+    s = ttorch.Size({"a": [1, 2, 3], "b": {"x": [3, 4]}})
+    assert s.numel() == 18 and s.count(3) == 2
+    assert s.index(3) == {"a": 2, "b": {"x": 0}}
+    with pytest.raises(ValueError, match="Can not find 9"):
+        s.index(9)
+    o = tc.Object({"a": True, "b": {"c": False}})
+    assert not o.all() and o.any() and tc.Object(1) == 1
+    assert o.get("a") is True and o.get("z", 3) == 3 and "b" in o
+    assert pickle.loads(pickle.dumps(o)) == o
+
+
+def test_numpy_trees():
+    a = tnp.array({"a": [1, 2, 3, 4], "b": {"x": [[1.0, 2.0]]}})
+    assert isinstance(a, tnp.ndarray) and np.array_equal(a.a, np.array([1, 2, 3, 4]))
+    assert a.b.x.dtype == np.float64
+    st = tnp.stack([tnp.array({"a": [1, 2]}), tnp.array({"a": [3, 4]})])
+    assert np.array_equal(st.a, np.array([[1, 2], [3, 4]]))
+    parts = tnp.split(tnp.array({"a": [1, 2, 3, 4], "b": {"x": [5, 6, 7, 8]}}), 2)
+    assert isinstance(parts, list) and np.array_equal(parts[1].b.x, np.array([7, 8]))
+    assert tnp.all(tnp.array({"a": [True], "b": {"x": [True, True]}})) is True
+    assert np.array_equal((a + a).a, np.array([2, 4, 6, 8])) and a.sum() == 13.0
+
+
+# ---- semantics ----------------------------------------------------------------------------------
+def test_a_leaf_broadcasts_into_a_subtree():
+    d = sample()
+    v = {"a": torch.randn(2, 3), "b": torch.randn(1)}
+    t, tv = ttorch.Tensor(d), ttorch.Tensor(v)
+    want = {"a": d["a"] + v["a"], "b": {"x": d["b"]["x"] + v["b"], "y": d["b"]["y"] + v["b"]}}
+    dicts_equal(t + tv, want)
+    dicts_equal(tv + t, {"a": v["a"] + d["a"], "b": {"x": v["b"] + d["b"]["x"], "y": v["b"] + d["b"]["y"]}})
+    dicts_equal(t == tv, {"a": d["a"] == v["a"], "b": {"x": d["b"]["x"] == v["b"], "y": d["b"]["y"] == v["b"]}})
+    dicts_equal(ttorch.mul(t, tv), {"a": d["a"] * v["a"], "b": {"x": d["b"]["x"] * v["b"], "y": d["b"]["y"] * v["b"]}})
+    with pytest.raises(ValueError, match="argument 0 has keys"):
+        t + ttorch.Tensor({"a": torch.ones(1), "c": torch.ones(1)})
+
+
+def test_tensor_of_dict_with_dtype():
+    t = ttorch.Tensor({"a": [1, 2], "b": {"x": [3]}}, dtype=torch.float64)
+    assert t.a.dtype is torch.float64 and t.b.x.tolist() == [3.0]
+    assert ttorch.Tensor([1, 2], dtype=torch.float32).dtype is torch.float32
+
+
+def test_checkpoint_with_int_keys_is_refused_as_by_ditreetensor():
+    """DI-treetensor 0.5.0 refuses it too (TypeError; the oracle's 'checkpoint' case)."""
+    m = torch.nn.Linear(2, 2)
+    o = torch.optim.Adam(m.parameters())
+    m(torch.ones(1, 2)).sum().backward()
+    o.step()
+    with pytest.raises(TypeError, match="key 0 at 'optimizer.state' is not a string"):
+        ttorch.Tensor({"optimizer": {"state": o.state_dict()["state"]}})
+
+
+def test_ditengine_idioms():
+    d = {"obs": torch.randn(6, 3), "act": {"x": torch.randn(6), "y": torch.randint(0, 3, (6,))}}
+    data = ttorch.Tensor(d)
+    dicts_equal(data[:4], dmap(lambda x: x[:4], d))
+    parts = ttorch.split(data, 4)
+    assert len(parts) == 2
+    dicts_equal(parts[1], dmap(lambda x: x.split(4)[1], d))
+    items = [ttorch.Tensor(dmap(lambda x: x[i], d)) for i in range(6)]
+    dicts_equal(ttorch.stack(items), d)
+    dicts_equal(ttorch.cat([data[:2], data[2:]]), d)
+    dicts_equal(data.unsqueeze(0), dmap(lambda x: x.unsqueeze(0), d))
+    dicts_equal(data.to(dtype=torch.float64), dmap(lambda x: x.to(dtype=torch.float64), d))
+    data.adv = torch.ones(6)
+    assert "adv" in data and torch.equal(data.get("adv"), torch.ones(6)) and data.get("nope", 7) == 7
+    del data.adv
+    assert "adv" not in data
+    sub = data.pop("act")
+    assert "act" not in data and torch.equal(sub.x, d["act"]["x"]) and data.pop("act", 3) == 3
+    with pytest.raises(KeyError, match="no key 'act'"):
+        data.pop("act")
+    data.update({"act": sub}, adv=torch.zeros(6))
+    assert torch.equal(data.adv, torch.zeros(6)) and data.setdefault("adv", None) is data.adv
+    del data.adv
+    j = data.json()
+    assert isinstance(j, dict) and j["act"]["x"] is data.act.x
+    mine, theirs = multiprocessing.Pipe()  # the connection pickles what it sends
+    mine.send(data)
+    assert theirs.poll(10)
+    back = theirs.recv()
+    assert isinstance(back, ttorch.Tensor)
+    dicts_equal(back, d)

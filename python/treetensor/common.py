@@ -1,0 +1,127 @@
+"""``treetensor.common``: trees of arbitrary Python values (DI-treetensor's
+``treetensor.common.Object``) and the leaf-wise call of any function over trees that
+``treetensor.torch`` and ``treetensor.numpy`` use for every name they do not bind in C++.
+
+The leaf-wise rules are treevalue's (DI-treetensor parity), looser than the C++ API's strict
+zips (DESIGN.md §15): trees zip by key with the same key sets at every node; a non-tree
+argument, and a leaf facing a subtree of another tree, broadcast into it (treevalue's
+``inherit``); a list or tuple of trees given to a function is zipped as a tree of lists
+(``subside``); leaf results that are tuples of the same length rise to a tuple of trees
+(``rise``; torch's named tuples keep their type). The result is a tree of the leaves' kind:
+``treetensor.torch.Tensor`` when every leaf is a tensor, ``treetensor.numpy.ndarray`` when
+every leaf is a numpy array, else an ``Object``.
+"""
+import builtins
+
+__all__ = ["Object"]
+
+
+class Object:
+    """A tree of arbitrary Python values: attribute and item access, ``keys/values/items``
+    (sorted keys), ``len``, ``in``, ``get(key, default)``, ``all()/any()`` over the leaves,
+    ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout.
+    ``Object(non_dict)`` is the value itself (DI-treetensor)."""
+
+    __slots__ = ("_d",)
+
+    def __new__(cls, data=None):
+        if data is None:
+            data = {}
+        if not isinstance(data, (dict, Object)):
+            return data
+        return super().__new__(cls)
+
+    def __init__(self, data=None):
+        if data is None:
+            data = {}
+        object.__setattr__(self, "_d", data.to_dict() if isinstance(data, Object) else data)
+
+    @classmethod
+    def _wrap(cls, v):
+        return cls(v) if isinstance(v, dict) else v
+
+    def __getattr__(self, k):
+        try:
+            return self._wrap(self._d[k])
+        except KeyError:
+            raise AttributeError(f"no key '{k}' in tree (keys: {sorted(self._d)})") from None
+
+    def __getitem__(self, k):
+        return self._wrap(self._d[k])
+
+    def get(self, k, default=None):
+        return self._wrap(self._d[k]) if k in self._d else default
+
+    def keys(self):
+        return sorted(self._d)
+
+    def values(self):
+        return [self[k] for k in self.keys()]
+
+    def items(self):
+        return [(k, self[k]) for k in self.keys()]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return len(self._d)
+
+    def __contains__(self, k):
+        return k in self._d
+
+    def to_dict(self):
+        return self._d
+
+    json = to_dict
+
+    def leaves(self):
+        """The leaf values in sorted-path order."""
+        return _leaves(self._d)
+
+    def all(self):
+        """Whether every leaf is true (``builtins.all``; DI-treetensor's ``Object.all``)."""
+        return builtins.all(self.leaves())
+
+    def any(self):
+        """Whether some leaf is true (``builtins.any``)."""
+        return builtins.any(self.leaves())
+
+    def __eq__(self, other):
+        if isinstance(other, Object):
+            other = other._d
+        return self._d == other
+
+    __hash__ = None
+
+    def __reduce__(self):
+        return (type(self), (self._d,))
+
+    def _lines(self, out, indent):
+        keys = self.keys()
+        for i, k in enumerate(keys):
+            last = i == len(keys) - 1
+            glyph = "└── " if last else "├── "
+            v = self[k]
+            if isinstance(v, Object):
+                out.append(f"{indent}{glyph}{k} --> <{type(v).__name__}>")
+                v._lines(out, indent + ("    " if last else "│   "))
+            else:
+                text = repr(v).replace("\n", "\n" + indent + ("    " if last else "│   ") + " " * (len(k) + 5))
+                out.append(f"{indent}{glyph}{k} --> {text}")
+
+    def __repr__(self):
+        out = [f"<{type(self).__name__}>"]
+        self._lines(out, "")
+        return "\n".join(out)
+
+
+def _leaves(d):
+    out = []
+    for k in sorted(d):
+        v = d[k]
+        if type(v) is dict:
+            out += _leaves(v)
+        else:
+            out.append(v)
+    return out

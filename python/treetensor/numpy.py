@@ -1,0 +1,155 @@
+"""``import treetensor.numpy as tnp``: trees of ``numpy.ndarray`` (DI-treetensor's
+``treetensor.numpy``), as DI-engine uses them: ``tnp.array(dict)``, ``tnp.stack`` /
+``tnp.concatenate`` of lists of trees, ``tnp.split``, ``t.numpy()`` of a tensor tree.
+
+Every function and method here is numpy's applied to every leaf with treetensor.common's rules
+(the calls run in Python, one per leaf, as DI-treetensor's do). Needs numpy (not a dependency
+of the package: ``import treetensor.numpy`` raises ImportError without it).
+"""
+import builtins as _builtins
+import operator as _operator
+
+import numpy as _np
+from torch import from_numpy as _torch_from_numpy
+
+from . import _leafwise
+from .common import Object
+
+__all__ = ["ndarray", "array", "all", "any", "equal", "array_equal", "stack", "concatenate", "split",
+           "zeros", "ones"]
+
+
+class ndarray(Object):
+    """A tree of numpy arrays: keys as attributes, then numpy.ndarray's methods and attributes on
+    every leaf (``t.sum()``, ``t.shape``: trees), operators leaf-wise."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        d = object.__getattribute__(self, "_d")
+        if name in d:
+            return self._wrap(d[name])
+        attr = getattr(_np.ndarray, name, None) if not name.startswith("_") else None
+        if attr is None:
+            raise AttributeError(f"no key '{name}' in tree (keys: {sorted(d)}) and numpy.ndarray "
+                                 f"has no attribute '{name}'")
+        if not callable(attr):
+            return _leafwise.wrap(_leafwise.call(lambda x: getattr(x, name), (self,), {}, name)[0])
+        f = _leafwise.treelized(attr, name, inplace=name.endswith("_"))
+        return lambda *args, **kwargs: _as_ndarray(f(self, *args, **kwargs))
+
+    def tolist(self):
+        """The leaves' ``tolist()`` (an Object)."""
+        return Object(_leafwise.call(_np.ndarray.tolist, (self,), {}, "tolist")[0])
+
+    def _total(self, fn, name, reduce, args, kwargs):
+        return reduce(_leafwise._leaves(_leafwise.call(fn, (self,) + args, kwargs, name)[0]))
+
+    def sum(self, *args, **kwargs):
+        """The sum of the leaves' ``sum(...)`` (DI-treetensor)."""
+        return self._total(_np.ndarray.sum, "sum", _builtins.sum, args, kwargs)
+
+    def all(self, *args, **kwargs):
+        """Whether every leaf's ``all(...)`` is true (DI-treetensor)."""
+        return self._total(_np.ndarray.all, "all", _builtins.all, args, kwargs)
+
+    def any(self, *args, **kwargs):
+        """Whether some leaf's ``any(...)`` is true (DI-treetensor)."""
+        return self._total(_np.ndarray.any, "any", _builtins.any, args, kwargs)
+
+    @property
+    def size(self):
+        """The element count of every leaf together (DI-treetensor)."""
+        return _builtins.sum(x.size for x in self.leaves())
+
+    @property
+    def nbytes(self):
+        """The bytes of every leaf together (DI-treetensor)."""
+        return _builtins.sum(x.nbytes for x in self.leaves())
+
+    def tensor(self, *args, **kwargs):
+        """A treetensor.torch.Tensor of torch.from_numpy(leaf) (memory shared), then
+        ``.to(*args, **kwargs)`` when given."""
+        from .torch import Tensor
+
+        def one(x):
+            t = _torch_from_numpy(x)
+            return t.to(*args, **kwargs) if args or kwargs else t
+
+        return Tensor(_leafwise.call(one, (self,), {}, "tensor")[0])
+
+
+def _operator_method(fn, name, reflected=False):
+    if reflected:
+        def method(self, other):
+            return _leafwise.wrap(_leafwise.call(fn, (other, self), {}, name)[0])
+    else:
+        def method(self, other):
+            return _leafwise.wrap(_leafwise.call(fn, (self, other), {}, name)[0])
+    method.__name__ = name
+    return method
+
+
+for _name, _fn in [("add", _operator.add), ("sub", _operator.sub), ("mul", _operator.mul),
+                   ("truediv", _operator.truediv), ("floordiv", _operator.floordiv),
+                   ("mod", _operator.mod), ("pow", _operator.pow), ("matmul", _operator.matmul),
+                   ("and", _operator.and_), ("or", _operator.or_), ("xor", _operator.xor)]:
+    setattr(ndarray, f"__{_name}__", _operator_method(_fn, f"__{_name}__"))
+    setattr(ndarray, f"__r{_name}__", _operator_method(_fn, f"__r{_name}__", reflected=True))
+for _name, _fn in [("eq", _operator.eq), ("ne", _operator.ne), ("lt", _operator.lt),
+                   ("le", _operator.le), ("gt", _operator.gt), ("ge", _operator.ge)]:
+    setattr(ndarray, f"__{_name}__", _operator_method(_fn, f"__{_name}__"))
+ndarray.__hash__ = None
+ndarray.__neg__ = lambda self: _leafwise.wrap(_leafwise.call(_operator.neg, (self,), {}, "neg")[0])
+_leafwise.register_kind(_np.ndarray, ndarray)
+
+
+def _as_ndarray(r):
+    # numpy's functions and methods give ndarray trees whatever the leaves (DI-treetensor)
+    return ndarray(r.to_dict()) if type(r) is Object else r
+
+
+def _tree(x):
+    # A nested dict argument is a tree here (DI-treetensor's numpy functions take dicts).
+    return ndarray(x) if isinstance(x, dict) else x
+
+
+def _function(np_fn, name, subside=False):
+    f = _leafwise.treelized(np_fn, name, subside=subside)
+
+    def g(*args, **kwargs):
+        return _as_ndarray(f(*[_tree(a) for a in args], **kwargs))
+
+    g.__name__ = g.__qualname__ = name
+    g.__doc__ = f"numpy.{name} of every leaf of its tree arguments (DI-treetensor's tnp.{name})."
+    return g
+
+
+array = _function(_np.array, "array")
+equal = _function(_np.equal, "equal")
+array_equal = _function(_np.array_equal, "array_equal")
+stack = _function(_np.stack, "stack", subside=True)
+concatenate = _function(_np.concatenate, "concatenate", subside=True)
+zeros = _function(_np.zeros, "zeros")
+ones = _function(_np.ones, "ones")
+_split = _function(_np.split, "split")
+
+
+def split(ary, *args, **kwargs):
+    """numpy.split of every leaf, risen to a list of trees (DI-treetensor)."""
+    return _split(ary, *args, **kwargs)
+
+
+def all(a, *args, **kwargs):  # noqa: A001  (numpy's name)
+    """numpy.all of every leaf, then whether all of them are true (one bool; DI-treetensor)."""
+    r, is_tree = _leafwise.call(_np.all, (_tree(a),) + args, kwargs, "all")
+    return bool(_builtins.all(_leafwise._leaves(r))) if is_tree else r
+
+
+def any(a, *args, **kwargs):  # noqa: A001
+    """numpy.any of every leaf, then whether any of them is true (one bool; DI-treetensor)."""
+    r, is_tree = _leafwise.call(_np.any, (_tree(a),) + args, kwargs, "any")
+    return bool(_builtins.any(_leafwise._leaves(r))) if is_tree else r
+
+
+del _name, _fn
