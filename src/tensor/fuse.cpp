@@ -21,18 +21,23 @@ namespace detail {
 using CT = const at::Tensor&;
 using CS = const at::Scalar&;
 
+// Each op's functional, in-place and out= forms (out=: at::f_out, writing into its first
+// argument, which the tiles use to write the result's step straight into the leaf's result).
 struct UnaryKernels {
   at::Tensor (*map)(CT);
   void (*update)(CT);  // nullptr: no in-place form
+  void (*out)(CT, CT);
 };
 
-// `alpha` is used by add and sub only. ts/ts_ are nullptr where at::f takes tensors only: the
-// scalar then enters as a wrapped number, as the tree call passes it.
+// `alpha` is used by add and sub only. ts/ts_/ts_out are nullptr where at::f takes tensors
+// only: the scalar then enters as a wrapped number, as the tree call passes it.
 struct BinaryKernels {
   at::Tensor (*tt)(CT, CT, CS alpha);
   at::Tensor (*ts)(CT, CS, CS alpha);
   void (*tt_)(CT, CT, CS alpha);
   void (*ts_)(CT, CS, CS alpha);
+  void (*tt_out)(CT, CT, CT, CS alpha);
+  void (*ts_out)(CT, CT, CS, CS alpha);
 };
 
 namespace {
@@ -66,7 +71,8 @@ struct FuseProgram {
   std::vector<at::Tensor> constants;          // operands inputs, inputs + 1, ... of the call
   std::vector<Step> steps;
   std::uint32_t root = 0;
-  std::string name;  // "fuse(mul, add, sigmoid_)": the op of the tree call
+  std::size_t root_step = 0;  // the out-of-place step that makes the root's slot
+  std::string name;           // "fuse(mul, add, sigmoid_)": the op of the tree call
 };
 
 void FuseProgramDeleter::operator()(FuseProgram* p) const noexcept {
@@ -170,6 +176,8 @@ FuseProgramPtr FuseRecorder::finish(const Expr& root) {
   if (root.rec_ != this)
     throw std::invalid_argument("fuse: the function returned an Expr of another fuse() call");
   p_->root = root.slot_;
+  for (std::size_t i = 0; i < p_->steps.size(); ++i)
+    if (!p_->steps[i].inplace && p_->steps[i].dst == root.slot_) p_->root_step = i;
   p_->name = "fuse(";
   for (std::size_t i = 0; i < p_->steps.size(); ++i)
     p_->name += (i ? ", " : "") + p_->steps[i].name;
@@ -212,16 +220,33 @@ void apply(const Step& s, Registers& r) {
     r[s.dst] = k.tt(a, b, s.alpha);
 }
 
+// The root's step with its out= form, writing into `out` (a slice of the leaf's result).
+void apply_out(const Step& s, Registers& r, const at::Tensor& out) {
+  if (s.unary) {
+    s.unary->out(out, r[s.a.slot]);
+  } else if (s.b.slot == StepOperand::kScalar && s.binary->ts_out) {
+    s.binary->ts_out(out, tensor_of(r, s.a), s.b.scalar, s.alpha);
+  } else {
+    s.binary->tt_out(out, tensor_of(r, s.a), tensor_of(r, s.b), s.alpha);
+  }
+  r[s.dst] = out;
+}
+
 // The program on one set of operand tensors (a leaf, a buffer or a tile of either): the
-// arguments, then the broadcast tensors written in the function.
-at::Tensor run_program(const FuseProgram& p, c10::ArrayRef<at::Tensor> inputs) {
+// arguments, then the broadcast tensors written in the function. With `out`, the root's step
+// writes into it (same kernel, same values; no temporary and no copy).
+at::Tensor run_program(const FuseProgram& p, c10::ArrayRef<at::Tensor> inputs,
+                       const at::Tensor* out = nullptr) {
   Registers r(p.kinds.size());
   for (std::size_t k = 0; k < p.inputs; ++k) r[k] = inputs[k];
   for (std::size_t c = 0; c < p.constant_slots.size(); ++c)
     r[p.constant_slots[c]] = inputs[p.inputs + c];
   for (std::size_t i = 0; i < p.steps.size(); ++i) {
     try {
-      apply(p.steps[i], r);
+      if (out && i == p.root_step)
+        apply_out(p.steps[i], r, *out);
+      else
+        apply(p.steps[i], r);
     } catch (...) {
       runtime::rethrow_with_context(std::current_exception(),
                                     p.steps[i].name + " (step " + std::to_string(i + 1) + " of " +
@@ -262,7 +287,9 @@ bool tileable(const FuseProgram& p, c10::ArrayRef<at::Tensor> in, c10::ArrayRef<
   return shape != nullptr;
 }
 
-// One leaf job: the whole chain on this leaf's operands, tile by tile where it can.
+// One leaf job: the whole chain on this leaf's operands, tile by tile where it can. The first
+// tile runs as written and is copied into the result; later tiles write the root's step into
+// the result's slice (out=).
 at::Tensor run_leaf(const FuseProgram& p, int64_t tile_bytes, c10::ArrayRef<Operand> args,
                     const LeafArgs& x) {
   c10::SmallVector<at::Tensor, 8> in;
@@ -283,8 +310,13 @@ at::Tensor run_leaf(const FuseProgram& p, int64_t tile_bytes, c10::ArrayRef<Oper
     const int64_t len = std::min(tile, n - lo);
     for (std::size_t k = 0; k < args.size(); ++k)
       if (args[k].is_tree()) slice[k] = flat[k].narrow(0, lo, len);
-    const at::Tensor r = run_program(p, slice);
-    if (!out.defined()) out = at::empty({n}, r.options());
+    if (out.defined()) {
+      const at::Tensor part = out.narrow(0, lo, len);
+      (void)run_program(p, slice, &part);
+      continue;
+    }
+    const at::Tensor r = run_program(p, slice);  // the first tile tells the result's dtype
+    out = at::empty({n}, r.options());
     out.narrow(0, lo, len).copy_(r);
   }
   return out.view(sizes);
@@ -322,31 +354,77 @@ TreeTensor run_fuse(const FuseOptions& o, const FuseProgram& p, c10::ArrayRef<Op
 
 // ---- the kernels and the Expr methods, from the op table -----------------------------------
 
-#define TREETENSOR_FUSE_UNARY_INPLACE(name, ...) \
-  const UnaryKernels k_##name{[](CT x) { return at::name(x); }, [](CT x) { (void)x.name##_(); }};
-#define TREETENSOR_FUSE_UNARY(name, ...) \
-  const UnaryKernels k_##name{[](CT x) { return at::name(x); }, nullptr};
+namespace {
+// The out= forms take the result as a non-const handle. ATen has no detach_out, isfinite_out
+// or clone_out; these three compute as written and copy into the result (the same values).
+namespace outs {
+using namespace at;  // NOLINT: f_out resolves to ATen's where it exists
+at::Tensor& detach_out(at::Tensor& o, CT x) {
+  return o.copy_(x);
+}
+at::Tensor& isfinite_out(at::Tensor& o, CT x) {
+  return o.copy_(at::isfinite(x));
+}
+at::Tensor& clone_out(at::Tensor& o, CT x) {
+  return o.copy_(x);
+}
+}  // namespace outs
+
+#define TREETENSOR_FUSE_UNARY_INPLACE(name, ...)                                                 \
+  const UnaryKernels k_##name{[](CT x) { return at::name(x); }, [](CT x) { (void)x.name##_(); }, \
+                              [](CT o, CT x) {                                                   \
+                                at::Tensor r = o;                                                \
+                                (void)outs::name##_out(r, x);                                    \
+                              }};
+#define TREETENSOR_FUSE_UNARY(name, ...)                                 \
+  const UnaryKernels k_##name{[](CT x) { return at::name(x); }, nullptr, \
+                              [](CT o, CT x) {                           \
+                                at::Tensor r = o;                        \
+                                (void)outs::name##_out(r, x);            \
+                              }};
 #define TREETENSOR_FUSE_BINARY_SCALAR(name, ...)                              \
   const BinaryKernels k_##name{[](CT x, CT y, CS) { return at::name(x, y); }, \
                                [](CT x, CS y, CS) { return at::name(x, y); }, \
                                [](CT x, CT y, CS) { (void)x.name##_(y); },    \
-                               [](CT x, CS y, CS) { (void)x.name##_(y); }};
-#define TREETENSOR_FUSE_BINARY_TENSOR(name, ...)                                                \
-  const BinaryKernels k_##name{[](CT x, CT y, CS) { return at::name(x, y); }, nullptr, nullptr, \
+                               [](CT x, CS y, CS) { (void)x.name##_(y); },    \
+                               [](CT o, CT x, CT y, CS) {                     \
+                                 at::Tensor r = o;                            \
+                                 (void)at::name##_out(r, x, y);               \
+                               },                                             \
+                               [](CT o, CT x, CS y, CS) {                     \
+                                 at::Tensor r = o;                            \
+                                 (void)at::name##_out(r, x, y);               \
+                               }};
+#define TREETENSOR_FUSE_BINARY_TENSOR(name, ...)                              \
+  const BinaryKernels k_##name{[](CT x, CT y, CS) { return at::name(x, y); }, \
+                               nullptr,                                       \
+                               nullptr,                                       \
+                               nullptr,                                       \
+                               [](CT o, CT x, CT y, CS) {                     \
+                                 at::Tensor r = o;                            \
+                                 (void)at::name##_out(r, x, y);               \
+                               },                                             \
                                nullptr};
-namespace {
 TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_FUSE_UNARY_INPLACE)
 TREETENSOR_UNARY_OPS(TREETENSOR_FUSE_UNARY)
 TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_FUSE_BINARY_SCALAR)
 TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_FUSE_BINARY_TENSOR)
-const BinaryKernels k_add{[](CT x, CT y, CS al) { return at::add(x, y, al); },
-                          [](CT x, CS y, CS al) { return at::add(x, y, al); },
-                          [](CT x, CT y, CS al) { (void)x.add_(y, al); },
-                          [](CT x, CS y, CS al) { (void)x.add_(y, al); }};
-const BinaryKernels k_sub{[](CT x, CT y, CS al) { return at::sub(x, y, al); },
-                          [](CT x, CS y, CS al) { return at::sub(x, y, al); },
-                          [](CT x, CT y, CS al) { (void)x.sub_(y, al); },
-                          [](CT x, CS y, CS al) { (void)x.sub_(y, al); }};
+#define TREETENSOR_FUSE_ALPHA(n)                                               \
+  const BinaryKernels k_##n{[](CT x, CT y, CS al) { return at::n(x, y, al); }, \
+                            [](CT x, CS y, CS al) { return at::n(x, y, al); }, \
+                            [](CT x, CT y, CS al) { (void)x.n##_(y, al); },    \
+                            [](CT x, CS y, CS al) { (void)x.n##_(y, al); },    \
+                            [](CT o, CT x, CT y, CS al) {                      \
+                              at::Tensor r = o;                                \
+                              (void)at::n##_out(r, x, y, al);                  \
+                            },                                                 \
+                            [](CT o, CT x, CS y, CS al) {                      \
+                              at::Tensor r = o;                                \
+                              (void)at::n##_out(r, x, y, al);                  \
+                            }};
+TREETENSOR_FUSE_ALPHA(add)
+TREETENSOR_FUSE_ALPHA(sub)
+#undef TREETENSOR_FUSE_ALPHA
 }  // namespace
 #undef TREETENSOR_FUSE_UNARY_INPLACE
 #undef TREETENSOR_FUSE_UNARY
