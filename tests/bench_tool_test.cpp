@@ -216,8 +216,8 @@ TEST_F(BenchTool, ElementwiseGridRecordsEveryRowVerified) {
   // One panel per op, log axis (gnuplot would fail on a non-positive value there).
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0)
     EXPECT_GT(fs::file_size(path("ew.png")), 0u) << out.output;
-  EXPECT_NE(out.output.find("3x4 add: all 4 strategies match native before timing; bitwise "
-                            "equal: linear, stream, auto, flat"),
+  EXPECT_NE(out.output.find("3x4 add: all 5 strategies match native before timing; bitwise "
+                            "equal: linear, stream, auto, flat, fused"),
             std::string::npos)
       << out.output;
   const json j = read_json(path("ew.json"));
@@ -236,8 +236,8 @@ TEST_F(BenchTool, ElementwiseGridRecordsEveryRowVerified) {
                 1e-9 * r.at("gbps").get<double>());
     rows[r.at("size").get<std::string>()].insert(r.at("strategy").get<std::string>());
   }
-  const std::set<std::string> want = {"native", "linear",    "stream",  "auto",
-                                      "flat",   "flat+read", "one-call"};
+  const std::set<std::string> want = {"native", "linear",    "stream", "auto",
+                                      "flat",   "flat+read", "fused",  "one-call"};
   ASSERT_EQ(rows.size(), 8u);  // 2 N x 2 E x 2 ops
   for (const auto& [size, seen] : rows) EXPECT_EQ(seen, want) << size;
   const auto bad = run_bench(

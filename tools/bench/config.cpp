@@ -316,6 +316,7 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       "  linear, stream, auto   the tree op per leaf under stream(1), stream(M), automatic\n"
       "  flat       consolidated trees: one ATen call per buffer; result leaves not made\n"
       "  flat+read  flat, then every result leaf made (and read) once\n"
+      "  fused      the op's lambda through fuse() on the consolidated trees, automatic\n"
       "  one-call   one ATen call over a tensor of all N*E elements: the floor");
 
   try {

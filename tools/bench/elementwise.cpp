@@ -1,6 +1,7 @@
 // The elementwise workload: N leaves of E elements, `add` and the chain (x*2+y).sigmoid_(),
 // per leaf (native std::map loop, linear, stream, auto) against flat execution on consolidated
-// trees (DESIGN.md §12), with one ATen call over all N·E elements as the floor.
+// trees (DESIGN.md §12) and the fused expression (DESIGN.md §19), with one ATen call over all
+// N·E elements as the floor.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -51,15 +52,21 @@ Inputs make_inputs(std::size_t leaves, std::int64_t elements, const Config& cfg)
   return in;
 }
 
-// The two ops, on tensors and on trees.
+// The two ops as a user writes them: one generic lambda each, for tensors (the native loop),
+// trees (op at a time) and fuse() alike.
+const auto add_op = [](const auto& x, const auto& y) { return x + y; };
+const auto chain_op = [](const auto& x, const auto& y) { return (x * 2 + y).sigmoid_(); };
+
 at::Tensor op_tensor(const std::string& op, const at::Tensor& x, const at::Tensor& y) {
-  return op == "add" ? at::add(x, y) : (x * 2 + y).sigmoid_();
+  return op == "add" ? at::add(x, y) : chain_op(x, y);
 }
 TreeTensor op_tree(const std::string& op, const TreeTensor& x, const TreeTensor& y) {
-  if (op == "add") return x + y;
-  TreeTensor r = x * 2 + y;
-  r.sigmoid_();
-  return r;
+  return op == "add" ? add_op(x, y) : chain_op(x, y);
+}
+// The fused row: the same lambda through fuse(), on consolidated trees under automatic.
+TreeTensor op_fused(const std::string& op, const TreeTensor& x, const TreeTensor& y) {
+  rt::StreamGuard guard(rt::automatic);
+  return op == "add" ? fuse(add_op, x, y) : fuse(chain_op, x, y);
 }
 
 TensorMap by_key(const TensorTree& t) {
@@ -123,6 +130,7 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
         const TreeTensor flat = op_tree(op, in.cx, in.cy);
         if (!is_consolidated(flat)) per_leaf.push_back(size);
         verification.check("flat", reference, by_key(flat), n);
+        verification.check("fused", reference, by_key(op_fused(op, in.cx, in.cy)), n);
         out.notes.push_back(verification.note());
         out.all_verified = out.all_verified && verification.all_passed();
 
@@ -156,6 +164,8 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
                             *sink += static_cast<double>(l->numel());  // every leaf made once
                         },
                         [keep_tree] { *keep_tree = TreeTensor(); }});
+        rows.push_back({"fused", [&, keep_tree] { *keep_tree = op_fused(op, in.cx, in.cy); },
+                        [keep_tree] { *keep_tree = TreeTensor(); }});
         rows.push_back({"one-call",
                         [&, keep_one] { *keep_one = op_tensor(op, in.one_x, in.one_y); },
                         [keep_one] { *keep_one = at::Tensor(); }});
@@ -166,9 +176,11 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
         for (std::size_t i = 0; i < rows.size(); ++i) {
           // flat+read runs the verified flat call; one-call is a floor over other data.
           const std::string& name = rows[i].name;
+          const std::map<std::string, std::size_t> check_of = {{"linear", 0},    {"stream", 1},
+                                                               {"auto", 2},      {"flat", 3},
+                                                               {"flat+read", 3}, {"fused", 4}};
           const bool verified =
-              name == "native" || name == "one-call" ||
-              (name == "flat+read" ? verification.passed(3) : verification.passed(i - 1));
+              name == "native" || name == "one-call" || verification.passed(check_of.at(name));
           Record r{"elementwise",
                    name,
                    size,
@@ -195,8 +207,9 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
   out.notes.push_back(
       "GB/s: 3*N*E*element bytes (x and y read, the result written once) / mean time; "
       "flat: consolidated trees, one ATen call per buffer, result leaves not yet made; "
-      "flat+read: the same, then every result leaf made once; one-call: one ATen call over a "
-      "tensor of all N*E elements (the floor, nothing to verify)");
+      "flat+read: the same, then every result leaf made once; fused: the same lambda through "
+      "fuse() on the consolidated trees under automatic (leaf-major, 64 KiB tiles); one-call: "
+      "one ATen call over a tensor of all N*E elements (the floor, nothing to verify)");
   out.config = {{"leaves", cfg.elementwise_leaves},
                 {"elements", cfg.elementwise_elements},
                 {"ops", {"add", "(x*2+y).sigmoid_()"}},

@@ -38,7 +38,8 @@ WorkloadResult run_optimizer(const Config& cfg, Progress& progress);
 
 /// N leaves x E elements over cfg's grids, ops `add` and (x*2+y).sigmoid_(): rows native
 /// (std::map loop), linear, stream, auto (per leaf), flat (consolidated), flat+read (flat, then
-/// every result leaf made once) and one-call (one ATen call over N*E elements, the floor).
+/// every result leaf made once), fused (the op's lambda through fuse() on the consolidated
+/// trees, under automatic) and one-call (one ATen call over N*E elements, the floor).
 /// Rows are checked against native first (add bitwise; the chain to sigmoid's accuracy).
 WorkloadResult run_elementwise(const Config& cfg, Progress& progress);
 

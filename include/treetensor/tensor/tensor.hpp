@@ -5,6 +5,7 @@
 #include "treetensor/tensor/consolidate.hpp"  // IWYU pragma: export
 #include "treetensor/tensor/construct.hpp"    // IWYU pragma: export
 #include "treetensor/tensor/dispatch.hpp"     // IWYU pragma: export
+#include "treetensor/tensor/fuse.hpp"         // IWYU pragma: export
 #include "treetensor/tensor/ops.hpp"          // IWYU pragma: export
 #include "treetensor/tensor/optim.hpp"        // IWYU pragma: export
 #include "treetensor/tensor/reduce.hpp"       // IWYU pragma: export
