@@ -52,27 +52,6 @@ const auto rounded_chain = [](const auto& x, const auto& y) {
   return t.mul(0.5).add(x, -2);
 };
 
-// The bound of tensor_flat_test for libm-style functions: 8 ulp of the reference (subnormal
-// and zero references in units of the smallest normal); NaN where the reference has NaN.
-void expect_within_ulps(const TensorTree& got, const TensorTree& want) {
-  ASSERT_EQ(paths(got), paths(want));
-  const auto g = leaves(got), w = leaves(want);
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    SCOPED_TRACE("leaf " + paths(want)[i]);
-    ASSERT_EQ(g[i].scalar_type(), w[i].scalar_type());
-    ASSERT_EQ(g[i].sizes(), w[i].sizes());
-    const bool dbl = w[i].scalar_type() == at::kDouble;
-    const double eps = dbl ? std::ldexp(1.0, -52) : std::ldexp(1.0, -23);
-    const double tiny = dbl ? 2.2250738585072014e-308 : 1.1754943508222875e-38;
-    const at::Tensor a = g[i].to(at::kDouble), b = w[i].to(at::kDouble);
-    EXPECT_TRUE((a.isnan() == b.isnan()).all().item<bool>());
-    const at::Tensor both = ~(a.isnan() | b.isnan());
-    const at::Tensor scale = at::clamp_min(b.abs(), tiny) * eps;
-    const at::Tensor ulps = at::where(both & (a != b), (a - b).abs() / scale, at::zeros_like(a));
-    EXPECT_LE(ulps.numel() ? ulps.max().item<double>() : 0.0, 8.0);
-  }
-}
-
 }  // namespace
 
 TEST_P(Fuse, ChainsEqualTheOpAtATimeTree) {

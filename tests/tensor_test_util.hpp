@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <random>
@@ -134,6 +135,33 @@ inline TreeTensor randn_tree(const treetensor::ShapeTree& shapes,
                              at::ScalarType dtype = at::kFloat) {
   return treetensor::tree::map([&](const treetensor::Shape& s) { return at::randn(s).to(dtype); },
                                shapes);
+}
+
+// The bound for results of libm-style functions (exp, log, sigmoid, ...) computed two ways
+// (ATen's vectorised Sleef kernels vs a scalar or tiled path): glibc's documented maximum errors
+// for these float/double functions are at most 2 ulp and Sleef's u10 variants at most 1 ulp, so the
+// two forms differ by at most 3 ulp of the result for a primitive; the composed ones (sigmoid =
+// 1/(1+exp(-x)), rsqrt = 1/sqrt) add two roundings, each of which can double the relative error at
+// most once: 2·(3+1) = 8 ulp. Elements whose reference is subnormal or zero are compared in units
+// of the smallest normal.
+inline void expect_within_ulps(const TensorTree& got, const TensorTree& want) {
+  ASSERT_EQ(paths(got), paths(want));
+  const auto g = leaves(got), w = leaves(want);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    SCOPED_TRACE("leaf " + paths(want)[i]);
+    ASSERT_EQ(g[i].scalar_type(), w[i].scalar_type());
+    ASSERT_EQ(g[i].sizes(), w[i].sizes());
+    const bool dbl = w[i].scalar_type() == at::kDouble;
+    const double eps = dbl ? std::ldexp(1.0, -52) : std::ldexp(1.0, -23);
+    const double tiny = dbl ? 2.2250738585072014e-308 : 1.1754943508222875e-38;
+    const at::Tensor a = g[i].to(at::kDouble), b = w[i].to(at::kDouble);
+    const at::Tensor nan_same = a.isnan() == b.isnan();
+    EXPECT_TRUE(nan_same.all().item<bool>());
+    const at::Tensor both = ~(a.isnan() | b.isnan());
+    const at::Tensor scale = at::clamp_min(b.abs(), tiny) * eps;
+    const at::Tensor ulps = at::where(both & (a != b), (a - b).abs() / scale, at::zeros_like(a));
+    EXPECT_LE(ulps.numel() ? ulps.max().item<double>() : 0.0, 8.0);
+  }
 }
 
 }  // namespace tt_test
