@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,6 +131,62 @@ TEST(TreeDeferred, ConcurrentFirstAccessMakesOnce) {
     EXPECT_EQ(wrong, 0);
     EXPECT_EQ(t.at("b.d").leaf(), round + 2);
   }
+}
+
+// A source that fails `failures` times, then makes kExpected; pending when asked.
+class FlakySource : public Tree<int>::Source {
+ public:
+  FlakySource(int failures, bool pending, std::shared_ptr<const Source> property = nullptr)
+      : failures_(failures), pending_(pending), property_(std::move(property)) {}
+  Tree<int> make() const override {
+    if (calls++ < failures_) throw std::runtime_error("not yet");
+    return property_ ? Tree<int>::tagged(kExpected, property_) : kExpected;
+  }
+  bool pending() const noexcept override { return pending_; }
+  mutable std::atomic<int> calls{0};
+
+ private:
+  int failures_;
+  bool pending_;
+  std::shared_ptr<const Source> property_;
+};
+
+TEST(TreeDeferred, AThrowingMakeLeavesTheTreeDeferredAndTheNextAccessTriesAgain) {
+  auto src = std::make_shared<FlakySource>(2, false);
+  const Tree<int> t = Tree<int>::deferred(src);
+  EXPECT_THROW((void)t.size(), std::runtime_error);
+  EXPECT_TRUE(t.is_deferred());
+  // Concurrent accesses after a throw must not hang (std::call_once would, in libstdc++).
+  std::atomic<int> thrown{0};
+  std::thread other([&] {
+    try {
+      (void)t.is_leaf();
+    } catch (const std::runtime_error&) {
+      ++thrown;
+    }
+  });
+  other.join();
+  EXPECT_EQ(thrown, 1);
+  EXPECT_EQ(t, kExpected);
+  EXPECT_EQ(src->calls, 3);
+}
+
+TEST(TreeDeferred, APendingTreeTakesTheMadeTreesPropertyInsteadOfItsSource) {
+  auto property = std::make_shared<CountingSource>(0);
+  auto src = std::make_shared<FlakySource>(0, true, property);
+  const Tree<int> t = Tree<int>::deferred(src);
+  EXPECT_TRUE(t.is_pending());
+  const Tree<int> copy = t;  // a pending copy makes its own
+  EXPECT_EQ(t.source(), property.get()) << "source() makes a pending tree first";
+  EXPECT_FALSE(t.is_pending());
+  EXPECT_EQ(t, kExpected);
+  EXPECT_TRUE(copy.is_pending());
+  const Tree<int> made_copy = t;
+  EXPECT_EQ(made_copy.source(), property.get()) << "copies carry the adopted property";
+  EXPECT_EQ(copy.source(), property.get());
+  EXPECT_EQ(src->calls, 2);
+  const Tree<int> plain = Tree<int>::deferred(std::make_shared<FlakySource>(0, true));
+  EXPECT_EQ(plain.source(), nullptr) << "a made tree without a property leaves none";
 }
 
 }  // namespace

@@ -232,7 +232,7 @@ TensorTree ConsolidatedTree::make() const {
   return tree::unflatten(layout_->spec(), std::move(leaves));
 }
 
-const ConsolidatedTree* consolidated_source(const TensorTree& t) noexcept {
+const ConsolidatedTree* consolidated_source(const TensorTree& t) {
   return dynamic_cast<const ConsolidatedTree*>(t.source());
 }
 

@@ -92,8 +92,9 @@ class ConsolidatedTree final : public TensorTree::Source {
   std::vector<at::Tensor> buffers_;
 };
 
-/// The consolidated property of `t`, or nullptr. O(1).
-const ConsolidatedTree* consolidated_source(const TensorTree& t) noexcept;
+/// The consolidated property of `t`, or nullptr. O(1), except that a pending tree (an asyncs
+/// pending result, DESIGN.md §10) is waited for first, and its job's error thrown.
+const ConsolidatedTree* consolidated_source(const TensorTree& t);
 
 /// A tree of `layout` over `buffers` whose leaves are made on first access (DESIGN.md §12).
 TreeTensor consolidated_tree(std::shared_ptr<const ConsolidatedLayout> layout,

@@ -103,11 +103,16 @@ class Tree {
   using Children = std::vector<Entry>;
 
   /// What a deferred tree is made from (see deferred()): make() builds the tree on first
-  /// access. It must not throw except std::bad_alloc (it runs inside noexcept accessors).
+  /// access. make() may throw: the exception leaves that access (accessors of a deferred tree
+  /// are therefore not noexcept), the tree stays deferred, and the next access calls make()
+  /// again. A pending source (pending() true) stands for work still in flight, e.g. an asyncs
+  /// pending result (DESIGN.md §10): make() may block until it is done, and once made the
+  /// tree takes the made tree's own source as its property instead of the pending one.
   class Source {
    public:
     virtual ~Source() = default;
     virtual Tree make() const = 0;
+    virtual bool pending() const noexcept { return false; }
   };
 
   /// The empty tree (an internal node without children).
@@ -125,8 +130,9 @@ class Tree {
   /// source stays attached as a property of the value: source() returns it until the tree is
   /// mutated through a non-const accessor, insert, erase or assignment, and copies carry it.
   /// Used by consolidated tree tensors (DESIGN.md §12), whose leaf tensors are views made
-  /// only when someone looks at them.
-  /// Thread safety: concurrent const use of one deferred tree makes it exactly once.
+  /// only when someone looks at them, and by asyncs pending results (a pending source).
+  /// Thread safety: concurrent const use of one deferred tree makes it exactly once (or, when
+  /// make() throws, each access in turn tries again).
   static Tree deferred(std::shared_ptr<const Source> source) {
     Tree t;
     t.lazy_ = std::make_unique<Lazy>(std::move(source));
@@ -140,10 +146,24 @@ class Tree {
     return value;
   }
   /// The source attached by deferred() or tagged(), or nullptr (never had one, or mutated).
-  const Source* source() const noexcept { return lazy_ ? lazy_->source.get() : nullptr; }
+  /// A pending tree is made first (this may block and throw as make() does): its property is
+  /// the made tree's.
+  const Source* source() const {
+    if (!lazy_) return nullptr;
+    if (!lazy_->pending) return lazy_->source.get();
+    node();
+    return lazy_->adopted.get();
+  }
   /// Whether this is a deferred tree not made yet (its content has never been looked at).
   bool is_deferred() const noexcept {
     return lazy_ && !lazy_->made.load(std::memory_order_acquire);
+  }
+  /// Whether this is a deferred tree of a pending source not made yet: its first access may
+  /// block (and throw) until the work it stands for is done.
+  bool is_pending() const noexcept { return is_deferred() && lazy_->pending; }
+  /// The pending source of a pending tree, without making it (nullptr for any other tree).
+  const Source* pending_source() const noexcept {
+    return is_pending() ? lazy_->source.get() : nullptr;
   }
   /// Destroys the tree. Recursion is bounded (kRecursionLimit levels, then an explicit
   /// worklist), so a tree of any depth is safe.
@@ -181,11 +201,11 @@ class Tree {
   }
 
   // ---- structure ----------------------------------------------------------------------
-  bool is_leaf() const noexcept { return node().index() == 1; }
+  bool is_leaf() const { return node().index() == 1; }
   /// An internal node without children.
-  bool empty() const noexcept { return !is_leaf() && std::get<0>(node_).empty(); }
+  bool empty() const { return !is_leaf() && std::get<0>(node_).empty(); }
   /// Number of children (0 for a leaf).
-  std::size_t size() const noexcept { return is_leaf() ? 0 : std::get<0>(node_).size(); }
+  std::size_t size() const { return is_leaf() ? 0 : std::get<0>(node_).size(); }
   /// Number of key levels: 0 for a leaf or an empty tree, 1 for {a: 1}, 2 for {x: {c: 3}}.
   std::size_t depth() const;
   /// Number of leaves below this node (1 for a leaf).
@@ -385,29 +405,37 @@ class Tree {
     }
   }
 
-  // A deferred tree's source and whether node_ has been made from it (deferred()).
+  // A deferred tree's source and whether node_ has been made from it (deferred()). A mutex,
+  // not std::call_once: libstdc++'s call_once over pthread_once hangs the next caller after a
+  // callable that threw, and make() may throw.
   struct Lazy {
-    explicit Lazy(std::shared_ptr<const Source> s) : source(std::move(s)) {}
+    explicit Lazy(std::shared_ptr<const Source> s)
+        : source(std::move(s)), pending(source && source->pending()) {}
     std::shared_ptr<const Source> source;
-    std::once_flag once;
+    const bool pending;
+    std::shared_ptr<const Source> adopted;  // pending: the made tree's property (source())
+    std::mutex mu;
     std::atomic<bool> made{false};
   };
 
   // node_, made first when this is a deferred tree. Every read of node_ goes through here.
-  const std::variant<Children, T>& node() const noexcept {
+  const std::variant<Children, T>& node() const {
     if (lazy_ && !lazy_->made.load(std::memory_order_acquire)) [[unlikely]]
       make();
     return node_;
   }
-  [[gnu::noinline]] void make() const noexcept {
-    std::call_once(lazy_->once, [this] {
-      node_ = std::move(lazy_->source->make().node_);
-      lazy_->made.store(true, std::memory_order_release);
-    });
+  [[gnu::noinline]] void make() const {
+    std::lock_guard lock(lazy_->mu);
+    if (lazy_->made.load(std::memory_order_relaxed)) return;
+    Tree t = lazy_->source->make();
+    if (lazy_->pending && t.lazy_) lazy_->adopted = t.lazy_->pending ? nullptr : t.lazy_->source;
+    t.node();  // a deferred made tree (a consolidated result) makes its views now
+    node_ = std::move(t.node_);
+    lazy_->made.store(true, std::memory_order_release);
   }
   // A copy takes the content when it has been made, else the source alone (made again on the
   // copy's first access). The state is read once, so a concurrent first access of the original
-  // is never seen half-done.
+  // is never seen half-done. A made pending tree's copy carries the adopted property only.
   enum class LazyState { none, pending, made };
   LazyState lazy_state() const noexcept {
     if (!lazy_) return LazyState::none;
@@ -416,11 +444,16 @@ class Tree {
   Tree(const Tree& other, LazyState state)
       : node_(state == LazyState::pending ? std::variant<Children, T>() : other.node_) {
     if (state == LazyState::none) return;
-    lazy_ = std::make_unique<Lazy>(other.lazy_->source);
-    lazy_->made.store(state == LazyState::made, std::memory_order_relaxed);
+    const Lazy& from = *other.lazy_;
+    if (state == LazyState::made && from.pending) {
+      if (from.adopted) lazy_ = std::make_unique<Lazy>(from.adopted);
+    } else {
+      lazy_ = std::make_unique<Lazy>(from.source);
+    }
+    if (lazy_) lazy_->made.store(state == LazyState::made, std::memory_order_relaxed);
   }
   // A mutation: make the content, then forget the source (the value no longer is its image).
-  void drop_source() noexcept {
+  void drop_source() {
     if (!lazy_) return;
     node();
     lazy_.reset();
