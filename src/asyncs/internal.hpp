@@ -62,8 +62,9 @@ class Worker {
   bool sleeping = false;  // waiting on `wake`: only then does a submit pay for a notify
   bool detached = false;  // its Thread was destroyed from its own job: it ends on its own
   // Workers whose work this worker's running job (or a lane running its leaves) is blocked on,
-  // one entry per blocked wait: the wait-for graph WaitEdge checks for cycles.
-  std::vector<const Worker*> waits_on;
+  // one entry per blocked wait, with the awaited job (null: all of that worker's work): the
+  // wait-for graph WaitEdge checks for cycles.
+  std::vector<std::pair<const Worker*, const JobState*>> waits_on;
   std::condition_variable wake;
   // Started by Thread's constructor, joined by its destructor.
   std::thread os;
@@ -127,14 +128,16 @@ class ProgressWaiter {
 /// @throws AsyncsUsageError naming the chain of workers and `what`.
 class WaitEdge {
  public:
-  WaitEdge(const Worker& target, std::string_view what);
+  /// `job`: the awaited job on `target`, or null for all of its work (wait_idle). An edge
+  /// whose job has finished is settled (its waiter is about to wake) and closes no cycle.
+  WaitEdge(const Worker& target, std::string_view what, const JobState* job = nullptr);
   ~WaitEdge();
   WaitEdge(const WaitEdge&) = delete;
   WaitEdge& operator=(const WaitEdge&) = delete;
 
  private:
   Worker* from_ = nullptr;
-  const Worker* to_ = nullptr;
+  std::pair<const Worker*, const JobState*> to_{nullptr, nullptr};
 };
 
 /// Blocks on AsyncsState::progress until `done()` (caller holds `lock` on AsyncsState::mu). With

@@ -56,10 +56,48 @@ std::vector<OperandKey> operand_keys(c10::ArrayRef<at::Tensor> reads,
   return keys;
 }
 
+namespace {
+
+// Counts `state` among the tracked jobs once (caller holds AsyncsState::mu).
+void count_tracked(JobState& state) {
+  if (state.tracked) return;
+  state.tracked = true;
+  tracked_jobs.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Removes one registration of `state` under `key` (caller holds AsyncsState::mu).
+void remove_use(AsyncsState& rt, const void* key, const JobState* state) {
+  auto it = rt.uses.find(key);
+  TREETENSOR_INTERNAL_ASSERT(it != rt.uses.end(), "a finished job's operand is registered");
+  auto& list = it->second;
+  list.erase(
+      std::find_if(list.begin(), list.end(), [&](const Use& u) { return u.job.get() == state; }));
+  if (list.empty()) rt.uses.erase(it);
+}
+
+}  // namespace
+
 void register_operands(AsyncsState& rt, const Job& job) {
   if (job.keys.empty()) return;
   for (const auto& k : job.keys) rt.uses[k.key].push_back({job.state, k.write});
-  tracked_jobs.fetch_add(1, std::memory_order_relaxed);
+  count_tracked(*job.state);
+}
+
+void add_operands(const std::shared_ptr<JobState>& state, c10::ArrayRef<at::Tensor> reads,
+                  c10::ArrayRef<at::Tensor> writes) {
+  std::vector<at::Tensor> keep;
+  const std::vector<OperandKey> keys = operand_keys(reads, writes, &keep);
+  if (keys.empty()) return;
+  AsyncsState& rt = asyncs_state();
+  std::lock_guard lock(rt.mu);
+  if (state->done.load(std::memory_order_relaxed)) return;  // finished: nothing to order
+  for (const auto& k : keys) {
+    rt.uses[k.key].push_back({state, k.write});
+    state->late_keys.emplace_back(k.key, k.write);
+  }
+  state->late_operands.insert(state->late_operands.end(), std::make_move_iterator(keep.begin()),
+                              std::make_move_iterator(keep.end()));
+  count_tracked(*state);
 }
 
 void await_keys(const std::vector<OperandKey>& keys, const Acting& self, const JobState* job) {
@@ -87,15 +125,12 @@ void await_keys(const std::vector<OperandKey>& keys, const Acting& self, const J
 }
 
 void unregister_operands(AsyncsState& rt, const Job& job) {
-  if (job.keys.empty()) return;
-  for (const auto& k : job.keys) {
-    auto it = rt.uses.find(k.key);
-    TREETENSOR_INTERNAL_ASSERT(it != rt.uses.end(), "a finished job's operand is registered");
-    auto& list = it->second;
-    list.erase(
-        std::find_if(list.begin(), list.end(), [&](const Use& u) { return u.job == job.state; }));
-    if (list.empty()) rt.uses.erase(it);
-  }
+  JobState& state = *job.state;
+  for (const auto& k : job.keys) remove_use(rt, k.key, &state);
+  for (const auto& [key, write] : state.late_keys) remove_use(rt, key, &state);
+  state.late_keys.clear();
+  if (!state.tracked) return;
+  state.tracked = false;
   tracked_jobs.fetch_sub(1, std::memory_order_relaxed);
 }
 

@@ -65,10 +65,14 @@ void report_unobserved_at_exit() {
   }
 }
 
-// The ThreadScope stack of the calling OS thread: its innermost scope's worker.
+// The ThreadScope stack of the calling OS thread: its innermost scope's worker and mode.
 std::shared_ptr<Worker>& scoped_worker() {
   thread_local std::shared_ptr<Worker> worker;
   return worker;
+}
+ScopeMode& scoped_mode() {
+  thread_local ScopeMode mode = ScopeMode::pending;
+  return mode;
 }
 
 class ActingGuard {
@@ -179,7 +183,7 @@ void wait_borrowing(Worker& w, JobState& s) {
   const std::string what = "scoped tree call (" + job_context(s) + ")";
   std::optional<WaitEdge> edge;
   try {
-    edge.emplace(w, what);  // a cycle of waits: withdrawn like a watchdog timeout
+    edge.emplace(w, what, &s);  // a cycle of waits: withdrawn like a watchdog timeout
     wait_progress(lock, done, what);
     return;
   } catch (const std::exception&) {
@@ -215,7 +219,8 @@ std::vector<const Worker*> wait_path(const Worker* from, const Worker* to) {
       next.pop_back();
       continue;
     }
-    const Worker* n = edges[next.back()++];
+    const auto [n, job] = edges[next.back()++];
+    if (job != nullptr && job->done.load(std::memory_order_relaxed)) continue;  // settled
     if (std::find(path.begin(), path.end(), n) == path.end()) {
       path.push_back(n);
       next.push_back(0);
@@ -396,7 +401,7 @@ void throw_watchdog(const AsyncsState& rt, std::string_view what,
   throw WatchdogTimeout(text, std::move(jobs));
 }
 
-WaitEdge::WaitEdge(const Worker& target, std::string_view what) {
+WaitEdge::WaitEdge(const Worker& target, std::string_view what, const JobState* job) {
   Worker* self = acting().worker;
   if (self == nullptr) return;  // only workers can be waited for: no cycle through this one
   const auto cycle = wait_path(&target, self);
@@ -409,7 +414,7 @@ WaitEdge::WaitEdge(const Worker& target, std::string_view what) {
                            "ever finish");
   }
   from_ = self;
-  to_ = &target;
+  to_ = {&target, job};
   self->waits_on.push_back(to_);
 }
 
@@ -466,7 +471,7 @@ void wait_job(JobState& s) {
                                      [&](const auto& w) { return w->id == s.thread; });
     std::optional<WaitEdge> edge;
     if (target != rt.live.end() && !s.done.load(std::memory_order_relaxed))
-      edge.emplace(**target, what);
+      edge.emplace(**target, what, &s);
     wait_progress(
         lock, [&] { return s.done.load(std::memory_order_relaxed); }, what);
   }
@@ -629,13 +634,24 @@ void Thread::wait_idle() const {
 
 // --- ThreadScope -----------------------------------------------------------------------------
 
-ThreadScope::ThreadScope(const Thread& thread) : previous_(detail::scoped_worker()) {
-  thread.worker();  // throws on a moved-from Thread
+ThreadScope::ThreadScope(const Thread& thread, ScopeMode mode)
+    : previous_(detail::scoped_worker()), previous_mode_(detail::scoped_mode()) {
+  thread.worker();  // throws on a moved-from or closed Thread
   detail::scoped_worker() = thread.worker_;
+  detail::scoped_mode() = mode;
 }
 
 ThreadScope::~ThreadScope() {
   detail::scoped_worker() = std::move(previous_);
+  detail::scoped_mode() = previous_mode_;
+}
+
+PendingTarget pending_target() noexcept {
+  PendingTarget t;
+  const std::shared_ptr<Worker>& w = detail::scoped_worker();
+  if (w && detail::scoped_mode() == ScopeMode::pending && w.get() != detail::acting().worker)
+    t.worker_ = w;
+  return t;
 }
 
 }  // namespace treetensor::asyncs

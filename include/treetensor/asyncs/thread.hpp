@@ -11,7 +11,9 @@
 //     double l = f.get();                                       // rethrows the job's error
 //
 //     { asyncs::ThreadScope scope(metrics);                     // tree calls of this block
-//       ... tree ops ... }                                      // run on `metrics`
+//       auto m = tt::leaf_mean(losses); }                      // queued on `metrics`: m is
+//     ... next training step ...                                // pending, the caller goes on
+//     std::cout << m;                                           // reading m waits for its job
 //     runtime::synchronize();                                   // all asyncs work done
 //
 // Rules that hold everywhere below:
@@ -142,6 +144,7 @@ enum class KernelThreads {
 
 class Thread;
 class ThreadScope;
+class PendingTarget;
 template <class T>
 class Future;
 
@@ -163,6 +166,11 @@ struct JobState {
   std::string label;
   std::exception_ptr error;
   std::vector<c10::Event> finished;  // CUDA: recorded on the worker streams after the job
+  // Operands registered after submission (add_operands) and whether the job counts among the
+  // tracked ones; guarded by the asyncs layer's lock.
+  std::vector<std::pair<const void*, bool>> late_keys;  // (storage key, written)
+  std::vector<at::Tensor> late_operands;
+  bool tracked = false;
 };
 
 template <class T>
@@ -206,6 +214,9 @@ void enqueue(Worker& worker, std::shared_ptr<JobState> state, std::unique_ptr<Ta
              c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes, std::string label);
 /// Blocks until `state` is done (watchdog), joins streams, marks its error observed, rethrows it.
 void wait_job(JobState& state);
+/// Registers more operands of an unfinished job (Future::add_operands).
+void add_operands(const std::shared_ptr<JobState>& state, c10::ArrayRef<at::Tensor> reads,
+                  c10::ArrayRef<at::Tensor> writes);
 
 }  // namespace detail
 
@@ -220,6 +231,9 @@ class Future {
   bool valid() const noexcept { return state_ != nullptr; }
   /// Whether the job has finished (successfully or not). Never blocks, never throws.
   bool ready() const noexcept { return state_ && state_->done.load(std::memory_order_acquire); }
+  /// Whether the job has finished with an error. Never blocks, never throws, and does not
+  /// count as observing the error (get()/wait() and synchronize() still report it).
+  bool failed() const noexcept { return ready() && state_->error != nullptr; }
   /// Blocks until the job has finished; rethrows its exception with original type and context
   /// "asyncs thread <id>, job <n>".
   /// @throws the job's exception; WatchdogTimeout; AsyncsUsageError when called from a job of
@@ -231,12 +245,22 @@ class Future {
     wait();
     if constexpr (!std::is_void_v<T>) return *state_->value;
   }
+  /// Registers `reads` and `writes` as further operands of the job, as submit() does for its
+  /// own (operand tracking, operands.hpp), until the job finishes; nothing once it has. For
+  /// operands whose tensors exist only after the job was submitted: a pending tree call's
+  /// pending operand, once made (DESIGN.md §10, pending scopes). Never blocks on the job.
+  /// @throws AsyncsUsageError on an invalid future.
+  void add_operands(c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes) const {
+    checked();
+    detail::add_operands(state_, reads, writes);
+  }
   /// Asyncs thread id (1..max_threads()) and job number (from 1) of the job.
   int thread_id() const { return checked().thread; }
   std::uint64_t job() const { return checked().number; }
 
  private:
   friend class Thread;
+  friend class PendingTarget;
   explicit Future(std::shared_ptr<detail::Result<T>> s) : state_(std::move(s)) {}
   detail::Result<T>& checked() const {
     if (!state_) throw AsyncsUsageError("treetensor asyncs: use of an invalid (default) Future");
@@ -334,29 +358,72 @@ class Thread {
   int closed_id_ = 0;  // the id this Thread had, once closed
 };
 
-/// Makes the tree calls (runtime::run) of a block run on an asyncs thread (OneFlow parity:
+/// How the tree calls of a ThreadScope run on its thread.
+enum class ScopeMode {
+  /// Default (OneFlow parity): a tree call of the tensor layer's ops returns at once a pending
+  /// result (DESIGN.md §10, "pending scopes"), and the caller goes on while the thread runs it.
+  pending,
+  /// The caller blocks until the call has run on the thread (its worker, its streams), so
+  /// values are ready when the call returns.
+  blocking,
+};
+
+/// Makes the tree calls of a block run on an asyncs thread (OneFlow parity:
 /// `with oneflow.asyncs.thread(worker):`).
 ///
-/// Inside the scope, each runtime::run() on the calling OS thread is queued on `thread` as a
-/// job (FIFO after earlier submits) and the caller blocks until it has finished, so values are
-/// ready when the tree call returns, while the work ran on the thread's worker and streams.
-/// The tree call's error is rethrown to its caller with context "asyncs thread <id>, job <n>".
-/// Scopes nest: the innermost wins and the outer one is restored when it ends. A scope naming
-/// the thread that is already running the code (inside its own job) runs calls inline.
-/// Only the OS thread that created the scope is affected; lanes used by the call are not.
+/// Pending (the default): each tree call of the tensor layer's ops made on the calling OS
+/// thread is queued on `thread` as a job (FIFO after earlier submits) and returns at once a
+/// pending tree: its content is made when first looked at, which waits for exactly that job
+/// (tree::Tree::is_pending; DESIGN.md §10 lists the ops that go pending and the rest, which
+/// run as blocking calls). In-place calls leave their target trees pending the same way. A
+/// job's error is thrown by every read of its result, with context "asyncs thread <id>, job
+/// <n> 'tree call <op>'"; one nobody read is reported by runtime::synchronize().
+/// Blocking: each tree call is queued on `thread` and the caller blocks until it has finished;
+/// its error is rethrown to the caller with the same context.
+/// Either way: scopes nest (the innermost wins and the outer one is restored when it ends); a
+/// scope naming the thread that is already running the code (inside its own job) runs calls
+/// inline; only the OS thread that created the scope is affected, not the lanes a call uses.
 ///
 /// Thread safety: a scope is bound to the OS thread that created it and must be destroyed on
 /// it, in reverse order of creation. `thread` must outlive the scope.
 /// @throws AsyncsUsageError (constructor) on a moved-from or closed Thread.
 class ThreadScope {
  public:
-  explicit ThreadScope(const Thread& thread);
+  explicit ThreadScope(const Thread& thread, ScopeMode mode = ScopeMode::pending);
   ~ThreadScope();
   ThreadScope(const ThreadScope&) = delete;
   ThreadScope& operator=(const ThreadScope&) = delete;
 
  private:
   std::shared_ptr<detail::Worker> previous_;
+  ScopeMode previous_mode_;
 };
+
+/// Where a tree call made now goes pending: the thread of the calling OS thread's innermost
+/// ThreadScope when that scope is pending and the caller is not that thread's own job (which
+/// runs calls inline); otherwise an empty target. For the tensor layer's pending tree calls.
+class PendingTarget {
+ public:
+  explicit operator bool() const noexcept { return worker_ != nullptr; }
+  /// Queues `fn()` on the target thread, as Thread::submit does. @throws as Thread::submit.
+  template <class F>
+  auto submit(F&& fn, c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes,
+              std::string label) const
+      -> Future<std::remove_cvref_t<std::invoke_result_t<std::decay_t<F>&>>> {
+    using T = std::remove_cvref_t<std::invoke_result_t<std::decay_t<F>&>>;
+    auto state = std::make_shared<detail::Result<T>>();
+    auto task = std::make_unique<detail::TaskImpl<std::decay_t<F>, T>>(std::forward<F>(fn), state);
+    detail::enqueue(*worker_, state, std::move(task), reads, writes, std::move(label));
+    return Future<T>(std::move(state));
+  }
+
+ private:
+  friend PendingTarget pending_target() noexcept;
+  std::shared_ptr<detail::Worker> worker_;
+};
+
+/// The calling OS thread's PendingTarget (see there). One thread-local read when no scope is
+/// active. Thread safety: safe from any thread.
+PendingTarget pending_target() noexcept;
 
 }  // namespace treetensor::asyncs
