@@ -19,8 +19,10 @@ namespace treetensor::detail {
 namespace {
 
 // Whether some made leaf of `t` needs a gradient. A deferred tree's leaves were never handed
-// out, so none can have been asked for one (results of flat calls never require grad).
+// out, so none can have been asked for one (results of flat calls never require grad); a
+// pending one is waited for first.
 bool any_leaf_requires_grad(const TensorTree& t) {
+  if (t.is_pending()) (void)t.is_leaf();  // an asyncs pending result: its leaves once made
   if (t.is_deferred()) return false;
   tree::detail::WalkStack<const TensorTree*> stack;
   stack.push(&t);

@@ -3,6 +3,7 @@
 #include "treetensor/tensor/ops.hpp"
 
 #include "tensor/leafwise.hpp"
+#include "tensor/pending.hpp"
 
 #include <ATen/ATen.h>
 
@@ -17,8 +18,12 @@ using detail::elementwise;
 using detail::FusedArgs;
 using detail::LeafArgs;
 using detail::map1;
+using detail::map1_owned;
+using detail::map_owned;
 using detail::multi1;
 using detail::update1;
+using detail::update1_owned;
+using detail::update_owned;
 
 // ---- unary -----------------------------------------------------------------------------------
 using Kernel1 = at::Tensor (*)(const at::Tensor&);
@@ -49,27 +54,27 @@ CallOptions unary_options(std::string_view op) {
 TreeTensor unary_map(std::string_view op, const TensorTree& t, Kernel1 k, const ForeachUnary* fe) {
   const Operand args[] = {Operand(t)};
   auto leaf = [k](const LeafArgs& x) { return k(x.t(0)); };
-  if (!fe) return detail::map_leaves(unary_options(op), args, leaf);
+  if (!fe) return map_owned(unary_options(op), args, leaf);
   auto fused = [fe](const FusedArgs& a, std::vector<at::Tensor>& out) {
     if (!a.foreach_compatible()) return false;
     out = fe->map(a.column(0));
     return true;
   };
-  return detail::map_leaves(unary_options(op), args, leaf, fused);
+  return map_owned(unary_options(op), args, leaf, fused);
 }
 
 TreeTensor& unary_update(std::string_view op, TreeTensor& t, Update1 k, const ForeachUnary* fe) {
   const Operand args[] = {Operand(t)};
   auto leaf = [k](const LeafArgs& x) { k(x.t(0)); };
   if (!fe) {
-    detail::update_leaves(unary_options(op), args, leaf);
+    update_owned(unary_options(op), args, leaf);
   } else {
     auto fused = [fe](const FusedArgs& a) {
       if (!a.foreach_compatible()) return false;
       fe->update(a.column(0));
       return true;
     };
-    detail::update_leaves(unary_options(op), args, leaf, fused);
+    update_owned(unary_options(op), args, leaf, fused);
   }
   return t;
 }
@@ -111,21 +116,21 @@ TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, K
   auto leaf = [tt, ts](const LeafArgs& x) {
     return x.is_scalar(1) ? ts(x.t(0), x.s(1)) : tt(x.t(0), x.t(1));
   };
-  if (!fe) return detail::map_leaves(binary_options(op, a), args, leaf);
+  if (!fe) return map_owned(binary_options(op, a), args, leaf);
   auto fused = [fe](const FusedArgs& f, std::vector<at::Tensor>& out) {
     if (!f.operand(0).is_tree() || !f.foreach_compatible()) return false;
     out = f.operand(1).is_tree() ? fe->map_ll(f.column(0), f.column(1))
                                  : fe->map_ls(f.column(0), f.operand(1).scalar());
     return true;
   };
-  return detail::map_leaves(binary_options(op, a), args, leaf, fused);
+  return map_owned(binary_options(op, a), args, leaf, fused);
 }
 
 TreeTensor binary_tensor_map(std::string_view op, const Operand& a, const Operand& b, KernelTT tt) {
   const Operand args[] = {a, b};
   CallOptions o = elementwise(op);
   o.wrap_scalars = true;
-  return detail::map_leaves(o, args, [tt](const LeafArgs& x) { return tt(x.t(0), x.t(1)); });
+  return map_owned(o, args, [tt](const LeafArgs& x) { return tt(x.t(0), x.t(1)); });
 }
 
 TreeTensor& binary_update(std::string_view op, TreeTensor& a, const Operand& b, UpdateTT tt,
@@ -135,7 +140,7 @@ TreeTensor& binary_update(std::string_view op, TreeTensor& a, const Operand& b, 
     x.is_scalar(1) ? ts(x.t(0), x.s(1)) : tt(x.t(0), x.t(1));
   };
   if (!fe) {
-    detail::update_leaves(elementwise(op), args, leaf);
+    update_owned(elementwise(op), args, leaf);
     return a;
   }
   auto fused = [fe](const FusedArgs& f) {
@@ -144,7 +149,7 @@ TreeTensor& binary_update(std::string_view op, TreeTensor& a, const Operand& b, 
                            : fe->update_ls(f.column(0), f.operand(1).scalar());
     return true;
   };
-  detail::update_leaves(elementwise(op), args, leaf, fused);
+  update_owned(elementwise(op), args, leaf, fused);
   return a;
 }
 
@@ -188,10 +193,11 @@ bool is_one(const at::Scalar& s) {
 TreeTensor alpha_map(const AlphaOp& op, const Operand& a, const Operand& b,
                      const at::Scalar& alpha) {
   const Operand args[] = {a, b};
-  auto leaf = [&](const LeafArgs& x) {
+  // `op` is a constexpr table entry (static storage); alpha is copied: the call may be pending.
+  auto leaf = [&op, alpha](const LeafArgs& x) {
     return x.is_scalar(1) ? op.ts(x.t(0), x.s(1), alpha) : op.tt(x.t(0), x.t(1), alpha);
   };
-  auto fused = [&](const FusedArgs& f, std::vector<at::Tensor>& out) {
+  auto fused = [&op, alpha](const FusedArgs& f, std::vector<at::Tensor>& out) {
     if (!f.operand(0).is_tree() || !f.foreach_compatible()) return false;
     if (f.operand(1).is_tree()) {
       out = op.map_ll(f.column(0), f.column(1), alpha);
@@ -201,16 +207,16 @@ TreeTensor alpha_map(const AlphaOp& op, const Operand& a, const Operand& b,
     out = op.map_ls(f.column(0), f.operand(1).scalar());
     return true;
   };
-  return detail::map_leaves(binary_options(op.name, a), args, leaf, fused);
+  return map_owned(binary_options(op.name, a), args, leaf, fused);
 }
 
 TreeTensor& alpha_update(const AlphaOp& op, TreeTensor& a, const Operand& b,
                          const at::Scalar& alpha) {
   const Operand args[] = {Operand(a), b};
-  auto leaf = [&](const LeafArgs& x) {
+  auto leaf = [&op, alpha](const LeafArgs& x) {
     x.is_scalar(1) ? op.ts_(x.t(0), x.s(1), alpha) : op.tt_(x.t(0), x.t(1), alpha);
   };
-  auto fused = [&](const FusedArgs& f) {
+  auto fused = [&op, alpha](const FusedArgs& f) {
     if (!f.foreach_compatible()) return false;
     if (f.operand(1).is_tree()) {
       op.update_ll(f.column(0), f.column(1), alpha);
@@ -220,7 +226,7 @@ TreeTensor& alpha_update(const AlphaOp& op, TreeTensor& a, const Operand& b,
     op.update_ls(f.column(0), f.operand(1).scalar());
     return true;
   };
-  detail::update_leaves(elementwise(op.inplace_name), args, leaf, fused);
+  update_owned(elementwise(op.inplace_name), args, leaf, fused);
   return a;
 }
 
@@ -258,7 +264,8 @@ TreeTensor matrix_op(std::string_view op, const Operand& a, const Operand& b, Ke
   o.wrap_scalars = true;
   o.cost = matmul_cost;
   auto leaf = [k](const LeafArgs& x) { return k(x.t(0), x.t(1)); };
-  return batch ? detail::map_leaves(o, args, leaf, fused_bmm) : detail::map_leaves(o, args, leaf);
+  return batch ? map_owned(o, args, leaf, &fused_bmm, &matmul_cost)
+               : map_owned(o, args, leaf, nullptr, &matmul_cost);
 }
 
 // Whether pred holds for every leaf pair of two trees of equal structure (false otherwise).
@@ -362,10 +369,12 @@ TreeTensor& sub_(TreeTensor& a, const Operand& b, const at::Scalar& alpha) {
 
 TreeTensor clamp(const TensorTree& t, c10::optional<at::Scalar> min,
                  c10::optional<at::Scalar> max) {
-  return map1(elementwise("clamp"), t, [&](const at::Tensor& x) { return at::clamp(x, min, max); });
+  return map1_owned(elementwise("clamp"), t,
+                    [min, max](const at::Tensor& x) { return at::clamp(x, min, max); });
 }
 TreeTensor& clamp_(TreeTensor& t, c10::optional<at::Scalar> min, c10::optional<at::Scalar> max) {
-  return update1(elementwise("clamp_"), t, [&](const at::Tensor& x) { x.clamp_(min, max); });
+  return update1_owned(elementwise("clamp_"), t,
+                       [min, max](const at::Tensor& x) { x.clamp_(min, max); });
 }
 
 namespace {
@@ -376,13 +385,13 @@ TreeTensor& pointwise3_(std::string_view op, TreeTensor& self, const Operand& t1
   const Operand args[] = {Operand(self), t1, t2};
   CallOptions o = elementwise(op);
   o.wrap_scalars = true;
-  auto leaf = [&](const LeafArgs& x) { leaf_fn(x.t(0), x.t(1), x.t(2)); };
-  auto fused = [&](const FusedArgs& f) {
+  auto leaf = [leaf_fn](const LeafArgs& x) { leaf_fn(x.t(0), x.t(1), x.t(2)); };
+  auto fused = [foreach_fn](const FusedArgs& f) {
     if (!f.operand(1).is_tree() || !f.operand(2).is_tree() || !f.foreach_compatible()) return false;
     foreach_fn(f.column(0), f.column(1), f.column(2));
     return true;
   };
-  detail::update_leaves(o, args, leaf, fused);
+  update_owned(o, args, leaf, fused);
   return self;
 }
 }  // namespace
@@ -391,10 +400,10 @@ TreeTensor& addcmul_(TreeTensor& self, const Operand& t1, const Operand& t2,
                      const at::Scalar& value) {
   return pointwise3_(
       "addcmul_", self, t1, t2,
-      [&](const at::Tensor& s, const at::Tensor& a, const at::Tensor& b) {
+      [value](const at::Tensor& s, const at::Tensor& a, const at::Tensor& b) {
         s.addcmul_(a, b, value);
       },
-      [&](at::TensorList s, at::TensorList a, at::TensorList b) {
+      [value](at::TensorList s, at::TensorList a, at::TensorList b) {
         at::_foreach_addcmul_(s, a, b, value);
       });
 }
@@ -403,10 +412,10 @@ TreeTensor& addcdiv_(TreeTensor& self, const Operand& t1, const Operand& t2,
                      const at::Scalar& value) {
   return pointwise3_(
       "addcdiv_", self, t1, t2,
-      [&](const at::Tensor& s, const at::Tensor& a, const at::Tensor& b) {
+      [value](const at::Tensor& s, const at::Tensor& a, const at::Tensor& b) {
         s.addcdiv_(a, b, value);
       },
-      [&](at::TensorList s, at::TensorList a, at::TensorList b) {
+      [value](at::TensorList s, at::TensorList a, at::TensorList b) {
         at::_foreach_addcdiv_(s, a, b, value);
       });
 }
@@ -416,8 +425,8 @@ TreeTensor addcmul(const Operand& self, const Operand& t1, const Operand& t2,
   const Operand args[] = {self, t1, t2};
   CallOptions o = elementwise("addcmul");
   o.wrap_scalars = true;
-  return detail::map_leaves(
-      o, args, [&](const LeafArgs& x) { return at::addcmul(x.t(0), x.t(1), x.t(2), value); });
+  return map_owned(
+      o, args, [value](const LeafArgs& x) { return at::addcmul(x.t(0), x.t(1), x.t(2), value); });
 }
 
 TreeTensor addcdiv(const Operand& self, const Operand& t1, const Operand& t2,
@@ -425,23 +434,23 @@ TreeTensor addcdiv(const Operand& self, const Operand& t1, const Operand& t2,
   const Operand args[] = {self, t1, t2};
   CallOptions o = elementwise("addcdiv");
   o.wrap_scalars = true;
-  return detail::map_leaves(
-      o, args, [&](const LeafArgs& x) { return at::addcdiv(x.t(0), x.t(1), x.t(2), value); });
+  return map_owned(
+      o, args, [value](const LeafArgs& x) { return at::addcdiv(x.t(0), x.t(1), x.t(2), value); });
 }
 
 TreeTensor lerp(const Operand& self, const Operand& end, const at::Scalar& weight) {
   const Operand args[] = {self, end};
   CallOptions o = elementwise("lerp");
   o.wrap_scalars = true;
-  return detail::map_leaves(o, args,
-                            [&](const LeafArgs& x) { return at::lerp(x.t(0), x.t(1), weight); });
+  return map_owned(o, args,
+                   [weight](const LeafArgs& x) { return at::lerp(x.t(0), x.t(1), weight); });
 }
 
 TreeTensor& lerp_(TreeTensor& self, const Operand& end, const at::Scalar& weight) {
   const Operand args[] = {Operand(self), end};
   CallOptions o = elementwise("lerp_");
   o.wrap_scalars = true;
-  detail::update_leaves(o, args, [&](const LeafArgs& x) { x.t(0).lerp_(x.t(1), weight); });
+  update_owned(o, args, [weight](const LeafArgs& x) { x.t(0).lerp_(x.t(1), weight); });
   return self;
 }
 
@@ -449,7 +458,7 @@ TreeTensor& copy_(TreeTensor& self, const Operand& src) {
   const Operand args[] = {Operand(self), src};
   CallOptions o = elementwise("copy_");
   o.wrap_scalars = true;
-  detail::update_leaves(o, args, [](const LeafArgs& x) { x.t(0).copy_(x.t(1)); });
+  update_owned(o, args, [](const LeafArgs& x) { x.t(0).copy_(x.t(1)); });
   return self;
 }
 
@@ -460,13 +469,13 @@ TreeTensor& zero_(TreeTensor& t) {
     at::_foreach_zero_(f.column(0));
     return true;
   };
-  detail::update_leaves(
+  update_owned(
       elementwise("zero_"), args, [](const LeafArgs& x) { x.t(0).zero_(); }, fused);
   return t;
 }
 
 TreeTensor& fill_(TreeTensor& t, const at::Scalar& value) {
-  return update1(elementwise("fill_"), t, [&](const at::Tensor& x) { x.fill_(value); });
+  return update1_owned(elementwise("fill_"), t, [value](const at::Tensor& x) { x.fill_(value); });
 }
 
 TreeTensor& requires_grad_(TreeTensor& t, bool requires_grad) {
@@ -479,7 +488,7 @@ TreeTensor isclose(const Operand& a, const Operand& b, double rtol, double atol,
   const Operand args[] = {a, b};
   CallOptions o = elementwise("isclose");
   o.wrap_scalars = true;
-  return detail::map_leaves(o, args, [&](const LeafArgs& x) {
+  return map_owned(o, args, [rtol, atol, equal_nan](const LeafArgs& x) {
     return at::isclose(x.t(0), x.t(1), rtol, atol, equal_nan);
   });
 }
@@ -512,59 +521,64 @@ TreeTensor dot(const Operand& a, const Operand& b) {
 
 // ---- shape and conversion ----------------------------------------------------------------------
 TreeTensor to(const TensorTree& t, at::TensorOptions options, bool non_blocking, bool copy) {
-  return map1(elementwise("to"), t,
-              [&](const at::Tensor& x) { return x.to(options, non_blocking, copy); });
+  return map1_owned(elementwise("to"), t, [options, non_blocking, copy](const at::Tensor& x) {
+    return x.to(options, non_blocking, copy);
+  });
 }
 TreeTensor to(const TensorTree& t, at::ScalarType dtype) {
-  return map1(elementwise("to"), t, [&](const at::Tensor& x) { return x.to(dtype); });
+  return map1_owned(elementwise("to"), t, [dtype](const at::Tensor& x) { return x.to(dtype); });
 }
 TreeTensor to(const TensorTree& t, at::Device device) {
-  return map1(elementwise("to"), t, [&](const at::Tensor& x) { return x.to(device); });
+  return map1_owned(elementwise("to"), t, [device](const at::Tensor& x) { return x.to(device); });
 }
 TreeTensor cpu(const TensorTree& t) {
-  return map1("cpu", t, [](const at::Tensor& x) { return x.cpu(); });
+  return map1_owned("cpu", t, [](const at::Tensor& x) { return x.cpu(); });
 }
 TreeTensor contiguous(const TensorTree& t) {
-  return map1("contiguous", t, [](const at::Tensor& x) { return x.contiguous(); });
+  return map1_owned("contiguous", t, [](const at::Tensor& x) { return x.contiguous(); });
 }
 TreeTensor reshape(const TensorTree& t, at::IntArrayRef shape) {
-  return map1("reshape", t, [&](const at::Tensor& x) { return x.reshape(shape); });
+  return map1_owned("reshape", t,
+                    [shape = shape.vec()](const at::Tensor& x) { return x.reshape(shape); });
 }
 TreeTensor view(const TensorTree& t, at::IntArrayRef shape) {
-  return map1("view", t, [&](const at::Tensor& x) { return x.view(shape); });
+  return map1_owned("view", t,
+                    [shape = shape.vec()](const at::Tensor& x) { return x.view(shape); });
 }
 TreeTensor squeeze(const TensorTree& t) {
-  return map1("squeeze", t, [](const at::Tensor& x) { return x.squeeze(); });
+  return map1_owned("squeeze", t, [](const at::Tensor& x) { return x.squeeze(); });
 }
 TreeTensor squeeze(const TensorTree& t, int64_t dim) {
-  return map1("squeeze", t, [&](const at::Tensor& x) { return x.squeeze(dim); });
+  return map1_owned("squeeze", t, [dim](const at::Tensor& x) { return x.squeeze(dim); });
 }
 TreeTensor unsqueeze(const TensorTree& t, int64_t dim) {
-  return map1("unsqueeze", t, [&](const at::Tensor& x) { return x.unsqueeze(dim); });
+  return map1_owned("unsqueeze", t, [dim](const at::Tensor& x) { return x.unsqueeze(dim); });
 }
 TreeTensor transpose(const TensorTree& t, int64_t dim0, int64_t dim1) {
-  return map1("transpose", t, [&](const at::Tensor& x) { return x.transpose(dim0, dim1); });
+  return map1_owned("transpose", t,
+                    [dim0, dim1](const at::Tensor& x) { return x.transpose(dim0, dim1); });
 }
 TreeTensor permute(const TensorTree& t, at::IntArrayRef dims) {
-  return map1("permute", t, [&](const at::Tensor& x) { return x.permute(dims); });
+  return map1_owned("permute", t,
+                    [dims = dims.vec()](const at::Tensor& x) { return x.permute(dims); });
 }
 TreeTensor flatten(const TensorTree& t, int64_t start_dim, int64_t end_dim) {
-  return map1("flatten", t, [&](const at::Tensor& x) { return x.flatten(start_dim, end_dim); });
+  return map1_owned("flatten", t, [start_dim, end_dim](const at::Tensor& x) {
+    return x.flatten(start_dim, end_dim);
+  });
 }
 
 TreeTensor index_select(const TensorTree& t, int64_t dim, const Operand& index) {
   const Operand args[] = {Operand(t), index};
-  return detail::map_leaves(CallOptions{"index_select"}, args, [&](const LeafArgs& x) {
-    return at::index_select(x.t(0), dim, x.t(1));
-  });
+  return map_owned(CallOptions{"index_select"}, args,
+                   [dim](const LeafArgs& x) { return at::index_select(x.t(0), dim, x.t(1)); });
 }
 
 TreeTensor where(const Operand& cond, const Operand& a, const Operand& b) {
   const Operand args[] = {cond, a, b};
   CallOptions o = elementwise("where");
   o.wrap_scalars = true;
-  return detail::map_leaves(o, args,
-                            [](const LeafArgs& x) { return at::where(x.t(0), x.t(1), x.t(2)); });
+  return map_owned(o, args, [](const LeafArgs& x) { return at::where(x.t(0), x.t(1), x.t(2)); });
 }
 
 TreeTensor index(const TensorTree& t, at::ArrayRef<at::indexing::TensorIndex> indices) {
@@ -573,30 +587,30 @@ TreeTensor index(const TensorTree& t, at::ArrayRef<at::indexing::TensorIndex> in
 
 TreeTensor index(const TensorTree& t, const TensorTree& indices) {
   const Operand args[] = {Operand(t), Operand(indices)};
-  return detail::map_leaves(CallOptions{"index"}, args, [](const LeafArgs& x) {
+  return map_owned(CallOptions{"index"}, args, [](const LeafArgs& x) {
     return x.t(0).index({at::indexing::TensorIndex(x.t(1))});
   });
 }
 
 namespace {
 template <class F>
-TreeTensor join(std::string_view op, const std::vector<TreeTensor>& trees, F&& f) {
+TreeTensor join(std::string_view op, const std::vector<TreeTensor>& trees, F f) {
   if (trees.empty()) throw std::invalid_argument(std::string(op) + ": needs at least one tree");
   std::vector<Operand> args(trees.begin(), trees.end());
-  return detail::map_leaves(CallOptions{op}, args, [&](const LeafArgs& x) {
+  return map_owned(CallOptions{op}, args, [n = trees.size(), f = std::move(f)](const LeafArgs& x) {
     std::vector<at::Tensor> parts;
-    parts.reserve(trees.size());
-    for (std::size_t k = 0; k < trees.size(); ++k) parts.push_back(x.t(k));
+    parts.reserve(n);
+    for (std::size_t k = 0; k < n; ++k) parts.push_back(x.t(k));
     return f(parts);
   });
 }
 }  // namespace
 
 TreeTensor cat(const std::vector<TreeTensor>& trees, int64_t dim) {
-  return join("cat", trees, [&](at::TensorList parts) { return at::cat(parts, dim); });
+  return join("cat", trees, [dim](at::TensorList parts) { return at::cat(parts, dim); });
 }
 TreeTensor stack(const std::vector<TreeTensor>& trees, int64_t dim) {
-  return join("stack", trees, [&](at::TensorList parts) { return at::stack(parts, dim); });
+  return join("stack", trees, [dim](at::TensorList parts) { return at::stack(parts, dim); });
 }
 std::vector<TreeTensor> split(const TensorTree& t, int64_t split_size, int64_t dim) {
   return multi1("split", t, [&](const at::Tensor& x) { return x.split(split_size, dim); });

@@ -10,11 +10,13 @@
 
 #include "tensor/flat.hpp"
 #include "tensor/leafwise.hpp"
+#include "tensor/pending.hpp"
 
 namespace treetensor {
 namespace {
 
 using detail::map1;
+using detail::map1_owned;
 using detail::multi1;
 
 // Leaf results in flatten order; on a consolidated tree (flat.hpp), one result per buffer
@@ -154,34 +156,40 @@ at::Tensor masked_select(const TensorTree& t, const Operand& mask) {
 }
 
 TreeTensor leaf_sum(const TensorTree& t) {
-  return map1("leaf_sum", t, [](const at::Tensor& x) { return x.sum(); });
+  return map1_owned("leaf_sum", t, [](const at::Tensor& x) { return x.sum(); });
 }
 TreeTensor leaf_sum(const TensorTree& t, at::IntArrayRef dim, bool keepdim) {
-  return map1("leaf_sum", t, [&](const at::Tensor& x) { return x.sum(dim, keepdim); });
+  return map1_owned("leaf_sum", t, [dim = dim.vec(), keepdim](const at::Tensor& x) {
+    return x.sum(dim, keepdim);
+  });
 }
 TreeTensor leaf_mean(const TensorTree& t) {
-  return map1("leaf_mean", t, [](const at::Tensor& x) { return x.mean(); });
+  return map1_owned("leaf_mean", t, [](const at::Tensor& x) { return x.mean(); });
 }
 TreeTensor leaf_mean(const TensorTree& t, at::IntArrayRef dim, bool keepdim) {
-  return map1("leaf_mean", t, [&](const at::Tensor& x) { return x.mean(dim, keepdim); });
+  return map1_owned("leaf_mean", t, [dim = dim.vec(), keepdim](const at::Tensor& x) {
+    return x.mean(dim, keepdim);
+  });
 }
 TreeTensor leaf_all(const TensorTree& t) {
-  return map1("leaf_all", t, [](const at::Tensor& x) { return x.all(); });
+  return map1_owned("leaf_all", t, [](const at::Tensor& x) { return x.all(); });
 }
 TreeTensor leaf_all(const TensorTree& t, int64_t dim, bool keepdim) {
-  return map1("leaf_all", t, [&](const at::Tensor& x) { return x.all(dim, keepdim); });
+  return map1_owned("leaf_all", t,
+                    [dim, keepdim](const at::Tensor& x) { return x.all(dim, keepdim); });
 }
 TreeTensor leaf_any(const TensorTree& t) {
-  return map1("leaf_any", t, [](const at::Tensor& x) { return x.any(); });
+  return map1_owned("leaf_any", t, [](const at::Tensor& x) { return x.any(); });
 }
 TreeTensor leaf_any(const TensorTree& t, int64_t dim, bool keepdim) {
-  return map1("leaf_any", t, [&](const at::Tensor& x) { return x.any(dim, keepdim); });
+  return map1_owned("leaf_any", t,
+                    [dim, keepdim](const at::Tensor& x) { return x.any(dim, keepdim); });
 }
 TreeTensor leaf_min(const TensorTree& t) {
-  return map1("leaf_min", t, [](const at::Tensor& x) { return x.min(); });
+  return map1_owned("leaf_min", t, [](const at::Tensor& x) { return x.min(); });
 }
 TreeTensor leaf_max(const TensorTree& t) {
-  return map1("leaf_max", t, [](const at::Tensor& x) { return x.max(); });
+  return map1_owned("leaf_max", t, [](const at::Tensor& x) { return x.max(); });
 }
 
 namespace {
@@ -209,17 +217,19 @@ std::tuple<TreeTensor, TreeTensor> leaf_max(const TensorTree& t, int64_t dim, bo
                         t);
 }
 TreeTensor leaf_std(const TensorTree& t, bool unbiased) {
-  return map1("leaf_std", t, [&](const at::Tensor& x) { return x.std(unbiased); });
+  return map1_owned("leaf_std", t, [unbiased](const at::Tensor& x) { return x.std(unbiased); });
 }
 TreeTensor leaf_std(const TensorTree& t, at::IntArrayRef dim, bool unbiased, bool keepdim) {
-  return map1("leaf_std", t, [&](const at::Tensor& x) { return x.std(dim, unbiased, keepdim); });
+  return map1_owned("leaf_std", t, [dim = dim.vec(), unbiased, keepdim](const at::Tensor& x) {
+    return x.std(dim, unbiased, keepdim);
+  });
 }
 TreeTensor leaf_norm(const TensorTree& t, double p) {
-  return map1("leaf_norm", t, [&](const at::Tensor& x) { return x.norm(p); });
+  return map1_owned("leaf_norm", t, [p](const at::Tensor& x) { return x.norm(p); });
 }
 TreeTensor leaf_masked_select(const TensorTree& t, const Operand& mask) {
   const Operand args[] = {Operand(t), mask};
-  return detail::map_leaves(
+  return detail::map_owned(
       detail::CallOptions{"masked_select"}, args,
       [](const detail::LeafArgs& x) { return at::masked_select(x.t(0), x.t(1)); });
 }
