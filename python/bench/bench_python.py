@@ -6,6 +6,9 @@
    Python): its cost above a bound op with the same kernel (goal: <= 2 us per call).
 3. The seed experiment at S=32 (200 leaves, S x 2S @ 2S x 4S): ttorch.stream(2) vs the native
    Python loop (goal >= 1.4x).
+4. The seed's loop with asyncs scopes (treetensor-bench overlap, in Python): a training step on
+   the main thread, a decoder and a metrics writer in `with asyncs.thread(k):` blocks (pending)
+   vs sequential and vs `submit` (goal: scoped <= 1.15x the largest part when a core is free).
 
 Strategies are interleaved round by round; each row is the median over rounds of the per-call
 time of a batch of calls.
@@ -130,7 +133,93 @@ def main():
     print(f"{'':30} {'median ms':>10} {'speed-up':>9} {'best ms':>9} {'speed-up':>9} {'cpu/wall':>9}")
     for name, (t, b, c) in seed.items():
         print(f"{name:30} {t * 1e3:10.3f} {base / t:8.2f}x {b * 1e3:9.3f} {base_best / b:8.2f}x {c:9.2f}")
+    overlap(args.rounds)
     print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
+
+
+def overlap(rounds, leaves=40, s=64, steps=8):
+    """The seed's loop with a decoder and a metrics writer beside the training step."""
+    import io
+
+    import treetensor.asyncs as asyncs
+
+    torch.manual_seed(0)
+    basis = torch.randn(s, 2 * s) / (64 * s ** 0.5)
+    w0 = ttorch.Tensor({f"l{k}": torch.randn(2 * s, 4 * s) / (2 * s) ** 0.5 for k in range(leaves)})
+    codes = [ttorch.Tensor({f"l{k}": torch.randint(0, 256, (s, s), dtype=torch.uint8)
+                            for k in range(leaves)}) for _ in range(steps + 1)]
+
+    def decode(code):
+        return ttorch.matmul(code.to(torch.float32) - 127.5, basis)
+
+    def train(batch, w):
+        y = ttorch.matmul(batch, w)
+        w.mul_(0.9999)
+        return y
+
+    def metrics(y):
+        return y.std(dim=(0, 1)), (y * y).sum(dim=(0, 1))
+
+    def write(out, i, m):
+        out.write(f"{i} " + " ".join(f"{float(v):.9g}" for t in m for v in t.values()) + "\n")
+
+    dec, met = asyncs.Thread("decoder"), asyncs.Thread("metrics")
+
+    def sequential(w, out):
+        batch = decode(codes[0])
+        for i in range(steps):
+            nxt = decode(codes[i + 1])
+            write(out, i, metrics(train(batch, w)))
+            batch = nxt
+
+    def scoped(w, out):
+        batch = decode(codes[0])
+        for i in range(steps):
+            with asyncs.thread(dec):
+                nxt = decode(codes[i + 1])
+            y = train(batch, w)
+            with asyncs.thread(met):
+                m = metrics(y)
+            met.submit(write, out, i, m)
+            batch = nxt
+        asyncs.synchronize()
+
+    def submitted(w, out):
+        batch = decode(codes[0])
+        for i in range(steps):
+            nxt = dec.submit(decode, codes[i + 1])
+            y = train(batch, w)
+            met.submit(lambda i=i, y=y: write(out, i, metrics(y)))
+            batch = nxt.result()
+        met.wait_idle()
+
+    rows = {"sequential": sequential, "scoped": scoped, "submit": submitted}
+    outcome = {}
+    for name, fn in rows.items():
+        w, out = w0.clone(), io.StringIO()
+        fn(w, out)
+        outcome[name] = (w, out.getvalue())
+    for name, (w, text) in outcome.items():
+        assert ttorch.equal(w, outcome["sequential"][0]), f"{name}: weights differ from sequential"
+        assert text == outcome["sequential"][1], f"{name}: metrics file differs from sequential"
+    w, y0, sink = w0.clone(), train(decode(codes[0]), w0.clone()), io.StringIO()
+    batch0 = decode(codes[0])
+    cases = [(name, (lambda fn=fn: fn(w0.clone(), io.StringIO()))) for name, fn in rows.items()]
+    cases += [("decode alone", lambda: [decode(c) for c in codes]),
+              ("train alone", lambda: [train(batch0, w) for _ in range(steps)]),
+              ("metrics alone", lambda: [write(sink, i, metrics(y0)) for i in range(steps)])]
+    got = measure(cases, rounds, 1)
+    per_step = {name: t / steps for name, (t, _, _) in got.items()}
+    parts = [per_step[k] for k in ("decode alone", "train alone", "metrics alone")]
+    base = per_step["sequential"]
+    print(f"\n## overlap: {leaves} leaves, S={s}, {steps} steps (ms per step, median; verified: the "
+          f"same weights and metrics text)")
+    print(f"{'':30} {'ms/step':>10} {'vs sequential':>14}")
+    for name, t in list(per_step.items()) + [("sum of parts", sum(parts)), ("max of parts", max(parts))]:
+        print(f"{name:30} {t * 1e3:10.3f} {base / t:13.2f}x")
+    print(f"scoped / max of parts: {per_step['scoped'] / max(parts):.2f}")
+    dec.close()
+    met.close()
 
 
 if __name__ == "__main__":

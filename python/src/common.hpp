@@ -104,15 +104,44 @@ struct PyTree {
   // Reads go through the const tree: a mutable access would drop a consolidated root's
   // property (consolidate.hpp). The reference may be handed to the next nogil() call, which
   // keeps the root's keys unchanged while it runs.
+  /// The node for a read: a pending tree (an asyncs pending result, DESIGN.md §10) is waited
+  /// for first, with the GIL released; its job's error is raised here.
   const TensorTree& node() const {
+    const TensorTree& n = operand();
+    wait_ready(n);
+    return n;
+  }
+  /// The node as an operand of a tree call: a pending node is passed on as it is, so that a
+  /// call inside a pending scope chains on it without waiting (the root is waited for when
+  /// the path goes below it).
+  const TensorTree& operand() const {
     pin_next_call(root);
     const TreeTensor& r = *root;
-    return path.empty() ? r : r.at(path);
+    if (path.empty()) return r;
+    wait_ready(r);
+    return r.at(path);
+  }
+  /// Makes a pending tree's content with the GIL released (nothing for other trees).
+  static void wait_ready(const TensorTree& n) {
+    if (!n.is_pending()) return;
+    py::gil_scoped_release release;
+    (void)n.is_leaf();
   }
   /// For changes of keys. @throws RuntimeError while a tree call reads this root.
   TensorTree& node_mut() {
+    wait_ready(*root);
     begin_change(*root, path);
     return path.empty() ? *root : root->at(path);
+  }
+  /// Replaces the node by `t`, which has its keys (a copy left pending by an in-place call
+  /// inside a pending scope): a pending root is not waited for. @throws as node_mut().
+  void replace(TensorTree t) {
+    if (!path.empty()) {
+      node_mut() = std::move(t);
+      return;
+    }
+    begin_change(*root, path);
+    static_cast<TensorTree&>(*root) = std::move(t);
   }
 };
 

@@ -218,6 +218,7 @@ namespace {
 // Whether `t` is a single tensor. A consolidated result not yet looked at answers from its
 // layout, so wrapping it does not make its leaf tensors (DESIGN.md §12).
 bool leaf_root(const TreeTensor& t) {
+  if (t.is_pending()) return false;  // a pending result of tree operands: a tree (not waited for)
   if (t.is_deferred())
     if (const ConsolidatedTree* c = consolidated_source(t))
       return c->layout().spec().node_count() == 1 && c->layout().leaves() == 1;
@@ -305,7 +306,7 @@ Operand Args::add(py::handle h) {
   PyObject* o = h.ptr();
   if (is_tree(h)) {
     any_tree_ = true;
-    return ops_.emplace_back(as_tree(h).node());
+    return ops_.emplace_back(as_tree(h).operand());
   }
   if (THPVariable_CheckExact(o) || THPVariable_Check(o))
     return ops_.emplace_back(tensors_.emplace_back(THPVariable_Unpack(o)));

@@ -24,16 +24,19 @@ bool tree_like(py::handle h) {
 /// Calls f(const TensorTree&) on x's tree (a tree object's node, or a dict converted).
 template <class F>
 decltype(auto) with_tree(py::handle x, F&& f) {
-  if (is_tree(x)) return f(as_tree(x).node());
+  if (is_tree(x)) return f(as_tree(x).operand());
   const TreeTensor t = to_tree(x);
   return f(static_cast<const TensorTree&>(t));
 }
 
 /// An in-place call on self's leaves: the same leaf tensors change, so a view updates its root.
+/// Inside a pending scope the copy comes back pending (asyncs, DESIGN.md §10): self's node
+/// then stands for it, so that reading self waits for the job.
 template <class F>
 py::object inplace(py::object self, F&& f) {
-  TreeTensor t(as_tree(self).node());
+  TreeTensor t(as_tree(self).operand());
   nogil([&] { f(t); });
+  if (t.is_pending()) as_tree(self).replace(std::move(t));
   return self;
 }
 
@@ -132,7 +135,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def(                                                         \
       #name,                                                       \
       [](const PyTree& s) {                                        \
-        const TensorTree& n = s.node();                            \
+        const TensorTree& n = s.operand();                         \
         return wrap(nogil([&] { return treetensor::name(n); }));   \
       },                                                           \
       #name "(): " doc ", on every leaf.");                        \
@@ -158,7 +161,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       #name,                                                                             \
       [](const PyTree& s, py::handle other) {                                            \
         Args a;                                                                          \
-        const Operand x(s.node()), y = a.add(other);                                     \
+        const Operand x(s.operand()), y = a.add(other);                                  \
         return wrap(nogil([&] { return treetensor::name(x, y); }));                      \
       },                                                                                 \
       py::arg("other"), #name "(b): " doc ", leaf-wise (b: a tree, tensor or number)."); \
@@ -200,7 +203,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
         name,
         [fn](const PyTree& s, py::handle other, const Number& alpha) {
           Args a;
-          const Operand x(s.node()), y = a.add(other);
+          const Operand x(s.operand()), y = a.add(other);
           return wrap(nogil([&] { return fn(x, y, alpha); }));
         },
         py::arg("other"), py::kw_only(), py::arg("alpha") = 1);
@@ -240,7 +243,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   auto binop = [&](const char* fwd, const char* rev, auto fn) {
     cls.def(fwd, [fn](const PyTree& s, py::handle other) -> py::object {
       Args a;
-      const Operand x(s.node());
+      const Operand x(s.operand());
       Operand y = x;
       try {
         y = a.add(other);
@@ -252,7 +255,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
     if (rev)
       cls.def(rev, [fn](const PyTree& s, py::handle other) -> py::object {
         Args a;
-        const Operand y(s.node());
+        const Operand y(s.operand());
         Operand x = y;
         try {
           x = a.add(other);
@@ -334,21 +337,21 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   iop("__irshift__", leaf2_("bitwise_right_shift_",
                             [](at::Tensor& a, const at::Tensor& b) { a.bitwise_right_shift_(b); }));
   cls.def("__neg__", [](const PyTree& s) {
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::neg(n); }));
   });
   cls.def("__pos__", [](py::object self) { return self; });
   cls.def("__invert__", [](const PyTree& s) {
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::bitwise_not(n); }));
   });
   cls.def("__abs__", [](const PyTree& s) {
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::abs(n); }));
   });
   cls.def("floor_divide", [floordiv](const PyTree& s, py::handle other) {
     Args a;
-    const Operand x(s.node()), y = a.add(other);
+    const Operand x(s.operand()), y = a.add(other);
     return wrap(nogil([&] { return floordiv(x, y); }));
   });
 
@@ -356,7 +359,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def(
       "clamp",
       [](const PyTree& s, std::optional<Number> lo, std::optional<Number> hi) {
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         return wrap(nogil([&] { return treetensor::clamp(n, scalar(lo), scalar(hi)); }));
       },
       py::arg("min") = py::none(), py::arg("max") = py::none());
@@ -394,14 +397,14 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       py::arg("condition"), py::arg("input"), py::arg("other"));
   cls.def("where", [](const PyTree& s, py::handle c, py::handle y) {
     Args a;
-    const Operand ox(s.node()), oc = a.add(c), oy = a.add(y);
+    const Operand ox(s.operand()), oc = a.add(c), oy = a.add(y);
     return wrap(nogil([&] { return treetensor::where(oc, ox, oy); }));
   });
   cls.def(
       "isclose",
       [](const PyTree& s, py::handle other, double rtol, double atol, bool equal_nan) {
         Args a;
-        const Operand x(s.node()), y = a.add(other);
+        const Operand x(s.operand()), y = a.add(other);
         return wrap(nogil([&] { return treetensor::isclose(x, y, rtol, atol, equal_nan); }));
       },
       py::arg("other"), py::arg("rtol") = 1e-5, py::arg("atol") = 1e-8,
@@ -439,7 +442,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
     cls.def(
         name,
         [tree_level, per_leaf](const PyTree& s, py::handle dim, bool keepdim) -> py::object {
-          const TensorTree& n = s.node();
+          const TensorTree& n = s.operand();
           if (dim.is_none()) return wrap_tensor(nogil([&] { return tree_level(n); }));
           const auto d = int_list(dim);
           return wrap(nogil([&] { return per_leaf(n, d, keepdim); }));
@@ -468,7 +471,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
     cls.def(
         name,
         [is_min](const PyTree& s, py::handle dim, bool keepdim) -> py::object {
-          const TensorTree& n = s.node();
+          const TensorTree& n = s.operand();
           if (dim.is_none())
             return wrap_tensor(
                 nogil([&] { return is_min ? treetensor::min(n) : treetensor::max(n); }));
@@ -484,32 +487,32 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def(
       "norm",
       [](const PyTree& s, double p) {
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         return wrap_tensor(nogil([&] { return treetensor::norm(n, p); }));
       },
       py::arg("p") = 2.0);
   cls.def("masked_select", [](const PyTree& s, py::handle mask) {
     Args a;
     const Operand mk = a.add(mask);
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap_tensor(nogil([&] { return treetensor::masked_select(n, mk); }));
   });
 
   // ---- shape ---------------------------------------------------------------------------------
   cls.def("reshape", [](const PyTree& s, py::args shape) {
     const auto sh = shape_args(shape);
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::reshape(n, sh); }));
   });
   cls.def("view", [](const PyTree& s, py::args shape) {
     const auto sh = shape_args(shape);
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::view(n, sh); }));
   });
   cls.def(
       "squeeze",
       [](const PyTree& s, c10::optional<int64_t> dim) {
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         return wrap(
             nogil([&] { return dim ? treetensor::squeeze(n, *dim) : treetensor::squeeze(n); }));
       },
@@ -517,36 +520,36 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def(
       "unsqueeze",
       [](const PyTree& s, int64_t dim) {
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         return wrap(nogil([&] { return treetensor::unsqueeze(n, dim); }));
       },
       py::arg("dim"));
   cls.def("transpose", [](const PyTree& s, int64_t d0, int64_t d1) {
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::transpose(n, d0, d1); }));
   });
   cls.def("permute", [](const PyTree& s, py::args dims) {
     const auto d = shape_args(dims);
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::permute(n, d); }));
   });
   cls.def(
       "flatten",
       [](const PyTree& s, int64_t a, int64_t b) {
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         return wrap(nogil([&] { return treetensor::flatten(n, a, b); }));
       },
       py::arg("start_dim") = 0, py::arg("end_dim") = -1);
   cls.def("index_select", [](const PyTree& s, int64_t dim, py::handle index) {
     Args a;
     const Operand idx = a.add(index);
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::index_select(n, dim, idx); }));
   });
   cls.def(
       "split",
       [](const PyTree& s, py::handle size, int64_t dim) {
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         if (PyLong_Check(size.ptr())) {
           const int64_t k = size.cast<int64_t>();
           return tuple_of(nogil([&] { return treetensor::split(n, k, dim); }));
@@ -564,14 +567,14 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def(
       "chunk",
       [](const PyTree& s, int64_t chunks, int64_t dim) {
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         return tuple_of(nogil([&] { return treetensor::chunk(n, chunks, dim); }));
       },
       py::arg("chunks"), py::arg("dim") = 0);
   cls.def(
       "unbind",
       [](const PyTree& s, int64_t dim) {
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         return tuple_of(nogil([&] { return treetensor::unbind(n, dim); }));
       },
       py::arg("dim") = 0);
@@ -595,23 +598,23 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       "_to",
       [](const PyTree& s, py::handle dtype, py::handle device, bool non_blocking, bool copy) {
         const at::TensorOptions o = options(dtype, device);
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         return wrap(nogil([&] { return treetensor::to(n, o, non_blocking, copy); }));
       },
       py::arg("dtype") = py::none(), py::arg("device") = py::none(),
       py::arg("non_blocking") = false, py::arg("copy") = false);
   cls.def("cpu", [](const PyTree& s) {
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::cpu(n); }));
   });
   cls.def("contiguous", [](const PyTree& s) {
-    const TensorTree& n = s.node();
+    const TensorTree& n = s.operand();
     return wrap(nogil([&] { return treetensor::contiguous(n); }));
   });
   cls.def(
       "consolidate",
       [](const PyTree& s) {
-        const TensorTree& n = s.node();
+        const TensorTree& n = s.operand();
         return wrap(nogil([&] { return treetensor::consolidate(n); }));
       },
       "A copy whose leaves are views into one buffer per (dtype, device) (C++ consolidate()).");

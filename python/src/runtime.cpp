@@ -273,11 +273,15 @@ void bind_runtime(py::module_& m) {
             return PyFuture{std::move(fut), std::move(failure)};
           },
           py::arg("fn"));
-  m.def("_thread_scope", [](const PyThread& t) {
-    Guard g;
-    g.scope = std::make_unique<asyncs::ThreadScope>(*t.thread);
-    return g;
-  });
+  m.def(
+      "_thread_scope",
+      [](const PyThread& t, bool blocking) {
+        Guard g;
+        g.scope = std::make_unique<asyncs::ThreadScope>(
+            *t.thread, blocking ? asyncs::ScopeMode::blocking : asyncs::ScopeMode::pending);
+        return g;
+      },
+      py::arg("thread"), py::arg("blocking") = false);
   m.def("_current_thread_id", [] { return asyncs::current_thread_id(); });
 
   m.def(

@@ -173,7 +173,7 @@ def test_asyncs_thread_scope():
     with asyncs.thread(1) as again:
         assert again is worker  # the same number names the same worker
     bad = ttorch.Tensor({"a": torch.ones(2), "b": {"c": torch.ones(3)}})
-    with asyncs.thread(worker):
+    with asyncs.thread(worker, blocking=True):  # a blocking scope: the call itself raises
         with pytest.raises(RuntimeError, match=r"asyncs thread \d+, job \d+.*matmul at leaf 'b\.c'|matmul at leaf 'b\.c'.*"):
             bad @ ttorch.Tensor({"a": torch.ones(2), "b": {"c": torch.ones(4)}})
     asyncs.synchronize()

@@ -114,22 +114,37 @@ def _worker(key):
 
 
 class thread:
-    """``with thread(worker):`` runs the block's tree calls on an asyncs worker thread.
+    """``with thread(worker):`` runs the block's tree calls on an asyncs worker thread
+    (OneFlow's ``oneflow.asyncs.thread``).
 
     worker: an int (a process-wide worker for that number, created on first use) or a Thread.
-    The block yields the Thread."""
+    The block yields the Thread.
 
-    def __init__(self, worker=0):
+    By default the block's tree calls are *pending*: each returns at once a tree whose content
+    is made when first read (``t.a``, ``print(t)``, ``t.to_dict()``, a tree call outside the
+    block or on another thread, ``synchronize()``), which waits, with the GIL released, for
+    exactly the job it needs; the block's code goes on meanwhile. In-place calls leave their
+    tree pending the same way. A failed call's error (its type, op, leaf path and "asyncs
+    thread <id>, job <n>") is raised by every read of its result; one never read is raised by
+    ``synchronize()``. Calls that return no tree (tree-level reductions such as ``t.sum()``,
+    ``split``/``unbind``, ``apply`` with a Python function) run on the worker and wait, as with
+    ``blocking=True``, because their results cannot be handed out before they exist.
+
+    blocking=True: every tree call of the block runs on the worker and the caller waits for it
+    (values are ready when the call returns; errors are raised by the call itself)."""
+
+    def __init__(self, worker=0, blocking=False):
         if isinstance(worker, Thread):
             self._thread = worker
         elif isinstance(worker, int) and not isinstance(worker, bool):
             self._thread = _worker(worker)
         else:
             raise TypeError(f"asyncs.thread takes an int or an asyncs.Thread, not {type(worker).__name__}")
+        self._blocking = bool(blocking)
         self._guards = []
 
     def __enter__(self):
-        self._guards.append(_C._thread_scope(self._thread._c))
+        self._guards.append(_C._thread_scope(self._thread._c, self._blocking))
         return self._thread
 
     def __exit__(self, *exc):

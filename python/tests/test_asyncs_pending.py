@@ -1,0 +1,238 @@
+"""Pending asyncs scopes (DESIGN.md §10; OneFlow's `with oneflow.asyncs.thread(k):`): the block's
+tree calls return at once, every read waits (with the GIL released) for exactly its job, errors
+are raised at the first read. Values are checked against torch on the same leaves."""
+import threading
+import time
+
+import pytest
+import torch
+
+import treetensor.asyncs as asyncs
+import treetensor.torch as ttorch
+
+
+def sample(seed=0):
+    torch.manual_seed(seed)
+    return ttorch.randn({"a": (3,), "b": {"x": (2, 2), "y": (4,)}})
+
+
+def leaves(t, prefix=""):
+    out = {}
+    for k, v in t.to_dict().items():
+        if isinstance(v, dict):
+            out.update(leaves(ttorch.Tensor(v), prefix + k + "."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def gated(worker):
+    """A job that holds `worker` until the returned event is set."""
+    ev = threading.Event()
+    worker.submit(ev.wait)
+    return ev
+
+
+def open_later(ev, delay=0.05):
+    opened = []
+
+    def go():
+        time.sleep(delay)
+        opened.append(True)
+        ev.set()
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t, opened
+
+
+def test_calls_return_at_once_and_reads_wait():
+    x = sample()
+    w = asyncs.Thread("pending")
+    ev = gated(w)
+    with asyncs.thread(w):
+        r = x * 2 + 1  # two pending jobs behind the gate
+        assert w.in_flight() == 3
+    t, opened = open_later(ev)
+    got = r.b.x  # waits, GIL released (the opener thread runs meanwhile)
+    assert opened, "the read returned before its job ran"
+    assert torch.equal(got, x.b.x * 2 + 1)
+    t.join()
+    w.close()
+
+
+@pytest.mark.parametrize("read", ["attr", "repr", "to_dict", "keys", "len", "sum", "call", "sync"])
+def test_every_read_path_waits(read):
+    x = sample(1)
+    want = {k: torch.sigmoid(v) for k, v in leaves(x).items()}
+    w = asyncs.Thread("reads")
+    ev = gated(w)
+    with asyncs.thread(w):
+        r = x.sigmoid()
+    t, opened = open_later(ev)
+    if read == "attr":
+        assert torch.equal(r.a, want["a"])
+    elif read == "repr":
+        assert "Tensor" in repr(r) or "tensor" in repr(r)
+    elif read == "to_dict":
+        assert torch.equal(r.to_dict()["b"]["y"], want["b.y"])
+    elif read == "keys":
+        assert sorted(r.keys()) == ["a", "b"]
+    elif read == "len":
+        assert len(r) == 2
+    elif read == "sum":
+        assert float(r.sum()) == pytest.approx(float(sum(v.sum() for v in want.values())), rel=1e-6)
+    elif read == "call":
+        assert torch.equal((r + 0).b.x, want["b.x"])
+    else:
+        asyncs.synchronize()
+        assert w.in_flight() == 0
+    assert opened, f"{read}: returned before the job ran"
+    assert {k: torch.equal(v, want[k]) for k, v in leaves(r).items()} == {k: True for k in want}
+    t.join()
+    w.close()
+
+
+def test_a_chain_runs_on_the_worker_without_waiting():
+    x, y = sample(2), sample(3)
+    w = asyncs.Thread("chain")
+    ev = gated(w)
+    with asyncs.thread(w):
+        s = x + y * 0.5
+        m = s * x
+        r = ttorch.clamp(ttorch.matmul(m, m).sigmoid(), 0.1, 0.9)
+        assert w.in_flight() == 1 + 6, "add, mul, mul, matmul, sigmoid, clamp: none waited"
+    ev.set()
+    for k, v in leaves(r).items():
+        a, b = leaves(x)[k], leaves(y)[k]
+        mm = (a + b * 0.5) * a
+        assert torch.equal(v, torch.clamp(torch.matmul(mm, mm).sigmoid(), 0.1, 0.9)), k
+    w.close()
+
+
+def test_in_place_inside_then_read_outside():
+    t = sample(4)
+    before = {k: v.clone() for k, v in leaves(t).items()}
+    a_view = t.b  # a view: the same root
+    w = asyncs.Thread("in place")
+    ev = gated(w)
+    with asyncs.thread(w):
+        a_view.sub_(0.5)  # the node at 'b' is pending now: the root's calls chain on it
+        t.add_(1)
+        t.mul_(2)
+    thread, opened = open_later(ev)
+    got = leaves(t)
+    assert opened
+    for k, v in before.items():
+        want = ((v - (0.5 if k.startswith("b.") else 0)) + 1) * 2
+        assert torch.equal(got[k], want), k
+    thread.join()
+    w.close()
+
+
+def test_an_error_mid_chain_is_raised_at_the_first_read():
+    x = sample(5)
+    bad = ttorch.Tensor({"a": torch.ones(2, 3), "b": {"x": torch.ones(5, 5), "y": torch.ones(4)}})
+    w = asyncs.Thread("errors")
+    with asyncs.thread(w):
+        y = ttorch.matmul(x, bad)  # fails on the worker
+        z = y + 1  # chained: fails with y's error in its message
+    with pytest.raises(RuntimeError) as e:
+        z.a
+    msg = str(e.value)
+    assert f"asyncs thread {w.id}, job 2" in msg and "tree call add" in msg, msg
+    assert "matmul" in msg and "job 1" in msg, msg
+    with pytest.raises(RuntimeError):
+        print(y)  # every read raises: nothing half-made is handed out
+    asyncs.synchronize()  # both were observed by reads
+    w.close()
+
+
+def test_an_unread_error_is_raised_by_synchronize():
+    x = sample(6)
+    w = asyncs.Thread("unread")
+    with asyncs.thread(w):
+        x.view(7)  # no leaf has 7 elements; the result is dropped unread
+    with pytest.raises(RuntimeError, match="tree call view"):
+        asyncs.synchronize()
+    w.close()
+
+
+def test_two_python_threads_each_in_their_own_scope():
+    xs = [sample(7), sample(8)]
+    got, errors = [None, None], []
+
+    def work(i):
+        try:
+            w = asyncs.Thread(f"py {i}")
+            with asyncs.thread(w):
+                t = xs[i] * (i + 2)
+                t.sub_(1)
+                r = t.abs().sqrt()
+            got[i] = leaves(r)
+            w.close()
+        except Exception as ex:  # noqa: BLE001
+            errors.append(ex)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert errors == []
+    for i in range(2):
+        for k, v in leaves(xs[i]).items():
+            assert torch.equal(got[i][k], (v * (i + 2) - 1).abs().sqrt()), (i, k)
+
+
+def test_blocking_scope_raises_at_the_call():
+    x = sample(9)
+    w = asyncs.Thread("blocking")
+    with asyncs.thread(w, blocking=True):
+        r = x.exp()
+        with pytest.raises(RuntimeError, match="view"):
+            x.view(7)
+    assert torch.equal(r.a, x.a.exp())
+    w.close()
+
+
+def test_stress_scoped_programs_equal_the_unscoped_program():
+    import random
+
+    rng = random.Random(1234)
+    w1, w2 = asyncs.Thread("s1"), asyncs.Thread("s2")
+    for rnd in range(8):
+        torch.manual_seed(rnd)
+        a = [ttorch.randn({"p": (8,), "q": {"r": (2, 3)}}) for _ in range(4)]
+        b = [t.clone() for t in a]
+        steps = [rng.randrange(1000) for _ in range(30)]
+
+        def program(v, scoped):
+            for s in steps:
+                k, j = s % 4, (s // 4) % 4
+                ctx = asyncs.thread(w1 if (s // 16) % 2 else w2) if scoped and s % 3 else None
+                if ctx:
+                    ctx.__enter__()
+                try:
+                    op = (s // 32) % 5
+                    if op == 0:
+                        v[k] = v[k] + v[j]
+                    elif op == 1:
+                        v[k].mul_(0.5)
+                    elif op == 2:
+                        v[k] = ttorch.tanh(v[j]) - v[k]
+                    elif op == 3:
+                        v[k].add_(v[j], alpha=0.25)
+                    else:
+                        v[k] = ttorch.clamp(v[k], -2.0, 2.0)
+                finally:
+                    if ctx:
+                        ctx.__exit__(None, None, None)
+
+        program(a, True)
+        program(b, False)
+        for k in range(4):
+            la, lb = leaves(a[k]), leaves(b[k])
+            assert all(torch.equal(la[p], lb[p]) for p in lb), (rnd, k)
+    w1.close()
+    w2.close()
