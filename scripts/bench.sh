@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's first command: installs what a fresh Debian 12 machine lacks, builds
 # treetensor-bench (Release, in build-release/), then runs the seed experiment, an Adam step over
-# ResNet-50, the elementwise grid and the all_reduce of MobileNetV3-Small's and ResNet-50's
-# gradient trees over 2 local ranks, on their defaults; then the peers workload
+# ResNet-50, the elementwise grid, the all_reduce of MobileNetV3-Small's and ResNet-50's
+# gradient trees over 2 local ranks and the seed's loop with pending asyncs scopes (overlap), on
+# their defaults; then the peers workload
 # (python/bench/peers.py): our Python package beside DI-treetensor, tensordict, optree and
 # torch's own pytree and optimizers, each library in its own process. Tables go to stdout; JSON
 # and PNG plots to out/.
@@ -42,6 +43,8 @@ echo
 echo
 "$bench" allreduce --json out/allreduce.json --plot out/allreduce.png "$@" ||
   failed+=("allreduce (exit $?)")
+echo
+"$bench" overlap --json out/overlap.json --plot out/overlap.png "$@" || failed+=("overlap (exit $?)")
 echo
 # The peers: our package (pip-installed into build-release/python, never into the venv; its
 # build folder persists, so a second run rebuilds nothing) under the venv's Python, the peers

@@ -22,6 +22,7 @@ WORKLOADS = [
     ("optimizer", "Adam step", "model"),
     ("elementwise", "Elementwise grid", "N x E, op"),
     ("allreduce", "all_reduce over 2 local ranks", "model"),
+    ("overlap", "The seed's loop with pending asyncs scopes (ms per step)", "N x S"),
     ("peers", "Beside the peers", None),  # python/bench/peers.py: its own table (peers_tables)
 ]
 
@@ -57,11 +58,13 @@ def table(results, size_header):
     for r in results:
         if r["size"] not in sizes:
             sizes.append(r["size"])
-    lines = [f"| {size_header} | row | mean ms | std ms | rate | vs native |", "|---|---|--:|--:|--:|--:|"]
+    # The baseline row: `native`, or `sequential` (overlap).
+    base = "sequential" if any(r["strategy"] == "sequential" for r in results) else "native"
+    lines = [f"| {size_header} | row | mean ms | std ms | rate | vs {base} |", "|---|---|--:|--:|--:|--:|"]
     for size in sizes:
         group = [r for r in results if r["size"] == size]
         group.sort(key=lambda r: order.get(r.get("role", "strategy"), 0))
-        native = next((r for r in group if r["strategy"] == "native"), None)
+        native = next((r for r in group if r["strategy"] == base), None)
         for r in group:
             lines.append(
                 f"| {size} | `{r['strategy']}` | {r['mean_ms']:.3f} | {r['std_ms']:.3f} | {rate(r)} | {speedup(r, native)} |"
@@ -116,7 +119,7 @@ def block(out_dir):
     parts = [BEGIN]
     found = [w for w in WORKLOADS if (out_dir / f"{w[0]}.json").exists()]
     if not found:
-        sys.exit(f"readme_tables: no {{seed,optimizer,elementwise,allreduce,peers}}.json in {out_dir}: "
+        sys.exit(f"readme_tables: no {{seed,optimizer,elementwise,allreduce,overlap,peers}}.json in {out_dir}: "
                  "run `bash scripts/bench.sh` first")
     for name, title, size_header in found:
         path = out_dir / f"{name}.json"

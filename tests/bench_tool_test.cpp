@@ -58,8 +58,12 @@ const std::set<std::string> kRecordKeys = {"workload",          "strategy", "rol
 
 // Bounds and references are told apart from strategies, in the JSON and in the table.
 std::string expected_role(const std::string& strategy) {
-  if (strategy == "min" || strategy == "limit" || strategy == "one-call") return "bound";
-  if (strategy == "compute" || strategy == "native-discard") return "reference";
+  if (strategy == "min" || strategy == "limit" || strategy == "one-call" ||
+      strategy == "max-of-parts")
+    return "bound";
+  if (strategy == "compute" || strategy == "native-discard" || strategy == "sum-of-parts" ||
+      strategy.ends_with("-alone"))
+    return "reference";
   return "strategy";
 }
 
@@ -247,6 +251,39 @@ TEST_F(BenchTool, ElementwiseGridRecordsEveryRowVerified) {
   EXPECT_NE(bad.output.find("4 rows not verified against native (elementwise 3x4 add flat, "
                             "elementwise 3x4 add flat+read, elementwise 3x4 chain flat, "
                             "elementwise 3x4 chain flat+read)"),
+            std::string::npos)
+      << bad.output;
+}
+
+// The overlap workload (pending asyncs scopes): every row's weights and metrics file equal to
+// sequential's, the documented rows and roles, the caller's cost of a pending call recorded,
+// and a row made to fail is reported.
+TEST_F(BenchTool, OverlapRecordsEveryRowVerified) {
+  const auto out =
+      run_bench("overlap -N 3 --size 4 --steps 3 -T 2 --warmup 1 --no-progress --json " +
+                path("overlap.json"));
+  ASSERT_EQ(out.status, 0) << out.output;
+  EXPECT_NE(out.output.find("3 steps: all 3 strategies match sequential before timing; bitwise "
+                            "equal: sequential, scoped, submit (the final weights and the "
+                            "metrics file)"),
+            std::string::npos)
+      << out.output;
+  const json j = read_json(path("overlap.json"));
+  EXPECT_EQ(j.at("config").at("workload"), "overlap");
+  EXPECT_GT(j.at("config").at("pending_call_us").get<double>(), 0);
+  std::set<std::string> seen;
+  for (const auto& r : j.at("results")) {
+    EXPECT_TRUE(r.at("verified").get<bool>()) << r.dump();
+    EXPECT_EQ(r.at("role"), expected_role(r.at("strategy").get<std::string>())) << r.dump();
+    seen.insert(r.at("strategy").get<std::string>());
+  }
+  EXPECT_EQ(seen,
+            (std::set<std::string>{"sequential", "scoped", "submit", "decode-alone", "train-alone",
+                                   "metrics-alone", "sum-of-parts", "max-of-parts"}));
+  const auto bad = run_bench(
+      "overlap -N 2 --size 4 --steps 2 -T 1 --warmup 0 --no-progress --perturb-row scoped");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("1 row not verified against sequential (overlap 2x4 scoped)"),
             std::string::npos)
       << bad.output;
 }

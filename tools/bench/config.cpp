@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <thread>
 
 #ifndef TREETENSOR_DATA_DIR
 #define TREETENSOR_DATA_DIR "data"
@@ -103,6 +104,27 @@ Columns: mean and standard deviation of T timed repetitions on rank 0 (ms), spee
 mean / row mean, T, verified (on every rank). The gradients are restored outside the timed
 region after every repetition. T is the same on every rank (default 10; the automatic plan is
 not used, as ranks must run the same collectives).)";
+
+constexpr const char* kOverlapRows =
+    R"(The seed's loop as OneFlow's asyncs PR writes it (DESIGN.md §10, pending scopes). Each step:
+  decode   the next batch (S x 2S per leaf) from N leaves of S x S uint8 codes: to float,
+           centre, @ an S x 2S projection (a quarter of the training step's flops);
+  train    the seed's matmul (batch S x 2S @ weights 2S x 4S per leaf) and an in-place weight
+           update (w *= 0.9999), on the main thread;
+  metrics  per-leaf std and norm of the step's output, written to a file (a line per step).
+Rows (each checked before timing: the final weights and the metrics file bitwise equal to
+sequential's):
+  sequential     all three on the main thread, one after another. The baseline.
+  scoped         decode inside `ThreadScope(decoder)` and metrics inside `ThreadScope(metrics)`
+                 (pending: the calls return at once, the main thread goes on to train); the file
+                 write is a job on the metrics thread. Reading the batch waits for its decode.
+  submit         the same overlap by hand: Thread::submit for decode and for metrics.
+  decode-alone, train-alone, metrics-alone   each part alone (references);
+  sum-of-parts   their sum (what sequential should cost);
+  max-of-parts   the largest (the floor of a perfect overlap; the goal is scoped <= 1.15x it).
+Columns: milliseconds per step (mean and standard deviation over T repetitions of --steps
+steps), speed-up = sequential / row. The main thread runs --train-threads intra-op threads; the
+asyncs threads one each. The notes also give the caller's cost of one pending call.)";
 
 // An integer >= 1. CLI::PositiveNumber would print "Value 0 not in range 0.000000 to
 // 179769313486231570814527...", unreadable; CLI11 prefixes this message with the flag's name.
@@ -225,7 +247,9 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       "  treetensor-bench seed --device cuda      # the seed's own sizes on a GPU\n"
       "  treetensor-bench allreduce --json out/allreduce.json   # 2 local ranks\n"
       "  treetensor-bench elementwise --json out/elementwise.json\n"
-      "Run `treetensor-bench <workload> --help` (seed, optimizer, elementwise, allreduce) for its "
+      "  treetensor-bench overlap --json out/overlap.json\n"
+      "Run `treetensor-bench <workload> --help` (seed, optimizer, elementwise, allreduce, overlap) "
+      "for its "
       "rows and flags.");
 
   CLI::App* seed = app.add_subcommand(
@@ -319,12 +343,40 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       "  fused      the op's lambda through fuse() on the consolidated trees, automatic\n"
       "  one-call   one ATen call over a tensor of all N*E elements: the floor");
 
+  CLI::App* ov = app.add_subcommand(
+      "overlap",
+      "the seed's loop with asyncs scopes: a training step on the main thread, a decoder and a "
+      "metrics writer in pending scopes beside it");
+  add_common(*ov, cfg, dtype, device, per_size,
+             "unused (no row runs lanes); accepted so that bench.sh passes one set of flags");
+  ov->add_option("-N,--leaves", cfg.overlap_leaves, "N: leaves of every tree")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  ov->add_option("--size", cfg.overlap_size,
+                 "S: the training step multiplies S x 2S by 2S x 4S per leaf (the seed's shape)")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  ov->add_option("--steps", cfg.overlap_steps, "training steps per timed repetition")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  auto* train_threads =
+      ov->add_option("--train-threads", cfg.overlap_train_threads,
+                     "intra-op threads of the main thread (default: cores - 1, at least 1, so "
+                     "that a core is free for the asyncs threads)")
+          ->check(kAtLeastOne);
+  ov->footer(kOverlapRows);
+
   try {
     app.parse(argc, argv);
     cfg.workload = seed->parsed()  ? Workload::seed
                    : opt->parsed() ? Workload::optimizer
                    : ew->parsed()  ? Workload::elementwise
+                   : ov->parsed()  ? Workload::overlap
                                    : Workload::allreduce;
+    if (ov->parsed() && train_threads->count() == 0)
+      cfg.overlap_train_threads = std::max(1u, std::thread::hardware_concurrency()) > 1
+                                      ? std::thread::hardware_concurrency() - 1
+                                      : 1;
     cfg.dtype = kDtypes.at(dtype);
     try {
       cfg.device = c10::Device(device);
@@ -332,7 +384,11 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
       throw CLI::ValidationError("--device", "expected cpu, cuda or cuda:K, got '" + device + "'");
     }
     const bool cuda = cfg.device.is_cuda();
-    CLI::App* sub = seed->parsed() ? seed : opt->parsed() ? opt : ew->parsed() ? ew : ar;
+    CLI::App* sub = seed->parsed()  ? seed
+                    : opt->parsed() ? opt
+                    : ew->parsed()  ? ew
+                    : ov->parsed()  ? ov
+                                    : ar;
     if (sub->get_option("--reps")->count() == 0 && cuda) cfg.reps = 50;
     if (sub->get_option("--warmup")->count() == 0 && cuda) cfg.warmup = 5;
     if (cfg.reps == 0 && cfg.warmup == 0)
@@ -351,6 +407,8 @@ std::optional<Config> parse_command_line(int argc, char** argv, int& exit_code) 
         throw CLI::ValidationError("--lanes", "M (" + std::to_string(cfg.lanes) +
                                                   ") must not exceed N (" +
                                                   std::to_string(cfg.leaves) + ")");
+    } else if (cfg.workload == Workload::overlap) {
+      if (cuda) throw CLI::ValidationError("--device", "overlap runs on CPU");
     } else if (cfg.workload == Workload::allreduce) {
       if (cuda) throw CLI::ValidationError("--device", "allreduce runs on CPU (Gloo)");
       // Every rank must run the same number of collectives: no automatic plan.

@@ -32,7 +32,7 @@ struct AdamSettings {
   double weight_decay = 1e-2;
 };
 
-enum class Workload { seed, optimizer, elementwise, allreduce };
+enum class Workload { seed, optimizer, elementwise, allreduce, overlap };
 
 inline constexpr std::size_t kAutoRepsMin = 10, kAutoRepsMax = 100;
 
@@ -71,6 +71,12 @@ struct Config {
   std::vector<std::string> model_paths;
   int ranks = 2;                    ///< allreduce: local ranks started (the launcher)
   std::size_t compute_matmuls = 8;  ///< allreduce: 384x384 matmuls of the main thread's work
+  std::size_t overlap_leaves = 40;  ///< overlap: N leaves of every tree
+  std::int64_t overlap_size = 64;   ///< overlap: S (the seed's S x 2S @ 2S x 4S matmul)
+  std::size_t overlap_steps = 8;    ///< overlap: training steps per timed repetition
+  /// overlap: intra-op threads of the main thread (default: cores - 1, so that a core is free
+  /// for the asyncs threads).
+  std::size_t overlap_train_threads = 1;
   std::string
       perturb_row;  ///< --perturb-row: a strategy whose results are made to fail verification
 };

@@ -31,6 +31,8 @@ const char* workload_name(tb::Workload w) {
       return "elementwise";
     case tb::Workload::allreduce:
       return "allreduce";
+    case tb::Workload::overlap:
+      return "overlap";
   }
   return "?";
 }
@@ -55,6 +57,12 @@ std::string headline(const tb::Config& cfg) {
         "treetensor-bench elementwise: N leaves x E elements, add and "
         "(x*2+y).sigmoid_(), {} on {}; {}",
         tb::dtype_name(cfg.dtype), cfg.device.str(), timing);
+  if (cfg.workload == tb::Workload::overlap)
+    return fmt::format(
+        "treetensor-bench overlap: the seed's loop ({} leaves, S={}, {} steps) with a decoder "
+        "and a metrics writer in asyncs scopes, {} on {}; {}",
+        cfg.overlap_leaves, cfg.overlap_size, cfg.overlap_steps, tb::dtype_name(cfg.dtype),
+        cfg.device.str(), timing);
   if (cfg.workload == tb::Workload::allreduce)
     return fmt::format(
         "treetensor-bench allreduce: gradient trees summed over {} local ranks (Gloo), {}; "
@@ -99,7 +107,7 @@ nlohmann::json config_json(const tb::Config& cfg, const tb::MachineInfo& machine
 
 // The last line of a run with unverified rows: which, and that they were left out. Returns
 // whether there were any (the exit status is then 2, once every output is written).
-bool unverified_summary(const std::vector<tb::Record>& records) {
+bool unverified_summary(const std::vector<tb::Record>& records, const std::string& baseline) {
   std::string rows;
   std::size_t n = 0;
   for (const auto& r : records)
@@ -109,9 +117,10 @@ bool unverified_summary(const std::vector<tb::Record>& records) {
     }
   if (n)
     std::cerr << fmt::format(
-        "treetensor-bench: {} row{} not verified against native ({}): no speed-up is claimed for "
+        "treetensor-bench: {} row{} not verified against {} ({}): no speed-up is claimed for "
         "{} and {} left out of the plot; see 'verification' above\n",
-        n, n == 1 ? "" : "s", rows, n == 1 ? "it" : "them", n == 1 ? "it is" : "they are");
+        n, n == 1 ? "" : "s", baseline, rows, n == 1 ? "it" : "them",
+        n == 1 ? "it is" : "they are");
   return n > 0;
 }
 
@@ -134,15 +143,22 @@ int run(const tb::Config& cfg) {
   tb::Progress progress(cfg.progress);
   const bool seed = cfg.workload == tb::Workload::seed;
   const bool elementwise = cfg.workload == tb::Workload::elementwise;
+  const bool overlap = cfg.workload == tb::Workload::overlap;
   const tb::WorkloadResult result = seed          ? tb::run_seed(cfg, progress)
                                     : elementwise ? tb::run_elementwise(cfg, progress)
                                     : allreduce   ? tb::run_allreduce(cfg, progress)
+                                    : overlap     ? tb::run_overlap(cfg, progress)
                                                   : tb::run_optimizer(cfg, progress);
 
   for (const auto& note : result.notes) std::cout << "verification: " << note << "\n";
   std::cout << "allocator: " << allocator_note() << "\n";
   std::cout << "\n";
-  tb::print_table(std::cout, result.records, seed ? "S" : elementwise ? "NxE op" : "model");
+  tb::print_table(std::cout, result.records,
+                  seed          ? "S"
+                  : elementwise ? "NxE op"
+                  : overlap     ? "NxS"
+                                : "model",
+                  overlap ? "sequential" : "native");
   std::cout << std::flush;
 
   if (cfg.json_path) {
@@ -156,9 +172,10 @@ int run(const tb::Config& cfg) {
                               machine.date.substr(0, 10);
     tb::PlotSpec spec;
     spec.title = title;
-    spec.size_name = seed ? "S =" : "model";
+    spec.size_name = seed ? "S =" : overlap ? "N x S" : "model";
     spec.xlabel = seed          ? "leaf size S (each leaf: S x 2S @ 2S x 4S)"
                   : elementwise ? "N leaves x E elements"
+                  : overlap     ? "N leaves x S"
                                 : "model";
     // A sweep of S draws as lines; named shapes, models and N x E grids are categories.
     const bool sweep = seed && std::all_of(result.records.begin(), result.records.end(),
@@ -170,7 +187,7 @@ int run(const tb::Config& cfg) {
     else
       std::cout << "wrote " << *cfg.plot_path << "\n";
   }
-  return unverified_summary(result.records) ? 2 : 0;
+  return unverified_summary(result.records, overlap ? "sequential" : "native") ? 2 : 0;
 }
 
 // allreduce without torchrun's RANK: start cfg.ranks copies of this program with the built-in

@@ -55,8 +55,12 @@ std::string png_terminal() {
 }  // namespace
 
 Role role_of(const std::string& strategy) {
-  if (strategy == "min" || strategy == "limit" || strategy == "one-call") return Role::bound;
-  if (strategy == "compute" || strategy == "native-discard") return Role::reference;
+  if (strategy == "min" || strategy == "limit" || strategy == "one-call" ||
+      strategy == "max-of-parts")
+    return Role::bound;
+  if (strategy == "compute" || strategy == "native-discard" || strategy == "sum-of-parts" ||
+      strategy.ends_with("-alone"))
+    return Role::reference;
   return Role::strategy;
 }
 
@@ -114,7 +118,7 @@ nlohmann::json Record::to_json() const {
 }
 
 void print_table(std::ostream& out, const std::vector<Record>& records,
-                 const std::string& size_header) {
+                 const std::string& size_header, const std::string& baseline) {
   std::size_t width = size_header.size(), name = 15;
   bool flops = false, bytes = false;
   for (const auto& r : records) {
@@ -127,7 +131,7 @@ void print_table(std::ostream& out, const std::vector<Record>& records,
                      "std ms")
       << (flops ? fmt::format("{:>10}", "GFLOP/s") : "")
       << (bytes ? fmt::format("{:>9}", "GB/s") : "")
-      << fmt::format("{:>11}{:>5}  {}\n", "vs native", "T", "verified");
+      << fmt::format("{:>11}{:>5}  {}\n", "vs " + baseline, "T", "verified");
   for (const auto& size :
        unique_in_order(records, [](const Record& r) { return size_text(r.size); })) {
     std::vector<const Record*> group;

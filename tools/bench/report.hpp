@@ -51,8 +51,9 @@ struct Record {
 /// strategies first, then bounds with their speed-up in brackets and references without one. A
 /// GFLOP/s or GB/s column appears when a row has one.
 /// @param size_header  the first column's title ("S" or "model").
+/// @param baseline     the row the speed-up column is relative to ("native", "sequential").
 void print_table(std::ostream& out, const std::vector<Record>& records,
-                 const std::string& size_header);
+                 const std::string& size_header, const std::string& baseline = "native");
 
 /// Writes {"config": config, "results": [records...]} to `path`, indented.
 /// @throws std::runtime_error naming the path when it cannot be written.

@@ -19,17 +19,26 @@ void check_device(const Config& cfg) {
                                 ": only cpu and cuda are supported");
 }
 
-Verification::Verification(std::string subject, Comparator compare, std::string perturb)
-    : subject_(std::move(subject)), perturb_(std::move(perturb)), compare_(std::move(compare)) {}
+Verification::Verification(std::string subject, Comparator compare, std::string perturb,
+                           std::string baseline)
+    : subject_(std::move(subject)),
+      perturb_(std::move(perturb)),
+      baseline_(std::move(baseline)),
+      compare_(std::move(compare)) {}
 
 namespace {
-// --perturb-row: the first result's largest element moves by 1e-3 of its value.
+// --perturb-row: the first result's largest element moves by 1e-3 of its value (by 1 in an
+// integer result, e.g. a file's bytes).
 void perturb_first(TensorMap& got) {
   if (got.empty()) return;
   at::Tensor& x = got.begin()->second;
   if (x.numel() == 0) return;
   x = x.clone();
   at::Tensor flat = x.view({-1});
+  if (!at::isFloatingType(x.scalar_type())) {
+    flat[0].add_(1);
+    return;
+  }
   const auto i = flat.abs().argmax().item<std::int64_t>();
   flat[i].mul_(1.001);
 }
@@ -85,8 +94,8 @@ std::string Verification::note() const {
     }
   }
   if (!failed.empty()) return subject_ + ": NOT VERIFIED" + failed;
-  return fmt::format("{}: all {} strategies match native before timing; bitwise equal: {}{}",
-                     subject_, names_.size(), exact.empty() ? "none" : exact,
+  return fmt::format("{}: all {} strategies match {} before timing; bitwise equal: {}{}", subject_,
+                     names_.size(), baseline_, exact.empty() ? "none" : exact,
                      close.empty() ? "" : "; within the rounding bound: " + close);
 }
 

@@ -50,6 +50,14 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress);
 /// @throws std::runtime_error when a model file cannot be read; distributed errors.
 WorkloadResult run_allreduce(const Config& cfg, Progress& progress);
 
+/// The seed's loop with asyncs scopes (DESIGN.md §10): per step a decoder producing the next
+/// batch, the training step (the seed's matmul, an in-place weight update) and metrics
+/// written to a file. Rows sequential (the baseline), scoped (decoder and metrics in pending
+/// scopes), submit (the same by hand with Thread::submit), each part alone and their sum and
+/// max; every row's final weights and metrics file checked bitwise against sequential first.
+/// Also measures the caller's cost of a pending call (notes, JSON config).
+WorkloadResult run_overlap(const Config& cfg, Progress& progress);
+
 /// Throws std::invalid_argument when cfg.device cannot be used by this LibTorch build.
 void check_device(const Config& cfg);
 
@@ -71,7 +79,9 @@ class Verification {
   /// @param perturb  a strategy whose results are changed before checking (--perturb-row):
   ///                 one element of its first result moves by 1e-3 relative, so the report
   ///                 path of an unverified row can be exercised end to end.
-  Verification(std::string subject, Comparator compare, std::string perturb = "");
+  /// @param baseline the row the others are compared with, named in the note.
+  Verification(std::string subject, Comparator compare, std::string perturb = "",
+               std::string baseline = "native");
   /// Records whether `got` (which must hold exactly `expected_keys` keys, each also in
   /// `want`) agrees with `want` key by key.
   void check(const std::string& strategy, const TensorMap& want, TensorMap got,
@@ -86,7 +96,7 @@ class Verification {
   std::string note() const;
 
  private:
-  std::string subject_, perturb_;
+  std::string subject_, perturb_, baseline_;
   Comparator compare_;
   std::vector<std::string> names_, failures_;
   std::vector<double> worst_;  ///< worst ratio to the bound over a strategy's results
