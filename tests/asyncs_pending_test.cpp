@@ -224,6 +224,56 @@ TEST_F(AsyncsPending, AWriteWaitsForAJobThatReadItsTreeWhilePending) {
   expect_same(y, native([](const at::Tensor& l) { return l.sigmoid() + 1; }, x));
 }
 
+// The same with the reader's operand an in-place target that has a pending subtree: its
+// leaves are known only once the in-place job has run.
+TEST_F(AsyncsPending, AWriteWaitsForAReaderOfATreeWithAPendingSubtree) {
+  const TreeTensor x = sample(15);
+  asyncs::Thread a("a"), b("b");
+  Gate gate;
+  b.submit(gate.waiter(), {}, {}, "gate");
+  TreeTensor t, z;
+  {
+    asyncs::ThreadScope scope(a);
+    const TreeTensor p = x.sigmoid();  // pending
+    t = TensorTree::from_children({{"p", p}, {"q", TensorTree(at::ones({3}))}});
+    t.add_(1);  // its target has a pending node: leaves known once it has run
+  }
+  {
+    asyncs::ThreadScope scope(b);
+    z = t * 2;  // queued behind the gate
+  }
+  TreeTensor u = t;
+  const LateOpener opener(gate, 30ms);
+  u.mul_(10);  // must wait for the reader z
+  EXPECT_TRUE(opener.opened()) << "the write did not wait for the pending reader";
+  expect_same(z["p"], native([](const at::Tensor& l) { return (l.sigmoid() + 1) * 2; }, x));
+  EXPECT_TRUE(at::equal(z.at("q").leaf(), at::full({3}, 4.0f)));
+}
+
+// A failed in-place call's error is raised by the first read of its target; afterwards the
+// tree is what the call left, as without a scope.
+TEST_F(AsyncsPending, AFailedInPlaceCallRaisesOnceThenLeavesItsTreeUsable) {
+  TreeTensor t = sample(16);
+  const TreeTensor before = tt::clone(t);
+  const TreeTensor bad{{"a", at::ones({2})},
+                       {"b", TensorTree{{"x", at::ones({2, 2})}, {"y", at::ones({4})}}}};
+  asyncs::Thread worker("in-place error");
+  {
+    asyncs::ThreadScope scope(worker);
+    t.add_(bad);  // leaf 'a': [3] += [2] fails
+  }
+  try {
+    (void)t.size();
+    FAIL() << "the first read must raise the error";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(contains(e.what(), "'tree call add_'"));
+    EXPECT_TRUE(contains(e.what(), "updated 2 of 3 leaves")) << "as without a scope";
+  }
+  EXPECT_TRUE(at::equal(t.at("a").leaf(), before.at("a").leaf())) << "'a' was not updated";
+  EXPECT_TRUE(at::equal(t.at("b.y").leaf(), before.at("b.y").leaf() + 1));
+  EXPECT_NO_THROW(rt::synchronize());
+}
+
 TEST_F(AsyncsPending, AnErrorMidChainIsRaisedAtTheFirstReadWithItsContext) {
   const TreeTensor x = sample(5);
   const TreeTensor bad{{"a", at::ones({2, 3})},
@@ -350,6 +400,109 @@ TEST_F(AsyncsPending, ADroppedPendingResultStillRunsAndLeavesNothingBehind) {
   x.add_(1);  // a write of the dropped call's operand waits for it (tracking)
   rt::synchronize();
   EXPECT_EQ(worker.in_flight(), 0u);
+}
+
+// Every op that goes pending, inside a pending scope, against the same call without one. The
+// arguments are temporaries that die when the op returns, so a leaf function that kept a
+// reference to one (instead of a copy) reads freed memory here (AddressSanitizer's run).
+TEST_F(AsyncsPending, EveryPendingOpEqualsTheSameCallWithoutAScope) {
+  at::manual_seed(14);
+  const TreeTensor x = randn_tree({{"a", {4, 6}}, {"b", {{"c", {4, 6}}}}});
+  const TreeTensor y = randn_tree({{"a", {4, 6}}, {"b", {{"c", {4, 6}}}}});
+  const TreeTensor m = x.gt(0);
+  using Op = std::function<TreeTensor()>;
+  const std::vector<std::pair<std::string, Op>> ops = {
+      {"add alpha", [&] { return tt::add(x, y, at::Scalar(0.5 + 0.25)); }},
+      {"sub_",
+       [&] {
+         TreeTensor t = tt::clone(x);
+         return tt::sub_(t, y, at::Scalar(2));
+       }},
+      {"binary table", [&] { return tt::div(tt::mul(x, y), tt::Operand(1.5)); }},
+      {"unary_",
+       [&] {
+         TreeTensor t = tt::clone(x);
+         return tt::tanh_(t);
+       }},
+      {"clamp", [&] { return tt::clamp(x, at::Scalar(-0.5), at::Scalar(0.5)); }},
+      {"clamp_",
+       [&] {
+         TreeTensor t = tt::clone(x);
+         return tt::clamp_(t, at::Scalar(-0.1), c10::nullopt);
+       }},
+      {"matmul", [&] { return tt::matmul(x, tt::transpose(y, 0, 1)); }},
+      {"addcmul", [&] { return tt::addcmul(x, y, x, at::Scalar(0.3)); }},
+      {"addcdiv_",
+       [&] {
+         TreeTensor t = tt::clone(x);
+         return tt::addcdiv_(t, y, tt::exp(x), at::Scalar(0.7));
+       }},
+      {"lerp", [&] { return tt::lerp(x, y, at::Scalar(0.25)); }},
+      {"lerp_",
+       [&] {
+         TreeTensor t = tt::clone(x);
+         return tt::lerp_(t, y, at::Scalar(0.75));
+       }},
+      {"where", [&] { return tt::where(m, x, y); }},
+      {"copy_",
+       [&] {
+         TreeTensor t = tt::clone(x);
+         return tt::copy_(t, y);
+       }},
+      {"zero_",
+       [&] {
+         TreeTensor t = tt::clone(x);
+         return tt::zero_(t);
+       }},
+      {"fill_",
+       [&] {
+         TreeTensor t = tt::clone(x);
+         return tt::fill_(t, at::Scalar(3.5));
+       }},
+      {"isclose", [&] { return tt::isclose(x, y, 0.5 + 0.5, 0.25); }},
+      {"to", [&] { return tt::to(x, at::kDouble); }},
+      {"reshape",
+       [&] {
+         return tt::reshape(x, std::vector<int64_t>{6, 4});
+       }},
+      {"view",
+       [&] {
+         return tt::view(x, std::vector<int64_t>{2, 12});
+       }},
+      {"permute",
+       [&] {
+         return tt::permute(x, std::vector<int64_t>{1, 0});
+       }},
+      {"flatten", [&] { return tt::flatten(x, 0, 1); }},
+      {"unsqueeze", [&] { return tt::squeeze(tt::unsqueeze(x, 1), 1); }},
+      {"index_select", [&] { return tt::index_select(x, 1, at::arange(0, 6, 2)); }},
+      {"cat",
+       [&] {
+         return tt::cat({x, y}, 1);
+       }},
+      {"stack",
+       [&] {
+         return tt::stack({x, y, x}, 0);
+       }},
+      {"leaf_sum dim", [&] { return tt::leaf_sum(x, std::vector<int64_t>{1}, true); }},
+      {"leaf_mean dim", [&] { return tt::leaf_mean(x, std::vector<int64_t>{0}); }},
+      {"leaf_std dim", [&] { return tt::leaf_std(x, std::vector<int64_t>{1}, false); }},
+      {"leaf_norm", [&] { return tt::leaf_norm(x, 3.0); }},
+      {"leaf_all dim", [&] { return tt::leaf_all(m, 1); }},
+      {"leaf_masked_select", [&] { return tt::leaf_masked_select(x, tt::Operand(m)); }},
+  };
+  asyncs::Thread worker("every op");
+  for (const auto& [name, op] : ops) {
+    SCOPED_TRACE(name);
+    const TreeTensor want = op();
+    TreeTensor got;
+    {
+      asyncs::ThreadScope scope(worker);
+      got = op();
+    }
+    EXPECT_TRUE(got.is_pending()) << "the op did not go pending";
+    expect_same(got, want);
+  }
 }
 
 // Random programs of pending scoped calls on several threads against the same program run

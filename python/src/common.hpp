@@ -121,9 +121,15 @@ struct PyTree {
     wait_ready(r);
     return r.at(path);
   }
-  /// Makes a pending tree's content with the GIL released (nothing for other trees).
-  static void wait_ready(const TensorTree& n) {
+  /// Makes `n` (a node of this root), when pending, with the GIL released; the root counts a
+  /// user meanwhile, so that no other Python thread changes its keys under the wait.
+  void wait_ready(const TensorTree& n) const {
     if (!n.is_pending()) return;
+    root->users.fetch_add(1, std::memory_order_relaxed);
+    struct Unpin {
+      Root& r;
+      ~Unpin() { r.users.fetch_sub(1, std::memory_order_relaxed); }
+    } unpin{*root};
     py::gil_scoped_release release;
     (void)n.is_leaf();
   }

@@ -30,13 +30,21 @@ decltype(auto) with_tree(py::handle x, F&& f) {
 }
 
 /// An in-place call on self's leaves: the same leaf tensors change, so a view updates its root.
-/// Inside a pending scope the copy comes back pending (asyncs, DESIGN.md §10): self's node
-/// then stands for it, so that reading self waits for the job.
+/// Inside a pending scope the copy comes back pending (asyncs, DESIGN.md §10). A root then
+/// stands for it, so that reading it waits for the job; a view waits for the job here instead
+/// (GIL released): a pending node below a root would be made by reads that walk into it with
+/// the GIL held.
 template <class F>
 py::object inplace(py::object self, F&& f) {
-  TreeTensor t(as_tree(self).operand());
+  PyTree& s = as_tree(self);
+  TreeTensor t(s.operand());
   nogil([&] { f(t); });
-  if (t.is_pending()) as_tree(self).replace(std::move(t));
+  if (!t.is_pending()) return self;
+  if (s.path.empty()) {
+    s.replace(std::move(t));
+  } else {
+    s.wait_ready(t);
+  }
   return self;
 }
 

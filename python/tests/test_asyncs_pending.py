@@ -113,20 +113,33 @@ def test_a_chain_runs_on_the_worker_without_waiting():
 def test_in_place_inside_then_read_outside():
     t = sample(4)
     before = {k: v.clone() for k, v in leaves(t).items()}
-    a_view = t.b  # a view: the same root
     w = asyncs.Thread("in place")
     ev = gated(w)
     with asyncs.thread(w):
-        a_view.sub_(0.5)  # the node at 'b' is pending now: the root's calls chain on it
         t.add_(1)
         t.mul_(2)
+        t += 1  # __iadd__, then setattr-free: the same object
+        assert w.in_flight() == 4, "the root's in-place calls went pending"
     thread, opened = open_later(ev)
     got = leaves(t)
     assert opened
     for k, v in before.items():
-        want = ((v - (0.5 if k.startswith("b.") else 0)) + 1) * 2
-        assert torch.equal(got[k], want), k
+        assert torch.equal(got[k], (v + 1) * 2 + 1), k
     thread.join()
+    w.close()
+
+
+def test_in_place_on_a_view_inside_a_scope_waits_for_its_job():
+    t = sample(5)
+    before = {k: v.clone() for k, v in leaves(t).items()}
+    w = asyncs.Thread("view")
+    with asyncs.thread(w):
+        t.b.sub_(0.5)  # a view: done when the call returns (no pending node below the root)
+        t.b += 1
+        assert w.in_flight() == 0
+    got = leaves(t)
+    for k, v in before.items():
+        assert torch.equal(got[k], (v - 0.5) + 1 if k.startswith("b.") else v), k
     w.close()
 
 

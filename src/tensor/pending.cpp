@@ -2,6 +2,7 @@
 // stand for its results (pending.hpp; DESIGN.md §10, "pending scopes").
 #include "tensor/pending.hpp"
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -80,7 +81,10 @@ class PendingResult final : public PendingSource {
 };
 
 // A tree written in place by a pending call: the job's copy of it (the same leaf tensors) once
-// the job has run, or its error. `leaves`: the target's leaves when it was not pending itself.
+// the job has run. `leaves`: the target's leaves when all were known at submission (no pending
+// node in it). A failed job's error is raised by the first read only: afterwards the tree is
+// what the failed call left, as a failed in-place call without a scope leaves it (its message
+// says which leaves were updated).
 class PendingWrite final : public PendingSource {
  public:
   PendingWrite(asyncs::Future<void> f, std::shared_ptr<const OwnedCall> call, std::size_t arg,
@@ -89,14 +93,23 @@ class PendingWrite final : public PendingSource {
 
  private:
   TensorTree wait() const override {
-    future_.get();
+    try {
+      future_.get();
+    } catch (...) {
+      if (!raised_.exchange(true)) throw;
+    }
     return call_->tree(arg_);
   }
-  std::optional<std::vector<at::Tensor>> known_leaves() const override { return leaves_; }
+  std::optional<std::vector<at::Tensor>> known_leaves() const override {
+    if (leaves_) return leaves_;
+    if (!future_.ready()) return std::nullopt;
+    return content_leaves(call_->tree(arg_));  // the job has made every node of its copy
+  }
   asyncs::Future<void> future_;
   std::shared_ptr<const OwnedCall> call_;
   std::size_t arg_;
   std::optional<std::vector<at::Tensor>> leaves_;
+  mutable std::atomic<bool> raised_{false};
 };
 
 std::string label_of(const CallOptions& o) {
@@ -116,10 +129,17 @@ void add_to_pending_operands(const OwnedCall& call, const asyncs::Future<T>& fut
 
 void add_leaves(const TensorTree& t, std::vector<at::Tensor>& out, PendingOperands* pending,
                 bool write) {
+  // A pending node is skipped and listed. Another thread may make it meanwhile: it is still
+  // listed, and add_reader then registers its leaves at once. A pending source that is not
+  // ours cannot list readers: that node is made (waited for) and walked.
   const auto skip = [&](const TensorTree& n) {
     if (!n.is_pending()) return false;
-    if (pending != nullptr)
-      pending->emplace_back(dynamic_cast<const PendingSource*>(n.pending_source()), write);
+    const auto* source = dynamic_cast<const PendingSource*>(n.pending_source());
+    if (source == nullptr) {
+      (void)n.is_leaf();
+      return false;
+    }
+    if (pending != nullptr) pending->emplace_back(source, write);
     return true;
   };
   if (skip(t)) return;
@@ -199,10 +219,10 @@ void pending_update(const asyncs::PendingTarget& target, const CallOptions& o,
   for (std::size_t k = 0; k < o.written && k < args.size(); ++k) {
     if (!args[k].is_tree()) continue;
     std::optional<std::vector<at::Tensor>> leaves;
-    if (!args[k].tree().is_pending()) {
-      leaves.emplace();
-      add_leaves(call->tree(k), *leaves, nullptr);
-    }
+    PendingOperands inner;
+    std::vector<at::Tensor> found;
+    add_leaves(call->tree(k), found, &inner);
+    if (inner.empty()) leaves = std::move(found);  // else: known once the job has run
     const_cast<TensorTree&>(args[k].tree()) =
         TensorTree::deferred(std::make_shared<PendingWrite>(future, call, k, std::move(leaves)));
   }

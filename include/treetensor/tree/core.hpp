@@ -161,9 +161,10 @@ class Tree {
   /// Whether this is a deferred tree of a pending source not made yet: its first access may
   /// block (and throw) until the work it stands for is done.
   bool is_pending() const noexcept { return is_deferred() && lazy_->pending; }
-  /// The pending source of a pending tree, without making it (nullptr for any other tree).
+  /// The pending source this tree was deferred on, made or not, without making it (nullptr
+  /// for a tree that has none). One read: stable while another thread makes the tree.
   const Source* pending_source() const noexcept {
-    return is_pending() ? lazy_->source.get() : nullptr;
+    return lazy_ && lazy_->pending ? lazy_->source.get() : nullptr;
   }
   /// Destroys the tree. Recursion is bounded (kRecursionLimit levels, then an explicit
   /// worklist), so a tree of any depth is safe.
