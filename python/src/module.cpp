@@ -576,4 +576,5 @@ released while leaf work runs.)");
 
   bind_ops(m, cls);
   bind_runtime(m);
+  bind_io(m);
 }

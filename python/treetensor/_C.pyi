@@ -513,6 +513,9 @@ def _full_like(input: Any, fill_value: _Number, *, dtype: Any = ..., device: Any
 
 def _lerp(arg0: Any, arg1: Any, arg2: _Number) -> Any: ...
 
+def _load(path: builtins.str, map_location: Any = ..., mmap: builtins.bool = ...) -> Any:
+    """The object of a torch.save file as torch.load(weights_only=True) gives it (io layer)."""
+
 def _ones(shapes: Any, *, dtype: Any = ..., device: Any = ..., requires_grad: builtins.bool = ...) -> Any: ...
 
 def _ones_like(input: Any, *, dtype: Any = ..., device: Any = ..., requires_grad: builtins.bool = ...) -> Any: ...
@@ -528,6 +531,9 @@ def _randint_like(input: Any, low: typing.SupportsInt | typing.SupportsIndex, hi
 def _randn(shapes: Any, *, dtype: Any = ..., device: Any = ..., requires_grad: builtins.bool = ...) -> Any: ...
 
 def _randn_like(input: Any, *, dtype: Any = ..., device: Any = ..., requires_grad: builtins.bool = ...) -> Any: ...
+
+def _save(obj: Any, path: builtins.str) -> None:
+    """Writes obj as torch.save does (zip format); trees as nested dicts (io layer)."""
 
 def _set_attr_fallback(fn: Any, methods: builtins.dict) -> None:
     """Installs fn(tree, name) -> value or None, asked by Tensor.__getattr__ for a name that is neither a key nor a method and not in `methods` (name -> function, bound to the tree there); treetensor.torch's fallback to torch."""

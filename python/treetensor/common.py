@@ -53,7 +53,10 @@ class Object:
         return self._wrap(self._d[k]) if k in self._d else default
 
     def keys(self):
-        return sorted(self._d)
+        try:
+            return sorted(self._d)
+        except TypeError:  # a file's dict with int and str keys (treetensor.torch.load): ints first
+            return sorted(self._d, key=lambda k: (isinstance(k, str), k))
 
     def values(self):
         return [self[k] for k in self.keys()]

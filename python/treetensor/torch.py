@@ -22,6 +22,9 @@ core.
 - ``ttorch.stream(n)`` / ``ttorch.stream('auto')``: the execution mode of tree calls; called,
   it sets the process-wide mode (DI-treetensor); ``with ttorch.stream(n):`` sets it for the
   calling thread inside the block only.
+- ``ttorch.load(f)`` / ``ttorch.save(obj, f)``: torch.save files through treetensor's own
+  allowlisted reader and writer (no pickle code runs); dicts of tensors load as trees, other
+  dicts (int keys: an optimizer's state) as ``Object`` s keeping the file's key order.
 - Every call doing leaf work releases the GIL. Errors are Python exceptions naming the op and
   the leaf path (structure mismatches: ValueError naming the path, argument positions and key
   sets; missing keys: KeyError/AttributeError).
@@ -638,6 +641,103 @@ def current_stream():
 
 
 __all__ += ["current_stream"]
+
+# ---- files ------------------------------------------------------------------------------------
+
+
+def _trees(x):
+    # A dict of str keys holding only tensors and such dicts becomes a Tensor tree; any other
+    # dict an Object (its keys, their types and order kept); lists, tuples and sets their items.
+    if isinstance(x, dict):
+        items = type(x)((k, _trees(v)) for k, v in x.items())
+        tensors = _builtins.all(isinstance(k, str) and isinstance(v, (_torch.Tensor, Tensor))
+                      for k, v in items.items())
+        return Tensor(dict(items)) if tensors else Object(items)
+    if isinstance(x, (list, tuple, set)) and not hasattr(x, "_fields"):
+        return type(x)(_trees(v) for v in x)
+    return x
+
+
+def _file_arg(f, mode):
+    # A path (str or os.PathLike) or a binary file object (torch.load / torch.save accept both).
+    import os
+    if isinstance(f, (str, os.PathLike)):
+        return os.fspath(f)
+    if hasattr(f, "read" if mode == "r" else "write"):
+        return None
+    raise TypeError(f"treetensor.torch.{'load' if mode == 'r' else 'save'}: f must be a path or "
+                    f"a binary file object, not {type(f).__name__}")
+
+
+def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
+    """Reads a ``torch.save`` file (the zip or the legacy format) with treetensor's own
+    allowlisted reader (C++, DESIGN.md §11): no pickle code runs; what it accepts and refuses is
+    what ``torch.load(weights_only=True)`` does, and every size and offset is checked.
+
+    ``f``: a path or a binary file object (read whole, then parsed). ``map_location``: None (the
+    CPU), a device or its name; ``"meta"`` reads the structure alone (no tensor data), for files
+    larger than memory. ``mmap=True`` (a path only): tensors view a copy-on-write mapping.
+
+    With ``tree=False`` the result is ``torch.load(f, weights_only=True)``'s: dicts and
+    OrderedDicts with their str and int keys in the file's order, lists, tuples, Python values,
+    tensors and ``nn.Parameter`` s. With ``tree=True`` (the default) each dict with str keys
+    holding only tensors (and such dicts) is a ``Tensor`` tree (keys as in the file: a state
+    dict's ``'conv1.weight'`` is one key; sorted, as every tree), and any other dict a
+    ``treetensor.common.Object`` keeping its keys' types and file order (``to_dict()``): a
+    training checkpoint reads as ``ck.model.fc.weight``... ``ck.optimizer.state[0].exp_avg``.
+
+    Raises RuntimeError naming the file, the byte offset and what was expected for a malformed,
+    truncated or refused file (a global outside the allowlist is named); ValueError for
+    ``weights_only=False`` (running a file's pickle code is torch.load's); TypeError for a
+    ``map_location`` that is a dict or a function."""
+    if not weights_only:
+        raise ValueError("treetensor.torch.load reads with an allowlist, as "
+                         "torch.load(weights_only=True); torch.load(weights_only=False) runs the "
+                         "file's pickle code")
+    if callable(map_location) or isinstance(map_location, dict):
+        raise TypeError("treetensor.torch.load: map_location must be None, a torch.device or a "
+                        "device name (not a dict or a function)")
+    path = _file_arg(f, "r")
+    if path is None:
+        if mmap:
+            raise ValueError("treetensor.torch.load: mmap=True needs a path, not a file object")
+        import tempfile
+        with tempfile.NamedTemporaryFile(suffix=".pt") as tmp:
+            tmp.write(f.read())
+            tmp.flush()
+            obj = _C._load(tmp.name, map_location, False)
+    else:
+        obj = _C._load(path, map_location, mmap)
+    return _trees(obj) if tree else obj
+
+
+def save(obj, f):
+    """Writes ``obj`` as ``torch.save(obj, f)`` does (the zip format; ``torch.load`` with
+    ``weights_only=True`` reads it back) through treetensor's C++ writer: atomic for a path (a
+    reader sees the old file or the new one), tensors sharing a storage written once.
+
+    ``obj``: a ``Tensor`` tree (written as nested dicts, sorted keys), a ``treetensor.common.Object``
+    (its dict), or dicts (str or int keys, in their order), OrderedDicts, lists, tuples and sets
+    of these, of tensors (``nn.Parameter`` kept) and of None, bool, int, float, complex, str,
+    bytes, torch.dtype, torch.device. ``f``: a path or a binary file object.
+
+    Raises TypeError naming the path of a value or key the format cannot hold (a key that is not
+    str or int, an object of another class); RuntimeError naming the file when it cannot be
+    written (the old file is then kept)."""
+    path = _file_arg(f, "w")
+    if path is not None:
+        _C._save(obj, path)
+        return
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        name = os.path.join(tmp, "obj.pt")
+        _C._save(obj, name)
+        with open(name, "rb") as src:
+            f.write(src.read())
+
+
+__all__ += ["load", "save"]
 
 #: DI-treetensor's ``ttorch.funcs``: the module's functions (``funcs.__all__``).
 funcs = _types.ModuleType("treetensor.torch.funcs", "treetensor.torch's functions (DI-treetensor's funcs).")

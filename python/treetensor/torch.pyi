@@ -197,6 +197,8 @@ __all__ = [
     "tensor",
     "as_tensor",
     "current_stream",
+    "load",
+    "save",
 ]
 
 class Object:
@@ -387,6 +389,28 @@ def le(*args, **kwargs):
 
 def lerp(input, end, weight): ...
 
+def load(f, map_location=..., *, weights_only=..., mmap=..., tree=...):
+    """Reads a ``torch.save`` file (the zip or the legacy format) with treetensor's own
+    allowlisted reader (C++, DESIGN.md §11): no pickle code runs; what it accepts and refuses is
+    what ``torch.load(weights_only=True)`` does, and every size and offset is checked.
+
+    ``f``: a path or a binary file object (read whole, then parsed). ``map_location``: None (the
+    CPU), a device or its name; ``"meta"`` reads the structure alone (no tensor data), for files
+    larger than memory. ``mmap=True`` (a path only): tensors view a copy-on-write mapping.
+
+    With ``tree=False`` the result is ``torch.load(f, weights_only=True)``'s: dicts and
+    OrderedDicts with their str and int keys in the file's order, lists, tuples, Python values,
+    tensors and ``nn.Parameter`` s. With ``tree=True`` (the default) each dict with str keys
+    holding only tensors (and such dicts) is a ``Tensor`` tree (keys as in the file: a state
+    dict's ``'conv1.weight'`` is one key; sorted, as every tree), and any other dict a
+    ``treetensor.common.Object`` keeping its keys' types and file order (``to_dict()``): a
+    training checkpoint reads as ``ck.model.fc.weight``... ``ck.optimizer.state[0].exp_avg``.
+
+    Raises RuntimeError naming the file, the byte offset and what was expected for a malformed,
+    truncated or refused file (a global outside the allowlist is named); ValueError for
+    ``weights_only=False`` (running a file's pickle code is torch.load's); TypeError for a
+    ``map_location`` that is a dict or a function."""
+
 def log10_(*args, **kwargs):
     """``log10_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.log10_ on every leaf; without a tree argument, the function itself."""
 
@@ -508,6 +532,20 @@ def reshape(input, *args, **kwargs):
 
 def round_(*args, **kwargs):
     """``round_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.round_ on every leaf; without a tree argument, the function itself."""
+
+def save(obj, f):
+    """Writes ``obj`` as ``torch.save(obj, f)`` does (the zip format; ``torch.load`` with
+    ``weights_only=True`` reads it back) through treetensor's C++ writer: atomic for a path (a
+    reader sees the old file or the new one), tensors sharing a storage written once.
+
+    ``obj``: a ``Tensor`` tree (written as nested dicts, sorted keys), a ``treetensor.common.Object``
+    (its dict), or dicts (str or int keys, in their order), OrderedDicts, lists, tuples and sets
+    of these, of tensors (``nn.Parameter`` kept) and of None, bool, int, float, complex, str,
+    bytes, torch.dtype, torch.device. ``f``: a path or a binary file object.
+
+    Raises TypeError naming the path of a value or key the format cannot hold (a key that is not
+    str or int, an object of another class); RuntimeError naming the file when it cannot be
+    written (the old file is then kept)."""
 
 def sigmoid_(*args, **kwargs):
     """``sigmoid_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.sigmoid_ on every leaf; without a tree argument, the function itself."""

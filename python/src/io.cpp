@@ -1,0 +1,270 @@
+// treetensor.torch.load / save (DESIGN.md §11, §15): the io layer's Object as the Python object
+// torch.load(weights_only=True) gives, and back. Dicts keep their keys' types (str or int) and
+// the file's order, OrderedDicts, lists, tuples and sets stay what they were, Parameters stay
+// nn.Parameter. Turning dicts into trees is the Python side's work (treetensor/torch.py).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.hpp"
+#include "treetensor/io/checkpoint.hpp"
+
+namespace treetensor::python {
+namespace {
+
+namespace io = treetensor::io;
+using Value = io::Value;
+using ValueTree = tree::Tree<Value>;
+
+// The deepest nesting save() writes: what the reader accepts (checkpoint.hpp).
+constexpr std::size_t kMaxNesting = 1000;
+
+// A class looked up once and kept for the process (never released: it outlives the module).
+py::handle python_class(const char* module, const char* name) {
+  return py::object(py::module_::import(module).attr(name)).release();
+}
+py::handle parameter_class() {
+  static const py::handle cls = python_class("torch.nn", "Parameter");
+  return cls;
+}
+py::handle ordered_dict_class() {
+  static const py::handle cls = python_class("collections", "OrderedDict");
+  return cls;
+}
+py::handle object_class() {
+  static const py::handle cls = python_class("treetensor.common", "Object");
+  return cls;
+}
+
+class ToPython {
+ public:
+  explicit ToPython(const io::Object& object) : object_(object) {}
+
+  py::object value(const ValueTree& node) {
+    if (node.is_leaf()) return leaf(node.leaf());
+    switch (object_.kind(path_)) {
+      case io::Container::list:
+        return sequence(node);
+      case io::Container::tuple:
+        return py::tuple(sequence(node));
+      case io::Container::set:
+        return py::set(sequence(node));
+      case io::Container::ordered_dict:
+        return dict(node, ordered_dict_class()());
+      case io::Container::dict:
+        break;
+    }
+    return dict(node, py::dict());
+  }
+
+ private:
+  py::object leaf(const Value& v) {
+    return std::visit(
+        [&](const auto& x) -> py::object {
+          using X = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<X, std::monostate>) {
+            return py::none();
+          } else if constexpr (std::is_same_v<X, io::Bytes>) {
+            return py::bytes(x.data);
+          } else if constexpr (std::is_same_v<X, std::complex<double>>) {
+            return py::reinterpret_steal<py::object>(PyComplex_FromDoubles(x.real(), x.imag()));
+          } else if constexpr (std::is_same_v<X, at::ScalarType>) {
+            return py::reinterpret_borrow<py::object>(
+                reinterpret_cast<PyObject*>(torch::getTHPDtype(x)));
+          } else if constexpr (std::is_same_v<X, at::Device>) {
+            return py::reinterpret_steal<py::object>(THPDevice_New(x));
+          } else if constexpr (std::is_same_v<X, at::Tensor>) {
+            if (!object_.parameters.count(path_)) return wrap_tensor(x);
+            return parameter_class()(wrap_tensor(x),
+                                                                     x.requires_grad());
+          } else {
+            return py::cast(x);
+          }
+        },
+        v);
+  }
+
+  // A list's items sit under "0".."n-1", which the tree sorts as strings ("10" < "2").
+  py::list sequence(const ValueTree& node) {
+    std::vector<const ValueTree*> items(node.size());
+    for (const auto& [key, child] : node) items.at(std::stoul(key)) = &child;
+    py::list out;
+    for (std::size_t i = 0; i < items.size(); ++i) out.append(at_key(std::to_string(i), *items[i]));
+    return out;
+  }
+
+  py::object dict(const ValueTree& node, py::object out) {
+    for (const std::string& key : file_order(node)) {
+      path_.push_back(key);
+      py::object k = object_.int_keys.count(path_) ? py::object(py::int_(std::stoll(key)))
+                                                   : py::object(py::str(key));
+      path_.pop_back();
+      out[k] = at_key(key, node[key]);
+    }
+    return out;
+  }
+
+  // object.hpp: key_order lists a dict's keys where the file's order is not the sorted one.
+  std::vector<std::string> file_order(const ValueTree& node) const {
+    if (auto it = object_.key_order.find(path_); it != object_.key_order.end()) return it->second;
+    std::vector<std::string> keys;
+    for (const auto& [key, child] : node) keys.push_back(key);
+    return keys;
+  }
+
+  py::object at_key(const std::string& key, const ValueTree& child) {
+    path_.push_back(key);
+    py::object v = value(child);
+    path_.pop_back();
+    return v;
+  }
+
+  const io::Object& object_;
+  tree::Path path_;
+};
+
+std::string repr_of(py::handle h) {
+  return py::repr(h).cast<std::string>();
+}
+
+[[noreturn]] void refuse(const tree::Path& at, const std::string& what) {
+  throw py::type_error("treetensor.torch.save: " + what + " at '" + at.describe() + "'");
+}
+
+class FromPython {
+ public:
+  io::Object take(py::handle h) {
+    object_.tree = value(h);
+    return std::move(object_);
+  }
+
+ private:
+  ValueTree value(py::handle h) {
+    if (path_.size() > kMaxNesting)
+      throw py::value_error("treetensor.torch.save: containers nested deeper than " +
+                            std::to_string(kMaxNesting) + " levels (a cycle?)");
+    PyObject* o = h.ptr();
+    if (is_tree(h)) return tensors(as_tree(h).node());
+    if (PyDict_Check(o)) return dict(h);
+    if (py::isinstance(h, object_class()))
+      return dict(h.attr("to_dict")());
+    if (PyList_Check(o) || PyTuple_Check(o) || PyAnySet_CheckExact(o)) return sequence(h);
+    return ValueTree(leaf(h));
+  }
+
+  Value leaf(py::handle h) {
+    PyObject* o = h.ptr();
+    if (o == Py_None) return std::monostate{};
+    if (PyBool_Check(o)) return o == Py_True;
+    if (PyLong_Check(o)) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow) refuse(path_, "an int outside the int64 range (" + repr_of(h) + ")");
+      return static_cast<std::int64_t>(v);
+    }
+    if (PyFloat_Check(o)) return PyFloat_AS_DOUBLE(o);
+    if (PyComplex_Check(o)) return std::complex<double>(PyComplex_RealAsDouble(o),
+                                                        PyComplex_ImagAsDouble(o));
+    if (PyUnicode_Check(o)) return h.cast<std::string>();
+    if (PyBytes_Check(o)) return io::Bytes{h.cast<std::string>()};
+    if (THPDtype_Check(o)) return to_dtype(h);
+    if (THPDevice_Check(o)) return to_device(h);
+    if (is_tensor(h)) {
+      if (py::isinstance(h, parameter_class()))
+        object_.parameters.insert(path_);
+      return at::Tensor(THPVariable_Unpack(o));
+    }
+    refuse(path_, "a value of type '" + std::string(Py_TYPE(o)->tp_name) + "'" +
+                      " (what torch.load(weights_only=True) reads: dicts with str or int keys, "
+                      "lists, tuples, sets, tensors, None, bool, int, float, complex, str, bytes, "
+                      "torch.dtype, torch.device)");
+  }
+
+  ValueTree tensors(const TensorTree& t) {
+    if (t.is_leaf()) return ValueTree(Value(t.leaf()));
+    ValueTree::Children children;
+    for (const auto& [key, child] : t) {
+      path_.push_back(key);
+      children.emplace_back(key, tensors(child));
+      path_.pop_back();
+    }
+    return ValueTree::from_children(std::move(children));
+  }
+
+  ValueTree dict(py::handle h) {
+    if (py::isinstance(h, ordered_dict_class()))
+      object_.kinds[path_] = io::Container::ordered_dict;
+    ValueTree::Children children;
+    std::vector<std::string> order;
+    for (auto [k, v] : py::reinterpret_borrow<py::dict>(h)) {
+      order.push_back(key_of(k));
+      path_.push_back(order.back());
+      if (!PyUnicode_Check(k.ptr())) object_.int_keys.insert(path_);
+      children.emplace_back(order.back(), value(v));
+      path_.pop_back();
+    }
+    if (!std::is_sorted(order.begin(), order.end())) object_.key_order[path_] = std::move(order);
+    try {
+      return ValueTree::from_children(std::move(children));
+    } catch (const std::invalid_argument&) {
+      refuse(path_, "two keys that read alike (an int and a str with the same digits)");
+    }
+  }
+
+  std::string key_of(py::handle k) const {
+    if (PyUnicode_Check(k.ptr())) return k.cast<std::string>();
+    if (PyLong_Check(k.ptr()) && !PyBool_Check(k.ptr())) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(k.ptr(), &overflow);
+      if (!overflow) return std::to_string(v);
+    }
+    refuse(path_, "the key " + repr_of(k) + " (dict keys must be str or int64)");
+  }
+
+  ValueTree sequence(py::handle h) {
+    if (PyList_Check(h.ptr()))
+      object_.kinds[path_] = io::Container::list;
+    else
+      object_.kinds[path_] = PyTuple_Check(h.ptr()) ? io::Container::tuple : io::Container::set;
+    ValueTree::Children children;
+    std::size_t i = 0;
+    for (py::handle item : h) {
+      std::string key = std::to_string(i++);
+      path_.push_back(key);
+      children.emplace_back(std::move(key), value(item));
+      path_.pop_back();
+    }
+    return ValueTree::from_children(std::move(children));
+  }
+
+  io::Object object_;
+  tree::Path path_;
+};
+
+}  // namespace
+
+void bind_io(py::module_& m) {
+  m.def(
+      "_load",
+      [](const std::string& path, py::handle map_location, bool mmap) {
+        io::LoadOptions options;
+        if (!map_location.is_none()) options.device(to_device(map_location));
+        options.mapped(mmap);
+        io::Object object = nogil([&] { return io::load(path, options); });
+        return ToPython(object).value(object.tree);
+      },
+      py::arg("path"), py::arg("map_location") = py::none(), py::arg("mmap") = false,
+      "The object of a torch.save file as torch.load(weights_only=True) gives it (io layer).");
+  m.def(
+      "_save",
+      [](py::handle obj, const std::string& path) {
+        io::Object object = FromPython().take(obj);
+        nogil([&] { io::save(path, object); });
+      },
+      py::arg("obj"), py::arg("path"),
+      "Writes obj as torch.save does (zip format); trees as nested dicts (io layer).");
+}
+
+}  // namespace treetensor::python

@@ -1,0 +1,247 @@
+"""treetensor.torch.load / save against PyTorch's own torch.load / torch.save: the same objects
+(types, key types, key order, values bitwise), a training checkpoint that trains on after the
+round trip, and hostile or malformed files refused without running their code."""
+import collections
+import io
+import os
+import pathlib
+
+import pytest
+import torch
+
+import treetensor.torch as ttorch
+from treetensor.common import Object
+
+
+def assert_same(a, b, at="<root>"):
+    """a and b are the same Python object tree: types, dict key types and order, values
+    (tensors bitwise, with dtype, shape, stride, requires_grad and Parameter-ness)."""
+    assert type(a) is type(b), f"{at}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, dict):
+        assert list(a.keys()) == list(b.keys()), f"{at}: keys {list(a)} vs {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{at}.{k!r}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), at
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{at}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape, a.stride(), a.requires_grad) == (b.dtype, b.shape, b.stride(),
+                                                                    b.requires_grad), at
+        assert torch.equal(a.detach(), b.detach()), at
+    else:
+        assert a == b, at
+
+
+def model():
+    # 14 parameter tensors (optimizer ids 0..13: "10" sorts before "2" as a string) and
+    # BatchNorm buffers.
+    layers = [torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten()]
+    layers += [torch.nn.Linear(4 * 6 * 6, 16)] + [torch.nn.Linear(16, 16) for _ in range(4)]
+    return torch.nn.Sequential(*layers)
+
+
+def train_step(m, opt, seed):
+    g = torch.Generator().manual_seed(seed)
+    opt.zero_grad()
+    m(torch.randn(2, 3, 8, 8, generator=g)).square().mean().backward()
+    opt.step()
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    torch.manual_seed(0)
+    m = model()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    train_step(m, opt, 1)
+    path = tmp_path / "ck.pt"
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": 3}, path)
+    return path, m, opt
+
+
+def test_a_training_checkpoint_reads_as_torch_load_gives_it(checkpoint):
+    path, _, _ = checkpoint
+    ours = ttorch.load(path, tree=False)
+    assert_same(ours, torch.load(path, weights_only=True))
+    assert list(ours["optimizer"]["state"]) == list(range(14))  # int keys, the file's order
+    assert type(ours["model"]) is collections.OrderedDict
+
+
+def test_a_training_checkpoint_reads_as_trees(checkpoint):
+    path, m, opt = checkpoint
+    ck = ttorch.load(path)
+    assert isinstance(ck, Object) and ck.epoch == 3
+    assert isinstance(ck.model, ttorch.Tensor)
+    assert sorted(ck.model.keys()) == sorted(m.state_dict().keys())
+    for k, v in m.state_dict().items():
+        assert torch.equal(ck.model[k], v), k
+    state = ck.optimizer.state
+    assert isinstance(state, Object) and state.keys() == list(range(14))
+    assert list(state.to_dict()) == list(range(14))
+    for i, p in enumerate(m.parameters()):
+        assert isinstance(state[i], ttorch.Tensor)
+        assert torch.equal(state[i].exp_avg, opt.state[p]["exp_avg"]), i
+        assert torch.equal(state[i].exp_avg_sq, opt.state[p]["exp_avg_sq"]), i
+    assert ck.optimizer.param_groups[0]["params"] == list(range(14))
+    # A tree-level op on the loaded trees, against the loop over the state dict.
+    total = ck.model.abs().sum()
+    assert torch.allclose(total, sum(v.abs().sum() for v in m.state_dict().values()))
+
+
+def test_saved_trees_load_into_pytorch_and_train_on_bitwise(checkpoint, tmp_path):
+    path, m, opt = checkpoint
+    ttorch.save(ttorch.load(path), tmp_path / "again.pt")
+    back = torch.load(tmp_path / "again.pt", weights_only=True)
+    assert list(back["optimizer"]["state"]) == list(range(14))
+    m2 = model()
+    m2.load_state_dict(back["model"])
+    opt2 = torch.optim.Adam(m2.parameters(), lr=1e-3)
+    opt2.load_state_dict(back["optimizer"])
+    for seed in (2, 3):
+        train_step(m, opt, seed)
+        train_step(m2, opt2, seed)
+    for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def every_kind():
+    base = torch.arange(12.0)
+    return collections.OrderedDict([
+        ("z", {10: torch.ones(2), 2: torch.zeros(1, dtype=torch.int16), "s": "text"}),
+        ("a", [None, True, -(2**63), 1.5, 2 - 3j, "é", b"\x00\xff", torch.bfloat16,
+               torch.device("cpu"), (1, (2, [3]))]),
+        ("param", torch.nn.Parameter(torch.randn(3, 2))),
+        ("frozen", torch.nn.Parameter(torch.randn(2), requires_grad=False)),
+        ("views", {"row": base.view(3, 4)[1], "col": base.view(3, 4)[:, 2], "whole": base}),
+        ("empty", {}),
+        ("t", ttorch.Tensor({"b": torch.randn(2), "a": {"c": torch.tensor(7)}})),
+    ])
+
+
+def as_dicts(x):
+    # What torch.save makes of a tree: nested dicts in sorted key order.
+    if isinstance(x, ttorch.Tensor):
+        return {k: as_dicts(x[k]) for k in sorted(x.keys())}
+    if isinstance(x, dict):
+        return type(x)((k, as_dicts(v)) for k, v in x.items())
+    return x
+
+
+def test_every_kind_of_value_round_trips_both_ways(tmp_path):
+    obj = every_kind()
+    ttorch.save(obj, tmp_path / "ours.pt")
+    assert_same(torch.load(tmp_path / "ours.pt", weights_only=True), as_dicts(obj))
+    torch.save(as_dicts(obj), tmp_path / "torch.pt")
+    assert_same(ttorch.load(tmp_path / "torch.pt", tree=False), as_dicts(obj))
+    back = torch.load(tmp_path / "ours.pt", weights_only=True)["views"]
+    assert back["row"].untyped_storage().data_ptr() == back["whole"].untyped_storage().data_ptr()
+
+
+def test_sets_round_trip(tmp_path):
+    ttorch.save({"s": {1, 2, 3}}, tmp_path / "s.pt")
+    assert torch.load(tmp_path / "s.pt", weights_only=True) == {"s": {1, 2, 3}}
+    assert ttorch.load(tmp_path / "s.pt", tree=False) == {"s": {1, 2, 3}}
+
+
+def test_a_tree_round_trips(tmp_path):
+    t = ttorch.Tensor({"w": torch.randn(3, 4), "x": {"b": torch.arange(5), "a": torch.ones(())}})
+    ttorch.save(t, tmp_path / "t.pt")
+    back = ttorch.load(tmp_path / "t.pt")
+    assert isinstance(back, ttorch.Tensor)
+    assert (back == t).all()
+    assert back.x.b.dtype == torch.int64
+
+
+def test_file_objects_and_path_like(tmp_path):
+    obj = {"a": torch.randn(4), 0: [1, 2]}
+    buf = io.BytesIO()
+    ttorch.save(obj, buf)
+    buf.seek(0)
+    assert_same(torch.load(buf, weights_only=True), obj)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    assert_same(ttorch.load(buf, tree=False), obj)
+    ttorch.save(obj, pathlib.Path(tmp_path) / "p.pt")
+    assert_same(ttorch.load(str(tmp_path / "p.pt"), tree=False), obj)
+
+
+def test_the_legacy_format(tmp_path):
+    obj = {"w": torch.randn(2, 3), "step": 7, 5: (1.0, "x")}
+    torch.save(obj, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    assert_same(ttorch.load(tmp_path / "old.pt", tree=False), obj)
+
+
+def test_map_location_meta_and_mmap(checkpoint):
+    path, m, _ = checkpoint
+    meta = ttorch.load(path, map_location="meta")
+    w = meta.model["0.weight"]
+    assert w.device.type == "meta" and w.shape == m[0].weight.shape
+    mapped = ttorch.load(path, mmap=True)
+    assert torch.equal(mapped.model["0.weight"], m[0].weight.detach())
+    on_cpu = ttorch.load(path, map_location=torch.device("cpu"))
+    assert on_cpu.model["0.weight"].device.type == "cpu"
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="weights_only=True"):
+        ttorch.load("x.pt", weights_only=False)
+    with pytest.raises(TypeError, match="map_location"):
+        ttorch.load("x.pt", map_location={"cuda:0": "cpu"})
+    with pytest.raises(TypeError, match="path or a binary file object"):
+        ttorch.load(3)
+    with pytest.raises(ValueError, match="mmap=True needs a path"):
+        ttorch.load(io.BytesIO(b""), mmap=True)
+
+
+def test_values_the_format_cannot_hold_are_refused_naming_their_path(tmp_path):
+    target = tmp_path / "x.pt"
+    with pytest.raises(TypeError, match=r"type 'object'.* at 'a\.b\.1'"):
+        ttorch.save({"a": {"b": [1, object()]}}, target)
+    with pytest.raises(TypeError, match=r"the key \(1, 2\).* at 'a'"):
+        ttorch.save({"a": {(1, 2): 1}}, target)
+    with pytest.raises(TypeError, match=r"the key True"):
+        ttorch.save({True: 1}, target)
+    with pytest.raises(TypeError, match="int64 range.* at 'big'"):
+        ttorch.save({"big": 2**64}, target)
+    with pytest.raises(TypeError, match="read alike.* at '<root>'"):
+        ttorch.save({1: 1, "1": 2}, target)
+    loop = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="nested deeper than 1000"):
+        ttorch.save(loop, target)
+    assert not target.exists()
+
+
+def test_a_failed_save_keeps_the_old_file(tmp_path):
+    target = tmp_path / "keep.pt"
+    ttorch.save({"a": torch.ones(2)}, target)
+    with pytest.raises(TypeError):
+        ttorch.save({"a": object()}, target)
+    assert_same(torch.load(target, weights_only=True), {"a": torch.ones(2)})
+    with pytest.raises(RuntimeError, match="no-such-dir"):
+        ttorch.save({"a": torch.ones(2)}, tmp_path / "no-such-dir" / "x.pt")
+
+
+def test_a_truncated_file_is_an_error_naming_file_and_offset(checkpoint, tmp_path):
+    path, _, _ = checkpoint
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(RuntimeError, match=r"cut\.pt: at byte \d+"):
+        ttorch.load(cut)
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    torch.save({"x": _Evil(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(RuntimeError, match="system"):
+        ttorch.load(tmp_path / "evil.pt")
+    assert not marker.exists()
