@@ -69,6 +69,11 @@ CASES = [
     ("ge", "T('t') >= 0", None),
     ("eq-operator-leaf-into-subtree", "T('t') == T('v')", None),
     ("add-operator-leaf-into-subtree", "T('t') + T('v')", None),
+    ("add_-leaf-into-subtree", "T('t').add_(T('v'))", None),
+    ("iadd-leaf-into-subtree", "T('t').__iadd__(T('v'))", None),
+    ("imul-leaf-into-subtree", "T('t').__imul__(T('v'))", None),
+    ("copy_-leaf-into-subtree", "T('t').copy_(T('v'))", None),
+    ("add_-target-leaf-facing-subtree", "T('v').add_(T('t'))", None),
     # math (elementwise: bitwise)
     ("abs", "ttorch.abs(T('t'))", None),
     ("abs_", "ttorch.abs_(T('t'))", None),
@@ -278,6 +283,9 @@ DIFFERENCES = {
     "error-structure": (("error", "ValueError"), "DESIGN.md §15: structure mismatches are ValueError "
                         "naming the path (DI-treetensor: KeyError)"),
     "error-structure-fallback": (("error", "ValueError"), "DESIGN.md §15 (as error-structure)"),
+    "add_-target-leaf-facing-subtree": (("error", "ValueError"), "DESIGN.md §15: in place, a target "
+                                        "leaf facing a subtree is refused (DI-treetensor writes it once "
+                                        "per leaf of the subtree)"),
     "masked_select": (_in_any_order, "DESIGN.md §1: leaves in sorted key order (DI-treetensor: "
                       "its dicts' order), so the elements come in another order"),
     "idiom-keys": (_in_any_order, "DESIGN.md §1: keys() in sorted order"),

@@ -207,6 +207,23 @@ def test_a_leaf_broadcasts_into_a_subtree():
         t + ttorch.Tensor({"a": torch.ones(1), "c": torch.ones(1)})
 
 
+def test_in_place_a_leaf_broadcasts_into_the_targets_subtree():
+    d = sample()
+    v = {"a": torch.randn(2, 3), "b": torch.randn(1)}
+    t, tv = ttorch.Tensor(d), ttorch.Tensor(v)
+    leaves = [t.a, t.b.x, t.b.y]
+    want = {"a": d["a"] + v["a"], "b": {"x": d["b"]["x"] + v["b"], "y": d["b"]["y"] + v["b"]}}
+    want = dmap(lambda x: x * 2, want)
+    t += tv
+    assert t.add_(t) is t
+    dicts_equal(t, want)
+    assert all(a is b for a, b in zip([t.a, t.b.x, t.b.y], leaves))  # the same tensors, in place
+    before = dmap(torch.clone, v)
+    with pytest.raises(ValueError, match="argument 0 is a leaf but argument 1 is a subtree"):
+        tv.add_(t)  # the target's leaf would be written once per leaf of the subtree
+    dicts_equal(tv, before)
+
+
 def test_tensor_of_dict_with_dtype():
     t = ttorch.Tensor({"a": [1, 2], "b": {"x": [3]}}, dtype=torch.float64)
     assert t.a.dtype is torch.float64 and t.b.x.tolist() == [3.0]

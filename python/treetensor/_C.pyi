@@ -35,21 +35,33 @@ class Tensor:
     def __getstate__(self, /) -> Any: ...
     def __gt__(*args, **kwargs):
         """__gt__(self: treetensor._C.Tensor, arg0: object) -> object"""
-    def __iadd__(self, arg0: Any) -> Any: ...
-    def __iand__(self, arg0: Any) -> Any: ...
-    def __ifloordiv__(self, arg0: Any) -> Any: ...
-    def __ilshift__(self, arg0: Any) -> Any: ...
-    def __imod__(self, arg0: Any) -> Any: ...
-    def __imul__(self, arg0: Any) -> Any: ...
+    def __iadd__(self, *args, **kwargs):
+        """__iadd__(self: object, arg0: object) -> object"""
+    def __iand__(self, *args, **kwargs):
+        """__iand__(self: object, arg0: object) -> object"""
+    def __ifloordiv__(self, *args, **kwargs):
+        """__ifloordiv__(self: object, arg0: object) -> object"""
+    def __ilshift__(self, *args, **kwargs):
+        """__ilshift__(self: object, arg0: object) -> object"""
+    def __imod__(self, *args, **kwargs):
+        """__imod__(self: object, arg0: object) -> object"""
+    def __imul__(self, *args, **kwargs):
+        """__imul__(self: object, arg0: object) -> object"""
     def __init__(self, data: Any) -> None: ...
     def __invert__(self) -> Any: ...
-    def __ior__(self, arg0: Any) -> Any: ...
-    def __ipow__(self, arg0: Any) -> Any: ...
-    def __irshift__(self, arg0: Any) -> Any: ...
-    def __isub__(self, arg0: Any) -> Any: ...
+    def __ior__(self, *args, **kwargs):
+        """__ior__(self: object, arg0: object) -> object"""
+    def __ipow__(self, *args, **kwargs):
+        """__ipow__(self: object, arg0: object) -> object"""
+    def __irshift__(self, *args, **kwargs):
+        """__irshift__(self: object, arg0: object) -> object"""
+    def __isub__(self, *args, **kwargs):
+        """__isub__(self: object, arg0: object) -> object"""
     def __iter__(self) -> collections.abc.Iterator: ...
-    def __itruediv__(self, arg0: Any) -> Any: ...
-    def __ixor__(self, arg0: Any) -> Any: ...
+    def __itruediv__(self, *args, **kwargs):
+        """__itruediv__(self: object, arg0: object) -> object"""
+    def __ixor__(self, *args, **kwargs):
+        """__ixor__(self: object, arg0: object) -> object"""
     def __le__(*args, **kwargs):
         """__le__(self: treetensor._C.Tensor, arg0: object) -> object"""
     def __len__(self) -> builtins.int: ...
@@ -135,7 +147,8 @@ class Tensor:
     def acos_(self) -> Any:
         """acos_(): arccosine, in place on every leaf (the same tensors); returns self."""
     def add(self, other: Any, *, alpha: _Number = ...) -> Any: ...
-    def add_(self, other: Any, *, alpha: _Number = ...) -> Any: ...
+    def add_(self, *args, **kwargs):
+        """add_(self: object, other: object, *, alpha: number = 1) -> object"""
     def all(self, *args, reduce=..., **kwargs):
         """``all(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.all of each leaf, a tree); with arguments (``dim=``...), torch.all of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
     def allclose(self, other, rtol=..., atol=..., equal_nan=...): ...
@@ -157,20 +170,26 @@ class Tensor:
     def bfloat16(self): ...
     def bitwise_and(self, other: Any) -> Any:
         """bitwise_and(b): a & b on integer and bool tensors, leaf-wise (b: a tree, tensor or number)."""
-    def bitwise_and_(self, other: Any) -> Any:
-        """bitwise_and_(b): a & b on integer and bool tensors, in place on every leaf; returns self."""
+    def bitwise_and_(self, *args, **kwargs):
+        """bitwise_and_(self: object, other: object) -> object
+
+        bitwise_and_(b): a & b on integer and bool tensors, in place on every leaf; returns self."""
     def bitwise_not(self) -> Any:
         """bitwise_not(): ~x on integer and bool tensors, on every leaf."""
     def bitwise_not_(self) -> Any:
         """bitwise_not_(): ~x on integer and bool tensors, in place on every leaf (the same tensors); returns self."""
     def bitwise_or(self, other: Any) -> Any:
         """bitwise_or(b): a | b on integer and bool tensors, leaf-wise (b: a tree, tensor or number)."""
-    def bitwise_or_(self, other: Any) -> Any:
-        """bitwise_or_(b): a | b on integer and bool tensors, in place on every leaf; returns self."""
+    def bitwise_or_(self, *args, **kwargs):
+        """bitwise_or_(self: object, other: object) -> object
+
+        bitwise_or_(b): a | b on integer and bool tensors, in place on every leaf; returns self."""
     def bitwise_xor(self, other: Any) -> Any:
         """bitwise_xor(b): a ^ b on integer and bool tensors, leaf-wise (b: a tree, tensor or number)."""
-    def bitwise_xor_(self, other: Any) -> Any:
-        """bitwise_xor_(b): a ^ b on integer and bool tensors, in place on every leaf; returns self."""
+    def bitwise_xor_(self, *args, **kwargs):
+        """bitwise_xor_(self: object, other: object) -> object
+
+        bitwise_xor_(b): a ^ b on integer and bool tensors, in place on every leaf; returns self."""
     def bool(self): ...
     def byte(self): ...
     def ceil(self) -> Any:
@@ -185,7 +204,8 @@ class Tensor:
     def consolidate(self) -> Any:
         """A copy whose leaves are views into one buffer per (dtype, device) (C++ consolidate())."""
     def contiguous(self) -> Any: ...
-    def copy_(self, arg0: Any) -> Any: ...
+    def copy_(self, *args, **kwargs):
+        """copy_(self: object, arg0: object) -> object"""
     def cos(self) -> Any:
         """cos(): cosine (radians), on every leaf."""
     def cos_(self) -> Any:
@@ -208,8 +228,10 @@ class Tensor:
         """``dist`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.dist on every leaf; without a tree argument, the function itself."""
     def div(self, other: Any) -> Any:
         """div(b): a / b (true division), leaf-wise (b: a tree, tensor or number)."""
-    def div_(self, other: Any) -> Any:
-        """div_(b): a / b (true division), in place on every leaf; returns self."""
+    def div_(self, *args, **kwargs):
+        """div_(self: object, other: object) -> object
+
+        div_(b): a / b (true division), in place on every leaf; returns self."""
     def dot(self, other: Any) -> Any:
         """dot(b): dot product of 1-D leaves (at::dot), leaf-wise (b: a tree, tensor or number)."""
     def double(self): ...
@@ -217,8 +239,10 @@ class Tensor:
     def dtype(self) -> Any: ...
     def eq(self, other: Any) -> Any:
         """eq(b): a == b (bool), leaf-wise (b: a tree, tensor or number)."""
-    def eq_(self, other: Any) -> Any:
-        """eq_(b): a == b (bool), in place on every leaf; returns self."""
+    def eq_(self, *args, **kwargs):
+        """eq_(self: object, other: object) -> object
+
+        eq_(b): a == b (bool), in place on every leaf; returns self."""
     def equal(self, other):
         """Whether both trees have the same structure and every leaf pair is torch.equal."""
     def erf(self) -> Any:
@@ -255,24 +279,30 @@ class Tensor:
     def floor_divide(self, arg0: Any) -> Any: ...
     def fmod(self, other: Any) -> Any:
         """fmod(b): a mod b with the sign of a (C's fmod), leaf-wise (b: a tree, tensor or number)."""
-    def fmod_(self, other: Any) -> Any:
-        """fmod_(b): a mod b with the sign of a (C's fmod), in place on every leaf; returns self."""
+    def fmod_(self, *args, **kwargs):
+        """fmod_(self: object, other: object) -> object
+
+        fmod_(b): a mod b with the sign of a (C's fmod), in place on every leaf; returns self."""
     def frac(self) -> Any:
         """frac(): fractional part x - trunc(x), on every leaf."""
     def frac_(self) -> Any:
         """frac_(): fractional part x - trunc(x), in place on every leaf (the same tensors); returns self."""
     def ge(self, other: Any) -> Any:
         """ge(b): a >= b (bool), leaf-wise (b: a tree, tensor or number)."""
-    def ge_(self, other: Any) -> Any:
-        """ge_(b): a >= b (bool), in place on every leaf; returns self."""
+    def ge_(self, *args, **kwargs):
+        """ge_(self: object, other: object) -> object
+
+        ge_(b): a >= b (bool), in place on every leaf; returns self."""
     def get(self, key, default=...):
         """The child `key` (a tensor or a tree), or `default` when there is none."""
     @property
     def grad(self) -> Any: ...
     def gt(self, other: Any) -> Any:
         """gt(b): a > b (bool), leaf-wise (b: a tree, tensor or number)."""
-    def gt_(self, other: Any) -> Any:
-        """gt_(b): a > b (bool), in place on every leaf; returns self."""
+    def gt_(self, *args, **kwargs):
+        """gt_(self: object, other: object) -> object
+
+        gt_(b): a > b (bool), in place on every leaf; returns self."""
     def half(self): ...
     def index_select(self, arg0: typing.SupportsInt | typing.SupportsIndex, arg1: Any) -> Any: ...
     def int(self): ...
@@ -292,8 +322,10 @@ class Tensor:
         """The keys of this node, sorted (a list)."""
     def le(self, other: Any) -> Any:
         """le(b): a <= b (bool), leaf-wise (b: a tree, tensor or number)."""
-    def le_(self, other: Any) -> Any:
-        """le_(b): a <= b (bool), in place on every leaf; returns self."""
+    def le_(self, *args, **kwargs):
+        """le_(self: object, other: object) -> object
+
+        le_(b): a <= b (bool), in place on every leaf; returns self."""
     def log(self) -> Any:
         """log(): natural logarithm, on every leaf."""
     def log10(self) -> Any:
@@ -323,8 +355,10 @@ class Tensor:
     def long(self): ...
     def lt(self, other: Any) -> Any:
         """lt(b): a < b (bool), leaf-wise (b: a tree, tensor or number)."""
-    def lt_(self, other: Any) -> Any:
-        """lt_(b): a < b (bool), in place on every leaf; returns self."""
+    def lt_(self, *args, **kwargs):
+        """lt_(self: object, other: object) -> object
+
+        lt_(b): a < b (bool), in place on every leaf; returns self."""
     def map(self, fn: collections.abc.Callable) -> Any:
         """fn(leaf) on every leaf, on the calling thread with the GIL held (see ttorch.apply for the leaf-parallel form)."""
     def masked_select(self, mask, reduce=...):
@@ -346,14 +380,18 @@ class Tensor:
         """mm(b): matrix product of 2-D leaves (at::mm), leaf-wise (b: a tree, tensor or number)."""
     def mul(self, other: Any) -> Any:
         """mul(b): a * b, leaf-wise (b: a tree, tensor or number)."""
-    def mul_(self, other: Any) -> Any:
-        """mul_(b): a * b, in place on every leaf; returns self."""
+    def mul_(self, *args, **kwargs):
+        """mul_(self: object, other: object) -> object
+
+        mul_(b): a * b, in place on every leaf; returns self."""
     @property
     def ndim(self) -> Any: ...
     def ne(self, other: Any) -> Any:
         """ne(b): a != b (bool), leaf-wise (b: a tree, tensor or number)."""
-    def ne_(self, other: Any) -> Any:
-        """ne_(b): a != b (bool), in place on every leaf; returns self."""
+    def ne_(self, *args, **kwargs):
+        """ne_(self: object, other: object) -> object
+
+        ne_(b): a != b (bool), in place on every leaf; returns self."""
     def neg(self) -> Any:
         """neg(): -x, on every leaf."""
     def neg_(self) -> Any:
@@ -371,8 +409,10 @@ class Tensor:
         (dict.pop; KeyError without a default)."""
     def pow(self, other: Any) -> Any:
         """pow(b): a^b, leaf-wise (b: a tree, tensor or number)."""
-    def pow_(self, other: Any) -> Any:
-        """pow_(b): a^b, in place on every leaf; returns self."""
+    def pow_(self, *args, **kwargs):
+        """pow_(self: object, other: object) -> object
+
+        pow_(b): a^b, in place on every leaf; returns self."""
     def reciprocal(self) -> Any:
         """reciprocal(): 1 / x, on every leaf."""
     def reciprocal_(self) -> Any:
@@ -383,8 +423,10 @@ class Tensor:
         """relu_(): max(x, 0), in place on every leaf (the same tensors); returns self."""
     def remainder(self, other: Any) -> Any:
         """remainder(b): a mod b with the sign of b (Python's %), leaf-wise (b: a tree, tensor or number)."""
-    def remainder_(self, other: Any) -> Any:
-        """remainder_(b): a mod b with the sign of b (Python's %), in place on every leaf; returns self."""
+    def remainder_(self, *args, **kwargs):
+        """remainder_(self: object, other: object) -> object
+
+        remainder_(b): a mod b with the sign of b (Python's %), in place on every leaf; returns self."""
     @property
     def requires_grad(self) -> Any: ...
     def requires_grad_(self, requires_grad: builtins.bool = ...) -> Any: ...
@@ -435,7 +477,8 @@ class Tensor:
     def std(self, *args, reduce=..., **kwargs):
         """``std(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.std of each leaf, a tree); with arguments (``dim=``...), torch.std of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
     def sub(self, other: Any, *, alpha: _Number = ...) -> Any: ...
-    def sub_(self, other: Any, *, alpha: _Number = ...) -> Any: ...
+    def sub_(self, *args, **kwargs):
+        """sub_(self: object, other: object, *, alpha: number = 1) -> object"""
     def sum(self, *args, reduce=..., **kwargs):
         """``sum(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.sum of each leaf, a tree); with arguments (``dim=``...), torch.sum of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
     def tan(self) -> Any:

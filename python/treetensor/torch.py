@@ -306,6 +306,37 @@ def _inheriting(cpp, fallback, name):
     return f
 
 
+def _target_covers(target, other, err):
+    # In place, only another argument's leaf may broadcast into the target's subtree: a target
+    # leaf facing a subtree would be written once per leaf of it (the C++ refusal stands).
+    if not _is_tree(other):
+        return
+    if not _is_tree(target):
+        raise err
+    if sorted(target.keys()) == sorted(other.keys()):
+        for k in target.keys():
+            _target_covers(target[k], other[k], err)
+
+
+def _inheriting_inplace(cpp, fallback, name):
+    def f(self, *args, **kwargs):
+        try:
+            return cpp(self, *args, **kwargs)
+        except ValueError as e:  # refused before any leaf was written (zip_rules.hpp)
+            if "inherit" not in str(e):
+                raise
+            err = e
+        args = [Tensor(a) if isinstance(a, dict) else a for a in args]
+        for a in args:
+            _target_covers(self, a, err)
+        _leafwise.call(fallback, [self, *args], kwargs, name)
+        return self
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = getattr(cpp, "__doc__", None)
+    return f
+
+
 def _reflected(fn):
     return lambda a, b: fn(b, a)
 
@@ -321,6 +352,16 @@ for _name, _fn in [("add", _operator.add), ("sub", _operator.sub), ("mul", _oper
 for _name, _fn in [("eq", _operator.eq), ("ne", _operator.ne), ("lt", _operator.lt),
                    ("le", _operator.le), ("gt", _operator.gt), ("ge", _operator.ge)]:
     setattr(Tensor, f"__{_name}__", _inheriting(getattr(Tensor, f"__{_name}__"), _fn, f"__{_name}__"))
+for _name, _fn in [("add", _operator.iadd), ("sub", _operator.isub), ("mul", _operator.imul),
+                   ("truediv", _operator.itruediv), ("floordiv", _operator.ifloordiv),
+                   ("mod", _operator.imod), ("pow", _operator.ipow), ("and", _operator.iand),
+                   ("or", _operator.ior), ("xor", _operator.ixor), ("lshift", _operator.ilshift),
+                   ("rshift", _operator.irshift)]:
+    setattr(Tensor, f"__i{_name}__",
+            _inheriting_inplace(getattr(Tensor, f"__i{_name}__"), _fn, f"__i{_name}__"))
+for _name in ["add_", "sub_", "mul_", "div_", "pow_", "remainder_", "fmod_", "bitwise_and_",
+              "bitwise_or_", "bitwise_xor_", "eq_", "ne_", "lt_", "le_", "gt_", "ge_", "copy_"]:
+    setattr(Tensor, _name, _inheriting_inplace(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
 for _name in ["add", "sub", "mul", "div", "pow", "eq", "ne", "lt", "le", "gt", "ge", "maximum",
               "minimum", "atan2", "remainder", "fmod", "logical_and", "logical_or", "logical_xor",
               "bitwise_and", "bitwise_or", "bitwise_xor", "matmul", "mm", "dot"]:
