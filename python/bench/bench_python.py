@@ -89,7 +89,7 @@ def main():
     # with the same kernel (neg / negative), per call on a small tree and per leaf on a large one
     print(f"\n## the fallback to torch: t.negative() (unbound, torch's per leaf) vs t.neg() (bound)")
     print(f"{'':30} {'neg us':>10} {'negative us':>12} {'extra us':>9} {'extra/leaf':>11}")
-    for leaves in (2, n):
+    for leaves in (1, 2, n):
         t = ttorch.Tensor({f"k{i}": torch.randn(4) for i in range(leaves)})
         assert ttorch.equal(t.negative(), t.neg())
         fb = measure([("neg", lambda: t.neg()), ("negative", lambda: t.negative()),

@@ -25,6 +25,9 @@ PyTypeObject* g_tree_type = nullptr;
 PyObject* g_attr_fallback = nullptr;
 PyObject* g_attr_methods = nullptr;
 
+// The class's __getattr__ (pybind11's function, which translates C++ exceptions).
+PyObject* g_getattr = nullptr;
+
 [[noreturn]] void throw_type(const std::string& what) {
   throw py::type_error(what);
 }
@@ -36,6 +39,38 @@ std::string repr_of(py::handle h) {
 py::object child_object(const PyTree& self, const TensorTree& child, const std::string& key) {
   if (child.is_leaf()) return wrap_tensor(child.leaf());
   return py::cast(PyTree{self.root, self.path / key});
+}
+
+// Attribute access of exact trees: a name of the type (a method, a property) as Python's own
+// lookup finds it; else a key, or a name of treetensor.torch's fallback, answered here without
+// the AttributeError a failed generic lookup makes before Python calls __getattr__ (t.a is
+// DI-treetensor code's most common call). Everything else, errors included, goes through
+// __getattr__. Subclasses (instance dicts) keep the generic lookup first.
+PyObject* tree_getattro(PyObject* self, PyObject* name) {
+  if (Py_TYPE(self) != g_tree_type || !PyUnicode_Check(name) ||
+      _PyType_Lookup(Py_TYPE(self), name) != nullptr) {
+    PyObject* r = PyObject_GenericGetAttr(self, name);
+    if (r || !PyErr_ExceptionMatches(PyExc_AttributeError)) return r;
+    PyErr_Clear();
+    return PyObject_CallFunctionObjArgs(g_getattr, self, name, nullptr);
+  }
+  try {
+    const PyTree& tree = py::handle(self).cast<const PyTree&>();
+    const TensorTree& n = tree.node();
+    Py_ssize_t size = 0;
+    const char* key = PyUnicode_AsUTF8AndSize(name, &size);
+    if (key && !n.is_leaf()) {
+      if (const TensorTree* c = n.find(tree::Path{std::string(key, size)}))
+        return child_object(tree, *c, std::string(key, size)).release().ptr();
+    }
+    if (key && g_attr_methods && (size < 2 || key[0] != '_' || key[1] != '_')) {
+      if (PyObject* fn = PyDict_GetItemWithError(g_attr_methods, name))
+        return PyMethod_New(fn, self);
+    }
+  } catch (...) {  // NOLINT(bugprone-empty-catch): __getattr__ raises it, translated
+  }
+  PyErr_Clear();
+  return PyObject_CallFunctionObjArgs(g_getattr, self, name, nullptr);
 }
 
 // A leaf-wise Python callback with the GIL held (indexing with Python keys): the leaf work is
@@ -419,6 +454,7 @@ released while leaf work runs.)");
 
   // ---- access ---------------------------------------------------------------------------------
   cls.def("__getattr__", [](py::handle h, const std::string& name) -> py::object {
+    // Reached through tree_getattro for what its fast path does not answer.
     const PyTree& self = as_tree(h);
     const TensorTree& n = self.node();
     const TensorTree* c = n.is_leaf() ? nullptr : n.find(tree::Path{name});
@@ -432,6 +468,9 @@ released while leaf work runs.)");
     }
     throw py::attribute_error(missing_attribute(self, n, name));
   });
+  g_getattr = py::object(cls.attr("__getattr__")).release().ptr();
+  g_tree_type->tp_getattro = tree_getattro;
+  PyType_Modified(g_tree_type);
   cls.def("__getitem__", [](const PyTree& self, py::handle key) -> py::object {
     if (PyUnicode_Check(key.ptr())) {
       const std::string k = key.cast<std::string>();

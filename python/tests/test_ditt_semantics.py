@@ -109,8 +109,19 @@ def test_fallback_errors_name_the_leaf():
 
 
 def test_keys_come_before_torch_names():
-    t = ttorch.Tensor({"T": torch.ones(2), "argmax": torch.zeros(1)})
+    ttorch.Tensor({"a": torch.ones(2)}).argmax()  # the method form is resolved (and kept) first
+    t = ttorch.Tensor({"T": torch.ones(2), "argmax": torch.zeros(1), "neg": torch.ones(1)})
     assert torch.equal(t.T, torch.ones(2)) and torch.equal(t.argmax, torch.zeros(1))
+    assert callable(t.neg) and torch.equal(t.neg()["neg"], -torch.ones(1))  # own methods first
+    view = ttorch.Tensor(sample()).b
+    del view.x
+    with pytest.raises(AttributeError, match="no key 'x' at 'b'"):
+        view.x
+    root = ttorch.Tensor(sample())
+    view = root.b
+    del root.b
+    with pytest.raises(KeyError, match="'b'"):
+        view.x
 
 
 # ---- reductions ---------------------------------------------------------------------------------
