@@ -77,8 +77,7 @@ class ToPython {
             return py::reinterpret_steal<py::object>(THPDevice_New(x));
           } else if constexpr (std::is_same_v<X, at::Tensor>) {
             if (!object_.parameters.count(path_)) return wrap_tensor(x);
-            return parameter_class()(wrap_tensor(x),
-                                                                     x.requires_grad());
+            return parameter_class()(wrap_tensor(x), x.requires_grad());
           } else {
             return py::cast(x);
           }
@@ -148,8 +147,7 @@ class FromPython {
     PyObject* o = h.ptr();
     if (is_tree(h)) return tensors(as_tree(h).node());
     if (PyDict_Check(o)) return dict(h);
-    if (py::isinstance(h, object_class()))
-      return dict(h.attr("to_dict")());
+    if (py::isinstance(h, object_class())) return dict(h.attr("to_dict")());
     if (PyList_Check(o) || PyTuple_Check(o) || PyAnySet_CheckExact(o)) return sequence(h);
     return ValueTree(leaf(h));
   }
@@ -165,15 +163,14 @@ class FromPython {
       return static_cast<std::int64_t>(v);
     }
     if (PyFloat_Check(o)) return PyFloat_AS_DOUBLE(o);
-    if (PyComplex_Check(o)) return std::complex<double>(PyComplex_RealAsDouble(o),
-                                                        PyComplex_ImagAsDouble(o));
+    if (PyComplex_Check(o))
+      return std::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o));
     if (PyUnicode_Check(o)) return h.cast<std::string>();
     if (PyBytes_Check(o)) return io::Bytes{h.cast<std::string>()};
     if (THPDtype_Check(o)) return to_dtype(h);
     if (THPDevice_Check(o)) return to_device(h);
     if (is_tensor(h)) {
-      if (py::isinstance(h, parameter_class()))
-        object_.parameters.insert(path_);
+      if (py::isinstance(h, parameter_class())) object_.parameters.insert(path_);
       return at::Tensor(THPVariable_Unpack(o));
     }
     refuse(path_, "a value of type '" + std::string(Py_TYPE(o)->tp_name) + "'" +
@@ -194,8 +191,7 @@ class FromPython {
   }
 
   ValueTree dict(py::handle h) {
-    if (py::isinstance(h, ordered_dict_class()))
-      object_.kinds[path_] = io::Container::ordered_dict;
+    if (py::isinstance(h, ordered_dict_class())) object_.kinds[path_] = io::Container::ordered_dict;
     ValueTree::Children children;
     std::vector<std::string> order;
     for (auto [k, v] : py::reinterpret_borrow<py::dict>(h)) {
