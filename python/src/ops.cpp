@@ -1,7 +1,7 @@
-// Tensor ops on trees for Python: the op table as methods and module functions, operators
+// Tensor ops on trees for Python: the op registry's ops as methods and module functions, operators
 // with reflected and in-place forms, reductions, construction, shape ops, attributes and
 // autograd. Every call that does leaf work releases the GIL (nogil).
-// Module functions of the table fall back to the torch function of the same name when no
+// Module functions of the registry fall back to the torch function of the same name when no
 // argument is a tree (DI-treetensor: ttorch.sigmoid(torch_tensor) is torch.sigmoid).
 
 #include <pybind11/stl.h>
@@ -137,73 +137,9 @@ py::object finish(TreeTensor t, bool requires_grad) {
 }  // namespace
 
 void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
-  // ---- the op table: methods, in-place methods and module functions -----------------------
-  // Docstrings come from the table's doc column: "<name>(t): <doc>, on every leaf".
-#define TT_UNARY(name, fused, doc)                                 \
-  cls.def(                                                         \
-      #name,                                                       \
-      [](const PyTree& s) {                                        \
-        const TensorTree& n = s.operand();                         \
-        return wrap(nogil([&] { return treetensor::name(n); }));   \
-      },                                                           \
-      #name "(): " doc ", on every leaf.");                        \
-  m.def(                                                           \
-      #name,                                                       \
-      [](py::handle x) -> py::object {                             \
-        if (!tree_like(x)) return torch_attr(#name)(x);            \
-        return with_tree(x, [](const TensorTree& n) {              \
-          return wrap(nogil([&] { return treetensor::name(n); })); \
-        });                                                        \
-      },                                                           \
-      py::arg("input"), #name "(t): " doc ", on every leaf (torch." #name " without a tree).");
-#define TT_UNARY_INPLACE(name, fused, doc)                                   \
-  TT_UNARY(name, fused, doc)                                                 \
-  cls.def(                                                                   \
-      #name "_",                                                             \
-      [](py::object self) {                                                  \
-        return inplace(self, [](TreeTensor& t) { treetensor::name##_(t); }); \
-      },                                                                     \
-      #name "_(): " doc ", in place on every leaf (the same tensors); returns self.");
-#define TT_BINARY(name, fused, doc)                                                      \
-  cls.def(                                                                               \
-      #name,                                                                             \
-      [](const PyTree& s, py::handle other) {                                            \
-        Args a;                                                                          \
-        const Operand x(s.operand()), y = a.add(other);                                  \
-        return wrap(nogil([&] { return treetensor::name(x, y); }));                      \
-      },                                                                                 \
-      py::arg("other"), #name "(b): " doc ", leaf-wise (b: a tree, tensor or number)."); \
-  m.def(                                                                                 \
-      #name,                                                                             \
-      [](py::handle l, py::handle r) -> py::object {                                     \
-        if (!tree_like(l) && !tree_like(r)) return torch_attr(#name)(l, r);              \
-        Args a;                                                                          \
-        const Operand x = a.add(l), y = a.add(r);                                        \
-        return wrap(nogil([&] { return treetensor::name(x, y); }));                      \
-      },                                                                                 \
-      py::arg("input"), py::arg("other"),                                                \
-      #name "(a, b): " doc ", leaf-wise (torch." #name " without a tree).");
-#define TT_BINARY_INPLACE(name, fused, doc)                                      \
-  TT_BINARY(name, fused, doc)                                                    \
-  cls.def(                                                                       \
-      #name "_",                                                                 \
-      [](py::object self, py::handle other) {                                    \
-        Args a;                                                                  \
-        const Operand y = a.add(other);                                          \
-        return inplace(self, [&](TreeTensor& t) { treetensor::name##_(t, y); }); \
-      },                                                                         \
-      py::arg("other"), #name "_(b): " doc ", in place on every leaf; returns self.");
-  TREETENSOR_UNARY_INPLACE_OPS(TT_UNARY_INPLACE)
-  TREETENSOR_UNARY_OPS(TT_UNARY)
-  TREETENSOR_BINARY_SCALAR_OPS(TT_BINARY_INPLACE)
-  TREETENSOR_BINARY_TENSOR_OPS(TT_BINARY)
-  TT_BINARY(matmul, none, "matrix product a @ b (at::matmul)")
-  TT_BINARY(mm, none, "matrix product of 2-D leaves (at::mm)")
-  TT_BINARY(dot, none, "dot product of 1-D leaves (at::dot)")
-#undef TT_UNARY
-#undef TT_UNARY_INPLACE
-#undef TT_BINARY
-#undef TT_BINARY_INPLACE
+  // ---- the op registry (codegen/ops.toml): methods, in-place methods and module functions,
+  // generated; docstrings from its doc column.
+#include "ops_generated.inc"
 
   // add / sub with alpha
   auto add_like = [&](const char* name, auto fn, auto fn_) {

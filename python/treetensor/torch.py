@@ -6,7 +6,7 @@ core.
 - ``t.a.b`` / ``t['a']`` (views: assigning through them changes ``t``), ``keys() / values() /
   items()``, iteration over keys, ``len`` (children), ``'a' in t``, ``t.to_dict()``.
 - Every op is leaf-wise: operators (``+ - * / // % ** @ & | ^ << >>``, reflected and in-place,
-  unary ``- + ~``, comparisons give trees of bool tensors), the op table as methods and
+  unary ``- + ~``, comparisons give trees of bool tensors), the op registry's ops as methods and
   functions (``ttorch.sigmoid(t)``, ``t.sum()``...). A function given no tree falls back to
   the torch function of the same name.
 - Reductions (sum/mean/all/any/min/max/std, masked_select) take DI-treetensor's ``reduce=``:
@@ -36,7 +36,7 @@ import warnings as _warnings
 
 import torch as _torch
 
-from . import _C, _leafwise
+from . import _C, _leafwise, _ops
 from .common import Object
 
 Tensor = _C.Tensor
@@ -177,7 +177,7 @@ def _export(names):
         __all__.append(n)
 
 
-# The op table and the operator functions bound in C++ (fall back to torch without a tree).
+# The op registry's functions and the operator functions bound in C++ (fall back to torch without a tree).
 _export([n for n in dir(_C) if not n.startswith("_") and n not in (
     "Tensor", "from_dict", "to_dict", "set_stream", "current_stream", "synchronize", "apply")])
 from_dict = _C.from_dict
@@ -359,12 +359,9 @@ for _name, _fn in [("add", _operator.iadd), ("sub", _operator.isub), ("mul", _op
                    ("rshift", _operator.irshift)]:
     setattr(Tensor, f"__i{_name}__",
             _inheriting_inplace(getattr(Tensor, f"__i{_name}__"), _fn, f"__i{_name}__"))
-for _name in ["add_", "sub_", "mul_", "div_", "pow_", "remainder_", "fmod_", "bitwise_and_",
-              "bitwise_or_", "bitwise_xor_", "eq_", "ne_", "lt_", "le_", "gt_", "ge_", "copy_"]:
+for _name in ["add_", "sub_", "copy_"] + [n + "_" for n in _ops.BINARY_SCALAR]:
     setattr(Tensor, _name, _inheriting_inplace(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
-for _name in ["add", "sub", "mul", "div", "pow", "eq", "ne", "lt", "le", "gt", "ge", "maximum",
-              "minimum", "atan2", "remainder", "fmod", "logical_and", "logical_or", "logical_xor",
-              "bitwise_and", "bitwise_or", "bitwise_xor", "matmul", "mm", "dot"]:
+for _name in ("add", "sub") + _ops.BINARY_SCALAR + _ops.BINARY_TENSOR + _ops.BLAS:
     globals()[_name] = _inheriting(getattr(_C, _name), getattr(_torch, _name), _name)
 
 

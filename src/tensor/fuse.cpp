@@ -352,7 +352,7 @@ TreeTensor run_fuse(const FuseOptions& o, const FuseProgram& p, c10::ArrayRef<Op
   return map_leaves(co, all, [&](const LeafArgs& x) { return run_leaf(p, tile_bytes, all, x); });
 }
 
-// ---- the kernels and the Expr methods, from the op table -----------------------------------
+// ---- the kernels and the Expr methods of the op registry ------------------------------------
 
 namespace {
 // The out= forms take the result as a non-const handle. ATen has no detach_out, isfinite_out
@@ -370,45 +370,6 @@ at::Tensor& clone_out(at::Tensor& o, CT x) {
 }
 }  // namespace outs
 
-#define TREETENSOR_FUSE_UNARY_INPLACE(name, ...)                                                 \
-  const UnaryKernels k_##name{[](CT x) { return at::name(x); }, [](CT x) { (void)x.name##_(); }, \
-                              [](CT o, CT x) {                                                   \
-                                at::Tensor r = o;                                                \
-                                (void)outs::name##_out(r, x);                                    \
-                              }};
-#define TREETENSOR_FUSE_UNARY(name, ...)                                 \
-  const UnaryKernels k_##name{[](CT x) { return at::name(x); }, nullptr, \
-                              [](CT o, CT x) {                           \
-                                at::Tensor r = o;                        \
-                                (void)outs::name##_out(r, x);            \
-                              }};
-#define TREETENSOR_FUSE_BINARY_SCALAR(name, ...)                              \
-  const BinaryKernels k_##name{[](CT x, CT y, CS) { return at::name(x, y); }, \
-                               [](CT x, CS y, CS) { return at::name(x, y); }, \
-                               [](CT x, CT y, CS) { (void)x.name##_(y); },    \
-                               [](CT x, CS y, CS) { (void)x.name##_(y); },    \
-                               [](CT o, CT x, CT y, CS) {                     \
-                                 at::Tensor r = o;                            \
-                                 (void)at::name##_out(r, x, y);               \
-                               },                                             \
-                               [](CT o, CT x, CS y, CS) {                     \
-                                 at::Tensor r = o;                            \
-                                 (void)at::name##_out(r, x, y);               \
-                               }};
-#define TREETENSOR_FUSE_BINARY_TENSOR(name, ...)                              \
-  const BinaryKernels k_##name{[](CT x, CT y, CS) { return at::name(x, y); }, \
-                               nullptr,                                       \
-                               nullptr,                                       \
-                               nullptr,                                       \
-                               [](CT o, CT x, CT y, CS) {                     \
-                                 at::Tensor r = o;                            \
-                                 (void)at::name##_out(r, x, y);               \
-                               },                                             \
-                               nullptr};
-TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_FUSE_UNARY_INPLACE)
-TREETENSOR_UNARY_OPS(TREETENSOR_FUSE_UNARY)
-TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_FUSE_BINARY_SCALAR)
-TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_FUSE_BINARY_TENSOR)
 #define TREETENSOR_FUSE_ALPHA(n)                                               \
   const BinaryKernels k_##n{[](CT x, CT y, CS al) { return at::n(x, y, al); }, \
                             [](CT x, CS y, CS al) { return at::n(x, y, al); }, \
@@ -426,11 +387,13 @@ TREETENSOR_FUSE_ALPHA(add)
 TREETENSOR_FUSE_ALPHA(sub)
 #undef TREETENSOR_FUSE_ALPHA
 }  // namespace
-#undef TREETENSOR_FUSE_UNARY_INPLACE
-#undef TREETENSOR_FUSE_UNARY
-#undef TREETENSOR_FUSE_BINARY_SCALAR
-#undef TREETENSOR_FUSE_BINARY_TENSOR
+}  // namespace detail
 
+// The op registry's elementwise ops (codegen/ops.toml): their kernels (detail::k_<name>) and
+// Expr methods, generated.
+#include "tensor/fuse_ops.inc"
+
+namespace detail {
 Expr FuseRecorder::operate(std::string_view op, const ExprOperand& a, const ExprOperand& b) {
   const BinaryKernels& k = op == "add" ? k_add : op == "sub" ? k_sub : op == "mul" ? k_mul : k_div;
   FuseRecorder* rec = a.kind_ == ExprOperand::Kind::expr ? a.expr_->rec_ : b.expr_->rec_;
@@ -446,41 +409,6 @@ FuseOptions& FuseOptions::tile(std::int64_t bytes) {
   tile_bytes = bytes;
   return *this;
 }
-
-using detail::FuseRecorder;
-
-#define TREETENSOR_EXPR_UNARY_INPLACE(name, ...)                   \
-  Expr Expr::name() const {                                        \
-    return rec_->unary(#name, detail::k_##name, *this, false);     \
-  }                                                                \
-  Expr& Expr::name##_() {                                          \
-    *this = rec_->unary(#name "_", detail::k_##name, *this, true); \
-    return *this;                                                  \
-  }
-#define TREETENSOR_EXPR_UNARY(name, ...)                       \
-  Expr Expr::name() const {                                    \
-    return rec_->unary(#name, detail::k_##name, *this, false); \
-  }
-#define TREETENSOR_EXPR_BINARY_SCALAR(name, ...)                              \
-  Expr Expr::name(const ExprOperand& other) const {                           \
-    return rec_->binary(#name, detail::k_##name, *this, other, 1, false);     \
-  }                                                                           \
-  Expr& Expr::name##_(const ExprOperand& other) {                             \
-    *this = rec_->binary(#name "_", detail::k_##name, *this, other, 1, true); \
-    return *this;                                                             \
-  }
-#define TREETENSOR_EXPR_BINARY_TENSOR(name, ...)                          \
-  Expr Expr::name(const ExprOperand& other) const {                       \
-    return rec_->binary(#name, detail::k_##name, *this, other, 1, false); \
-  }
-TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_EXPR_UNARY_INPLACE)
-TREETENSOR_UNARY_OPS(TREETENSOR_EXPR_UNARY)
-TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_EXPR_BINARY_SCALAR)
-TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_EXPR_BINARY_TENSOR)
-#undef TREETENSOR_EXPR_UNARY_INPLACE
-#undef TREETENSOR_EXPR_UNARY
-#undef TREETENSOR_EXPR_BINARY_SCALAR
-#undef TREETENSOR_EXPR_BINARY_TENSOR
 
 Expr Expr::add(const ExprOperand& other, const at::Scalar& alpha) const {
   return rec_->binary("add", detail::k_add, *this, other, alpha, false);

@@ -29,19 +29,12 @@ using detail::update_owned;
 using Kernel1 = at::Tensor (*)(const at::Tensor&);
 using Update1 = void (*)(const at::Tensor&);
 
-// A table op's fused form (its `fused` column, ops_table.hpp): at::_foreach_<name> and
-// _foreach_<name>_, or none. Expanded per entry, so no lookup by name at run time.
+// A registry op's fused form (its `foreach` column, codegen/ops.toml): at::_foreach_<name> and
+// _foreach_<name>_, or none; one constant an op (ops_generated.inc), no lookup by name.
 struct ForeachUnary {
   std::vector<at::Tensor> (*map)(at::TensorList);
   void (*update)(at::TensorList);
 };
-#define TREETENSOR_FUSED_UNARY_foreach(n)                                                       \
-  [] {                                                                                          \
-    static constexpr ForeachUnary kernels{[](at::TensorList l) { return at::_foreach_##n(l); }, \
-                                          [](at::TensorList l) { at::_foreach_##n##_(l); }};    \
-    return &kernels;                                                                            \
-  }()
-#define TREETENSOR_FUSED_UNARY_none(n) static_cast<const ForeachUnary*>(nullptr)
 
 // Unary table ops are elementwise, except detach: it changes each leaf's autograd state, not
 // its data, so it must reach every leaf.
@@ -99,16 +92,6 @@ struct ForeachBinary {
   void (*update_ll)(at::TensorList, at::TensorList);
   void (*update_ls)(at::TensorList, const at::Scalar&);
 };
-#define TREETENSOR_FUSED_BINARY_foreach(n)                                            \
-  [] {                                                                                \
-    static constexpr ForeachBinary kernels{                                           \
-        [](at::TensorList a, at::TensorList b) { return at::_foreach_##n(a, b); },    \
-        [](at::TensorList a, const at::Scalar& s) { return at::_foreach_##n(a, s); }, \
-        [](at::TensorList a, at::TensorList b) { at::_foreach_##n##_(a, b); },        \
-        [](at::TensorList a, const at::Scalar& s) { at::_foreach_##n##_(a, s); }};    \
-    return &kernels;                                                                  \
-  }()
-#define TREETENSOR_FUSED_BINARY_none(n) static_cast<const ForeachBinary*>(nullptr)
 
 TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, KernelTT tt,
                       KernelTS ts, const ForeachBinary* fe) {
@@ -287,71 +270,8 @@ bool all_pairs(std::string_view op, const TensorTree& a, const TensorTree& b, P&
 
 }  // namespace
 
-// ---- the op table ----------------------------------------------------------------------------
-#define TREETENSOR_DEFINE_UNARY(name, fused, doc)                  \
-  TreeTensor name(const TensorTree& t) {                           \
-    return unary_map(                                              \
-        #name, t, [](const at::Tensor& x) { return at::name(x); }, \
-        TREETENSOR_FUSED_UNARY_##fused(name));                     \
-  }                                                                \
-  TreeTensor TreeTensor::name() const {                            \
-    return treetensor::name(*this);                                \
-  }
-// The unary definitions plus the in-place form.
-#define TREETENSOR_DEFINE_UNARY_INPLACE(name, fused, doc)       \
-  TREETENSOR_DEFINE_UNARY(name, fused, doc)                     \
-  TreeTensor& name##_(TreeTensor& t) {                          \
-    return unary_update(                                        \
-        #name "_", t, [](const at::Tensor& x) { x.name##_(); }, \
-        TREETENSOR_FUSED_UNARY_##fused(name));                  \
-  }                                                             \
-  TreeTensor& TreeTensor::name##_() {                           \
-    return treetensor::name##_(*this);                          \
-  }
-TREETENSOR_UNARY_OPS(TREETENSOR_DEFINE_UNARY)
-TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DEFINE_UNARY_INPLACE)
-#undef TREETENSOR_DEFINE_UNARY_INPLACE
-#undef TREETENSOR_DEFINE_UNARY
-
-#define TREETENSOR_DEFINE_BINARY_SCALAR(name, fused, doc)                                     \
-  TreeTensor name(const Operand& a, const Operand& b) {                                       \
-    return binary_map(                                                                        \
-        #name, a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::name(x, y); }, \
-        [](const at::Tensor& x, const at::Scalar& y) { return at::name(x, y); },              \
-        TREETENSOR_FUSED_BINARY_##fused(name));                                               \
-  }                                                                                           \
-  TreeTensor& name##_(TreeTensor& a, const Operand& b) {                                      \
-    return binary_update(                                                                     \
-        #name "_", a, b, [](const at::Tensor& x, const at::Tensor& y) { x.name##_(y); },      \
-        [](const at::Tensor& x, const at::Scalar& y) { x.name##_(y); },                       \
-        TREETENSOR_FUSED_BINARY_##fused(name));                                               \
-  }                                                                                           \
-  TreeTensor TreeTensor::name(const Operand& other) const {                                   \
-    return treetensor::name(*this, other);                                                    \
-  }                                                                                           \
-  TreeTensor& TreeTensor::name##_(const Operand& other) {                                     \
-    return treetensor::name##_(*this, other);                                                 \
-  }
-TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_DEFINE_BINARY_SCALAR)
-#undef TREETENSOR_DEFINE_BINARY_SCALAR
-
-// at::f of these takes tensors only, and none has a _foreach form in LibTorch 1.13.
-#define TREETENSOR_DEFINE_BINARY_TENSOR(name, fused, doc)                                      \
-  static_assert(std::string_view(#fused) == "none",                                            \
-                #name ": BINARY_TENSOR ops have no fused form");                               \
-  TreeTensor name(const Operand& a, const Operand& b) {                                        \
-    return binary_tensor_map(                                                                  \
-        #name, a, b, [](const at::Tensor& x, const at::Tensor& y) { return at::name(x, y); }); \
-  }                                                                                            \
-  TreeTensor TreeTensor::name(const Operand& other) const {                                    \
-    return treetensor::name(*this, other);                                                     \
-  }
-TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_DEFINE_BINARY_TENSOR)
-#undef TREETENSOR_DEFINE_BINARY_TENSOR
-#undef TREETENSOR_FUSED_UNARY_foreach
-#undef TREETENSOR_FUSED_UNARY_none
-#undef TREETENSOR_FUSED_BINARY_foreach
-#undef TREETENSOR_FUSED_BINARY_none
+// ---- the op registry (codegen/ops.toml): functions and methods, generated ------------------
+#include "tensor/ops_generated.inc"
 
 // ---- add and sub: a ± alpha·b, one body for both --------------------------------------------
 TreeTensor add(const Operand& a, const Operand& b, const at::Scalar& alpha) {
@@ -661,15 +581,6 @@ TreeTensor& TreeTensor::fill_(const at::Scalar& value) {
 }
 TreeTensor& TreeTensor::requires_grad_(bool r) {
   return treetensor::requires_grad_(*this, r);
-}
-TreeTensor TreeTensor::matmul(const Operand& o) const {
-  return treetensor::matmul(*this, o);
-}
-TreeTensor TreeTensor::mm(const Operand& o) const {
-  return treetensor::mm(*this, o);
-}
-TreeTensor TreeTensor::dot(const Operand& o) const {
-  return treetensor::dot(*this, o);
 }
 TreeTensor TreeTensor::isclose(const Operand& o, double rtol, double atol, bool equal_nan) const {
   return treetensor::isclose(*this, o, rtol, atol, equal_nan);

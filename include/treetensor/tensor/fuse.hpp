@@ -24,7 +24,6 @@
 #include <utility>
 #include <vector>
 
-#include "treetensor/tensor/ops_table.hpp"
 #include "treetensor/tensor/tree_tensor.hpp"
 
 namespace treetensor {
@@ -94,22 +93,8 @@ class Expr {
   Expr(const Expr&) = default;
   Expr& operator=(const Expr&) = default;
 
-#define TREETENSOR_EXPR_UNARY_INPLACE(name, ...) \
-  Expr name() const;                             \
-  Expr& name##_();
-#define TREETENSOR_EXPR_UNARY(name, ...) Expr name() const;
-#define TREETENSOR_EXPR_BINARY_SCALAR(name, ...) \
-  Expr name(const ExprOperand& other) const;     \
-  Expr& name##_(const ExprOperand& other);
-#define TREETENSOR_EXPR_BINARY_TENSOR(name, ...) Expr name(const ExprOperand& other) const;
-  TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_EXPR_UNARY_INPLACE)
-  TREETENSOR_UNARY_OPS(TREETENSOR_EXPR_UNARY)
-  TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_EXPR_BINARY_SCALAR)
-  TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_EXPR_BINARY_TENSOR)
-#undef TREETENSOR_EXPR_UNARY_INPLACE
-#undef TREETENSOR_EXPR_UNARY
-#undef TREETENSOR_EXPR_BINARY_SCALAR
-#undef TREETENSOR_EXPR_BINARY_TENSOR
+  // The op registry's elementwise ops (codegen/ops.toml), generated:
+#include "treetensor/tensor/fuse_ops.inc"  // NOLINT(build/include): inside the class
 
   /// self + alpha·other / self - alpha·other (at::add / at::sub), and in place.
   Expr add(const ExprOperand& other, const at::Scalar& alpha = 1) const;

@@ -25,8 +25,8 @@
 
 namespace treetensor {
 
-// The op table's functions (abs, sigmoid, mul, ...) are declared, each with its doc, in
-// ops_generated.hpp, written from ops_table.hpp.
+// The op registry's functions (abs, sigmoid, mul, ..., matmul) are declared, each with its
+// doc, in ops_generated.hpp, written by scripts/gen_ops.py from codegen/ops.toml.
 
 // ---- arithmetic with extra arguments ---------------------------------------------------------
 /// a + alpha·b leaf-wise (at::add). Fused form: at::_foreach_add.
@@ -74,12 +74,9 @@ bool allclose(const TensorTree& a, const TensorTree& b, double rtol = 1e-5, doub
               bool equal_nan = false);
 
 // ---- matrix ------------------------------------------------------------------------------------
-/// Leaf-wise at::matmul / at::mm / at::dot. Fused form of matmul and mm: when every leaf pair
-/// has the same 2-D shapes, dtype and device, one at::bmm over the stacked leaves (the results
-/// are slices of one tensor; allclose to the per-leaf products).
-TreeTensor matmul(const Operand& a, const Operand& b);
-TreeTensor mm(const Operand& a, const Operand& b);
-TreeTensor dot(const Operand& a, const Operand& b);
+// matmul, mm, dot: the registry's blas ops (ops_generated.hpp). Fused form of matmul and mm:
+// when every leaf pair has the same 2-D shapes, dtype and device, one at::bmm over the stacked
+// leaves (the results are slices of one tensor; allclose to the per-leaf products).
 
 // ---- shape and conversion ----------------------------------------------------------------------
 /// Leaf-wise Tensor::to(options) / to(dtype) / to(device) / cpu() / contiguous(): a leaf that

@@ -1,7 +1,8 @@
 #pragma once
 // TreeTensor: a Tree<at::Tensor> whose tensor operations apply leaf-wise through the runtime's
 // single dispatch point (DESIGN.md, tensor layer). This header declares the class, its
-// methods (generated from ops_table.hpp) and the argument type of every leaf-wise op.
+// methods (those of the op registry generated from codegen/ops.toml) and the argument type
+// of every leaf-wise op.
 
 #include <ATen/TensorIndexing.h>
 #include <ATen/core/Tensor.h>
@@ -23,7 +24,6 @@
 #include <utility>
 #include <vector>
 
-#include "treetensor/tensor/ops_table.hpp"
 #include "treetensor/tree/tree.hpp"
 
 namespace treetensor {
@@ -130,23 +130,9 @@ class TreeTensor : public TensorTree {
   at::Tensor& leaf() & { return TensorTree::leaf(); }
   at::Tensor leaf() && { return TensorTree::leaf(); }
 
-  // ---- methods generated from the op table (see the free functions of the same name) ----
-#define TREETENSOR_DECLARE_UNARY_INPLACE(name, ...) \
-  TreeTensor name() const;                          \
-  TreeTensor& name##_();
-#define TREETENSOR_DECLARE_UNARY(name, ...) TreeTensor name() const;
-#define TREETENSOR_DECLARE_BINARY_SCALAR(name, ...) \
-  TreeTensor name(const Operand& other) const;      \
-  TreeTensor& name##_(const Operand& other);
-#define TREETENSOR_DECLARE_BINARY_TENSOR(name, ...) TreeTensor name(const Operand& other) const;
-  TREETENSOR_UNARY_INPLACE_OPS(TREETENSOR_DECLARE_UNARY_INPLACE)
-  TREETENSOR_UNARY_OPS(TREETENSOR_DECLARE_UNARY)
-  TREETENSOR_BINARY_SCALAR_OPS(TREETENSOR_DECLARE_BINARY_SCALAR)
-  TREETENSOR_BINARY_TENSOR_OPS(TREETENSOR_DECLARE_BINARY_TENSOR)
-#undef TREETENSOR_DECLARE_UNARY_INPLACE
-#undef TREETENSOR_DECLARE_UNARY
-#undef TREETENSOR_DECLARE_BINARY_SCALAR
-#undef TREETENSOR_DECLARE_BINARY_TENSOR
+  // ---- methods generated from the op registry (codegen/ops.toml; docs at the free functions
+  // of the same names, ops_generated.hpp) ----------------------------------------------------
+#include "treetensor/tensor/tree_tensor_ops.inc"  // NOLINT(build/include): inside the class
 
   // ---- hand-written methods (documented at the free function of the same name) ----------
   TreeTensor add(const Operand& other, const at::Scalar& alpha = 1) const;
@@ -162,9 +148,6 @@ class TreeTensor : public TensorTree {
   TreeTensor& zero_();
   TreeTensor& fill_(const at::Scalar& value);
   TreeTensor& requires_grad_(bool requires_grad = true);
-  TreeTensor matmul(const Operand& other) const;
-  TreeTensor mm(const Operand& other) const;
-  TreeTensor dot(const Operand& other) const;
   TreeTensor isclose(const Operand& other, double rtol = 1e-5, double atol = 1e-8,
                      bool equal_nan = false) const;
   TreeTensor to(at::TensorOptions options, bool non_blocking = false, bool copy = false) const;

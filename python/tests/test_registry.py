@@ -1,0 +1,87 @@
+"""The op registry (codegen/ops.toml) and its generator (scripts/gen_ops.py): a row reaches
+every layer, a bad row is refused naming it, and the installed package has every op."""
+import importlib.util
+import os
+
+import pytest
+
+import treetensor.torch as ttorch
+from treetensor import _C
+from conftest import ROOT
+
+
+def generator():
+    spec = importlib.util.spec_from_file_location("gen_ops", os.path.join(ROOT, "scripts", "gen_ops.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = generator()
+REGISTRY = open(os.path.join(ROOT, "codegen", "ops.toml")).read()
+NEW = len(GEN.load(REGISTRY)) + 1  # the row number of a row with_row() adds
+
+
+def with_row(row):
+    """The registry's text with one more row at the end of `ops`."""
+    head, tail = REGISTRY.rsplit("]", 1)
+    return head + "  " + row + ",\n]" + tail
+
+
+def test_a_new_row_reaches_every_generated_file():
+    rows = GEN.load(with_row('{ name = "sinc", shape = "unary_inplace", foreach = false, doc = "sin(pi x) / (pi x)" }'))
+    texts = {rel: render(rows) for rel, render in GEN.OUTPUTS.items()}
+    for rel, text in texts.items():
+        assert "sinc" in text, rel
+    assert "TreeTensor sinc(const TensorTree& t);" in texts["include/treetensor/tensor/ops_generated.hpp"]
+    assert "TreeTensor& sinc_();" in texts["include/treetensor/tensor/tree_tensor_ops.inc"]
+    assert 'unary_update("sinc_", t, [](const at::Tensor& x) { x.sinc_(); },' in texts["src/tensor/ops_generated.inc"]
+    assert "(void)outs::sinc_out(r, x);" in texts["src/tensor/fuse_ops.inc"]
+    assert '"sinc(t): sin(pi x) / (pi x), on every leaf (torch.sinc without a tree).");' in \
+        texts["python/src/ops_generated.inc"]
+    assert '"sinc",' in texts["python/treetensor/_ops.py"]
+    assert "{ x.sinc_(); }}," in texts["tests/op_cases.hpp"]
+    # The registry as checked in renders to the files as checked in (ctest: ops_generated_current).
+    rows = GEN.load(REGISTRY)
+    for rel, render in GEN.OUTPUTS.items():
+        with open(os.path.join(ROOT, rel)) as f:
+            assert f.read() == render(rows), rel + " is stale: run scripts/gen_ops.py"
+
+
+@pytest.mark.parametrize("row, message", [
+    ('{ name = "sinc", shape = "ternary", foreach = false, doc = "x" }',
+     f"row {NEW} (sinc): shape must be one of unary_inplace, unary, binary_scalar, binary_tensor, blas"),
+    ('{ name = "abs", shape = "unary", foreach = false, doc = "x" }', "(abs): name must be a new C++ identifier"),
+    ('{ name = "a-b", shape = "unary", foreach = false, doc = "x" }', "(a-b): name must be a new C++ identifier"),
+    ('{ name = "sinc", shape = "unary", doc = "x" }', "columns are name, shape, foreach, doc; got ['doc', 'name', 'shape']"),
+    ('{ name = "sinc", shape = "unary", foreach = "no", doc = "x" }', "(sinc): foreach must be true or false"),
+    ('{ name = "sinc", shape = "unary", foreach = false, doc = "a \\"quoted\\" doc" }', "(sinc): doc must be one line"),
+    ('{ name = "hypot", shape = "binary_tensor", foreach = true, doc = "x" }',
+     "(hypot): only unary_inplace and binary_scalar ops have a foreach form"),
+    ('"sinc"', f"row {NEW} (?): columns are name, shape, foreach, doc; got a str"),
+])
+def test_a_bad_row_is_refused_naming_it(row, message):
+    with pytest.raises(SystemExit) as e:
+        GEN.load(with_row(row))
+    assert message in str(e.value)
+    assert str(e.value).startswith("ops.toml: row ")
+
+
+def test_a_file_that_is_no_registry_is_refused():
+    for text, message in [("ops = [", "not a registry"), ("rows = []", "not a registry"),
+                          ("ops = 3", "`ops` must be an array of rows")]:
+        with pytest.raises(SystemExit) as e:
+            GEN.load(text)
+        assert message in str(e.value)
+
+
+def test_the_package_has_every_op_of_the_registry():
+    for op in GEN.load(REGISTRY):
+        n = op["name"]
+        if op["shape"] in ("unary_inplace", "unary"):
+            assert getattr(ttorch, n) is getattr(_C, n), n
+        else:  # wrapped (torch.py): a leaf broadcasts into a subtree, as treevalue's
+            assert getattr(ttorch, n).__doc__ == getattr(_C, n).__doc__, n
+        assert op["doc"] in getattr(_C.Tensor, n).__doc__, n
+        if op["shape"] in ("unary_inplace", "binary_scalar"):
+            assert callable(getattr(ttorch.Tensor, n + "_")), n
