@@ -6,6 +6,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <iterator>
+#include <string_view>
 #include <vector>
 
 #include "treetensor/tensor/tensor.hpp"
@@ -270,5 +273,17 @@ const std::vector<TensorBinaryCase> tensor_binary_cases = {
     {"logical_xor", [](const tt::Operand& a, const tt::Operand& b) { return tt::logical_xor(a, b); },
      [](const at::Tensor& x, const at::Tensor& y) { return at::logical_xor(x, y); }},
 };
+
+/// Whether ATen computes op `name` with a libm-style function (the registry's libm
+/// column): a consolidated buffer and the per-leaf loop agree within the ulp bound
+/// there, bitwise for every other op.
+inline bool libm_function(std::string_view name) {
+  static constexpr std::string_view names[] = {
+      "sigmoid", "rsqrt", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos",
+      "tan", "tanh", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf",
+      "erfc", "erfinv", "pow", "atan2",
+  };
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
+}
 
 }  // namespace tt_test

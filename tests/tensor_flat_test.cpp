@@ -49,19 +49,12 @@ bool integer_only(const std::string& n) {
   return n.rfind("bitwise_", 0) == 0;
 }
 
-// Ops computed by a libm-style function rather than correctly rounded arithmetic. ATen runs the
-// last (n mod 16) elements of a tensor through the scalar form (glibc) and the rest through the
-// vector form (Sleef): a leaf's tail lies inside the buffer's vector body, so these may differ
-// from the per-leaf loop there (on this CPU: sigmoid, sinh, cosh, atan2). Every other op is
-// correctly rounded in both forms, hence bitwise equal.
-bool libm_function(const std::string& n) {
-  static const std::vector<std::string> names = {
-      "sigmoid", "exp", "exp2", "expm1",  "log",   "log1p", "log2", "log10",
-      "sin",     "cos", "tan",  "tanh",   "sinh",  "cosh",  "asin", "acos",
-      "atan",    "erf", "erfc", "erfinv", "rsqrt", "pow",   "atan2"};
-  return std::find(names.begin(), names.end(), n) != names.end();
-}
-
+// Ops computed by a libm-style function rather than correctly rounded arithmetic (the
+// registry's libm column, tt_test::libm_function). ATen runs the last (n mod 16) elements of a
+// tensor through the scalar form (glibc) and the rest through the vector form (Sleef): a leaf's
+// tail lies inside the buffer's vector body, so these may differ from the per-leaf loop there
+// (on this CPU: sigmoid, sinh, cosh, atan2). Every other op is correctly rounded in both forms,
+// hence bitwise equal.
 // Those agree within expect_within_ulps' bound (tensor_test_util.hpp), the others bitwise.
 void expect_agrees(const std::string& op, const TensorTree& got, const TensorTree& want) {
   if (libm_function(op))

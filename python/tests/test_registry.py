@@ -29,7 +29,7 @@ def with_row(row):
 
 
 def test_a_new_row_reaches_every_generated_file():
-    rows = GEN.load(with_row('{ name = "sinc", shape = "unary_inplace", foreach = false, doc = "sin(pi x) / (pi x)" }'))
+    rows = GEN.load(with_row('{ name = "sinc", shape = "unary_inplace", foreach = false, libm = false, doc = "sin(pi x) / (pi x)" }'))
     texts = {rel: render(rows) for rel, render in GEN.OUTPUTS.items()}
     for rel, text in texts.items():
         assert "sinc" in text, rel
@@ -41,6 +41,9 @@ def test_a_new_row_reaches_every_generated_file():
         texts["python/src/ops_generated.inc"]
     assert '"sinc",' in texts["python/treetensor/_ops.py"]
     assert "{ x.sinc_(); }}," in texts["tests/op_cases.hpp"]
+    assert '"sinc",' not in texts["tests/op_cases.hpp"].split("libm_function")[1]  # libm = false
+    libm = GEN.load(with_row('{ name = "sinc", shape = "unary", foreach = false, libm = true, doc = "x" }'))
+    assert '"sinc",' in GEN.OUTPUTS["tests/op_cases.hpp"](libm).split("libm_function")[1]
     # The registry as checked in renders to the files as checked in (ctest: ops_generated_current).
     rows = GEN.load(REGISTRY)
     for rel, render in GEN.OUTPUTS.items():
@@ -49,16 +52,18 @@ def test_a_new_row_reaches_every_generated_file():
 
 
 @pytest.mark.parametrize("row, message", [
-    ('{ name = "sinc", shape = "ternary", foreach = false, doc = "x" }',
+    ('{ name = "sinc", shape = "ternary", foreach = false, libm = false, doc = "x" }',
      f"row {NEW} (sinc): shape must be one of unary_inplace, unary, binary_scalar, binary_tensor, blas"),
-    ('{ name = "abs", shape = "unary", foreach = false, doc = "x" }', "(abs): name must be a new C++ identifier"),
-    ('{ name = "a-b", shape = "unary", foreach = false, doc = "x" }', "(a-b): name must be a new C++ identifier"),
-    ('{ name = "sinc", shape = "unary", doc = "x" }', "columns are name, shape, foreach, doc; got ['doc', 'name', 'shape']"),
-    ('{ name = "sinc", shape = "unary", foreach = "no", doc = "x" }', "(sinc): foreach must be true or false"),
-    ('{ name = "sinc", shape = "unary", foreach = false, doc = "a \\"quoted\\" doc" }', "(sinc): doc must be one line"),
-    ('{ name = "hypot", shape = "binary_tensor", foreach = true, doc = "x" }',
+    ('{ name = "abs", shape = "unary", foreach = false, libm = false, doc = "x" }', "(abs): name must be a new C++ identifier"),
+    ('{ name = "a-b", shape = "unary", foreach = false, libm = false, doc = "x" }', "(a-b): name must be a new C++ identifier"),
+    ('{ name = "sinc", shape = "unary", libm = true, doc = "x" }',
+     "columns are name, shape, foreach, libm, doc; got ['doc', 'libm', 'name', 'shape']"),
+    ('{ name = "sinc", shape = "unary", foreach = "no", libm = false, doc = "x" }', "(sinc): foreach must be true or false"),
+    ('{ name = "sinc", shape = "unary", foreach = false, libm = false, doc = "a \\"quoted\\" doc" }', "(sinc): doc must be one line"),
+    ('{ name = "hypot", shape = "binary_tensor", foreach = true, libm = false, doc = "x" }',
      "(hypot): only unary_inplace and binary_scalar ops have a foreach form"),
-    ('"sinc"', f"row {NEW} (?): columns are name, shape, foreach, doc; got a str"),
+    ('"sinc"', f"row {NEW} (?): columns are name, shape, foreach, libm, doc; got a str"),
+    ('{ name = "sinc", shape = "unary", foreach = false, libm = 1, doc = "x" }', "(sinc): libm must be true or false"),
 ])
 def test_a_bad_row_is_refused_naming_it(row, message):
     with pytest.raises(SystemExit) as e:
