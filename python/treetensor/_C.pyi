@@ -146,6 +146,10 @@ class Tensor:
         """acos(): arccosine, on every leaf."""
     def acos_(self) -> Any:
         """acos_(): arccosine, in place on every leaf (the same tensors); returns self."""
+    def acosh(self) -> Any:
+        """acosh(): inverse hyperbolic cosine (x >= 1), on every leaf."""
+    def acosh_(self) -> Any:
+        """acosh_(): inverse hyperbolic cosine (x >= 1), in place on every leaf (the same tensors); returns self."""
     def add(self, other: Any, *, alpha: _Number = ...) -> Any: ...
     def add_(self, *args, **kwargs):
         """add_(self: object, other: object, *, alpha: number = 1) -> object"""
@@ -159,12 +163,20 @@ class Tensor:
         """asin(): arcsine, on every leaf."""
     def asin_(self) -> Any:
         """asin_(): arcsine, in place on every leaf (the same tensors); returns self."""
+    def asinh(self) -> Any:
+        """asinh(): inverse hyperbolic sine, on every leaf."""
+    def asinh_(self) -> Any:
+        """asinh_(): inverse hyperbolic sine, in place on every leaf (the same tensors); returns self."""
     def atan(self) -> Any:
         """atan(): arctangent, on every leaf."""
     def atan2(self, other: Any) -> Any:
         """atan2(b): arctangent of a / b in the quadrant of (b, a), leaf-wise (b: a tree, tensor or number)."""
     def atan_(self) -> Any:
         """atan_(): arctangent, in place on every leaf (the same tensors); returns self."""
+    def atanh(self) -> Any:
+        """atanh(): inverse hyperbolic tangent (|x| < 1), on every leaf."""
+    def atanh_(self) -> Any:
+        """atanh_(): inverse hyperbolic tangent (|x| < 1), in place on every leaf (the same tensors); returns self."""
     def backward(self, gradient: Any = ..., retain_graph: builtins.bool | None = ..., create_graph: builtins.bool = ...) -> None:
         """torch.autograd.backward over every leaf (gradient: a tree of the same structure, or None for scalar leaves)."""
     def bfloat16(self): ...
@@ -365,7 +377,7 @@ class Tensor:
         """The selected elements of every leaf in one tensor (DI-treetensor; ``reduce=False``: a tree
         of per-leaf torch.masked_select)."""
     def matmul(self, other: Any) -> Any:
-        """matmul(b): matrix product a @ b (at::matmul), leaf-wise (b: a tree, tensor or number)."""
+        """matmul(b): matrix product a @ b (at::matmul; 1-D, 2-D and batched leaves), leaf-wise (b: a tree, tensor or number)."""
     def max(self, *args, reduce=..., **kwargs):
         """``max(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.max of each leaf, a tree); with arguments (``dim=``...), torch.max of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
     def maximum(self, other: Any) -> Any:
@@ -597,6 +609,9 @@ def abs(input: Any) -> Any:
 def acos(input: Any) -> Any:
     """acos(t): arccosine, on every leaf (torch.acos without a tree)."""
 
+def acosh(input: Any) -> Any:
+    """acosh(t): inverse hyperbolic cosine (x >= 1), on every leaf (torch.acosh without a tree)."""
+
 def add(input: Any, other: Any, *, alpha: _Number = ...) -> Any: ...
 
 def apply(fn: collections.abc.Callable, *args, **kwargs) -> Any:
@@ -605,11 +620,17 @@ def apply(fn: collections.abc.Callable, *args, **kwargs) -> Any:
 def asin(input: Any) -> Any:
     """asin(t): arcsine, on every leaf (torch.asin without a tree)."""
 
+def asinh(input: Any) -> Any:
+    """asinh(t): inverse hyperbolic sine, on every leaf (torch.asinh without a tree)."""
+
 def atan(input: Any) -> Any:
     """atan(t): arctangent, on every leaf (torch.atan without a tree)."""
 
 def atan2(input: Any, other: Any) -> Any:
     """atan2(a, b): arctangent of a / b in the quadrant of (b, a), leaf-wise (torch.atan2 without a tree)."""
+
+def atanh(input: Any) -> Any:
+    """atanh(t): inverse hyperbolic tangent (|x| < 1), on every leaf (torch.atanh without a tree)."""
 
 def bitwise_and(input: Any, other: Any) -> Any:
     """bitwise_and(a, b): a & b on integer and bool tensors, leaf-wise (torch.bitwise_and without a tree)."""
@@ -726,7 +747,7 @@ def lt(input: Any, other: Any) -> Any:
     """lt(a, b): a < b (bool), leaf-wise (torch.lt without a tree)."""
 
 def matmul(input: Any, other: Any) -> Any:
-    """matmul(a, b): matrix product a @ b (at::matmul), leaf-wise (torch.matmul without a tree)."""
+    """matmul(a, b): matrix product a @ b (at::matmul; 1-D, 2-D and batched leaves), leaf-wise (torch.matmul without a tree)."""
 
 def maximum(input: Any, other: Any) -> Any:
     """maximum(a, b): element-wise max(a, b), NaN-propagating, leaf-wise (torch.maximum without a tree)."""

@@ -11,9 +11,12 @@ from ._C import (
     Tensor as Tensor,
     abs as abs,
     acos as acos,
+    acosh as acosh,
     apply as apply,
     asin as asin,
+    asinh as asinh,
     atan as atan,
+    atanh as atanh,
     bitwise_not as bitwise_not,
     ceil as ceil,
     cos as cos,
@@ -64,10 +67,13 @@ __all__ = [
     "synchronize",
     "abs",
     "acos",
+    "acosh",
     "add",
     "asin",
+    "asinh",
     "atan",
     "atan2",
+    "atanh",
     "bitwise_and",
     "bitwise_not",
     "bitwise_or",
@@ -446,7 +452,7 @@ def masked_select(input, *args, **kwargs):
 def matmul(*args, **kwargs):
     """matmul(input: object, other: object) -> object
 
-    matmul(a, b): matrix product a @ b (at::matmul), leaf-wise (torch.matmul without a tree)."""
+    matmul(a, b): matrix product a @ b (at::matmul; 1-D, 2-D and batched leaves), leaf-wise (torch.matmul without a tree)."""
 
 def max(input, *args, **kwargs):
     """Leaf-wise / tree-level ``max`` (see Tensor.max); torch.max without a tree."""
