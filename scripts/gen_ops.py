@@ -74,18 +74,23 @@ def cpp_file(lines, note, includes=()):
 
 
 # ---- the free functions' declarations ------------------------------------------------------
+def doc_comment(text):
+    """`text` as /// lines of at most 100 columns (clang-format's limit here)."""
+    return "\n".join("/// " + line for line in textwrap.wrap(text, 96))
+
+
 def declarations(op):
     n, doc = op["name"], op["doc"]
     fused = "\n/// Fused form: at::_foreach_%s." % n if op["foreach"] else ""
     if op["shape"] in ("unary_inplace", "unary"):
-        out = ["/// %s(t) = at::%s on every leaf: %s.%s\nTreeTensor %s(const TensorTree& t);"
-               % (n, n, doc, fused, n)]
+        out = ["%s%s\nTreeTensor %s(const TensorTree& t);"
+               % (doc_comment("%s(t) = at::%s on every leaf: %s." % (n, n, doc)), fused, n)]
         if op["shape"] == "unary_inplace":
             out.append("/// %s_(t): %s in place on every leaf (the same leaf tensors).\n"
                        "TreeTensor& %s_(TreeTensor& t);" % (n, n, n))
         return out
-    out = ["/// %s(a, b) = at::%s(a, b) leaf-wise: %s.%s\n"
-           "TreeTensor %s(const Operand& a, const Operand& b);" % (n, n, doc, fused, n)]
+    out = ["%s%s\nTreeTensor %s(const Operand& a, const Operand& b);"
+           % (doc_comment("%s(a, b) = at::%s(a, b) leaf-wise: %s." % (n, n, doc)), fused, n)]
     if op["shape"] == "binary_scalar":
         out.append("/// %s_(a, b): %s in place on a's leaves (the same leaf tensors).\n"
                    "TreeTensor& %s_(TreeTensor& a, const Operand& b);" % (n, n, n))
@@ -331,6 +336,22 @@ def python_names(rows):
     return "\n".join(lines) + "\n"
 
 
+TREE2 = "[](const tt::Operand& a, const tt::Operand& b) { return tt::%s(a, b); },"
+
+
+def packed(pieces, first="     "):
+    """An initializer's pieces packed into lines of at most 100 columns, as clang-format
+    packs them: the first line at `first`, the rest one column inside the brace."""
+    lines, line = [], first + pieces[0]
+    for piece in pieces[1:]:
+        if len(line) + 1 + len(piece) <= 100:
+            line += " " + piece
+        else:
+            lines.append(line)
+            line = "     " + piece
+    return lines + [line]
+
+
 # ---- the test cases ------------------------------------------------------------------------
 def test_cases(rows):
     lines = ["#include <ATen/ATen.h>", "", "#include <algorithm>", "#include <iterator>",
@@ -345,14 +366,14 @@ def test_cases(rows):
         n = op["name"]
         lines += ['    {"%s", [](const tt::TensorTree& t) { return tt::%s(t); },' % (n, n),
                   "     [](TreeTensor& t) -> TreeTensor& { return tt::%s_(t); }," % n,
-                  "     [](%s x) { return at::%s(x); }, [](%s x) { x.%s_(); }}," % (T, n, T, n)]
+                  *packed(["[](%s x) { return at::%s(x); }," % (T, n), "[](%s x) { x.%s_(); }}," % (T, n)])]
     lines += ["};", "", "struct PlainUnaryCase {", "  const char* name;",
               "  TreeTensor (*tree)(const tt::TensorTree&);", "  at::Tensor (*native)(%s);" % T,
               "};", "const std::vector<PlainUnaryCase> plain_unary_cases = {"]
     for op in of(rows, "unary"):
         n = op["name"]
-        lines.append('    {"%s", [](const tt::TensorTree& t) { return tt::%s(t); },'
-                     " [](%s x) { return at::%s(x); }}," % (n, n, T, n))
+        lines += packed(['{"%s",' % n, "[](const tt::TensorTree& t) { return tt::%s(t); }," % n,
+                         "[](%s x) { return at::%s(x); }}," % (T, n)], first="    ")
     lines += ["};", "", "struct BinaryCase {", "  const char* name;",
               "  TreeTensor (*tree)(const tt::Operand&, const tt::Operand&);",
               "  TreeTensor& (*tree_)(TreeTensor&, const tt::Operand&);",
@@ -361,31 +382,31 @@ def test_cases(rows):
               "};", "const std::vector<BinaryCase> binary_cases = {"]
     for op in of(rows, "binary_scalar"):
         n = op["name"]
-        lines += ['    {"%s", [](const tt::Operand& a, const tt::Operand& b) { return tt::%s(a, b); },'
-                  % (n, n),
-                  "     [](TreeTensor& a, const tt::Operand& b) -> TreeTensor& { return tt::%s_(a, b); },"
-                  % n,
-                  "     [](%s x, %s y) { return at::%s(x, y); }," % (T, T, n),
-                  "     [](%s x, %s y) { return at::%s(x, y); }," % (T, S, n),
-                  "     [](%s x, %s y) { x.%s_(y); }," % (T, T, n),
-                  "     [](%s x, %s y) { x.%s_(y); }}," % (T, S, n)]
+        lines += packed(['{"%s",' % n, TREE2 % n,
+                         "[](TreeTensor& a, const tt::Operand& b) -> TreeTensor& { return tt::%s_(a, b); },"
+                         % n,
+                         "[](%s x, %s y) { return at::%s(x, y); }," % (T, T, n),
+                         "[](%s x, %s y) { return at::%s(x, y); }," % (T, S, n),
+                         "[](%s x, %s y) { x.%s_(y); }," % (T, T, n),
+                         "[](%s x, %s y) { x.%s_(y); }}," % (T, S, n)], first="    ")
     lines += ["};", "", "struct TensorBinaryCase {", "  const char* name;",
               "  TreeTensor (*tree)(const tt::Operand&, const tt::Operand&);",
               "  at::Tensor (*native)(%s, %s);" % (T, T), "};",
               "const std::vector<TensorBinaryCase> tensor_binary_cases = {"]
     for op in of(rows, "binary_tensor"):
         n = op["name"]
-        lines += ['    {"%s", [](const tt::Operand& a, const tt::Operand& b) { return tt::%s(a, b); },'
-                  % (n, n), "     [](%s x, %s y) { return at::%s(x, y); }}," % (T, T, n)]
+        lines += packed(['{"%s",' % n, TREE2 % n, "[](%s x, %s y) { return at::%s(x, y); }}," % (T, T, n)],
+                        first="    ")
     libm = " ".join('"%s",' % op["name"] for op in rows if op["libm"])
     lines += ["};", "",
               "/// Whether ATen computes op `name` with a libm-style function (the registry's libm",
               "/// column): a consolidated buffer and the per-leaf loop agree within the ulp bound",
               "/// there, bitwise for every other op.",
               "inline bool libm_function(std::string_view name) {",
+              "  // clang-format would align the names in columns.", "  // clang-format off",
               "  static constexpr std::string_view names[] = {"]
     lines += ["      " + line for line in textwrap.wrap(libm, 92)]
-    lines += ["  };", "  return std::find(std::begin(names), std::end(names), name) != std::end(names);",
+    lines += ["  };", "  // clang-format on", "  return std::find(std::begin(names), std::end(names), name) != std::end(names);",
               "}", "", "}  // namespace tt_test"]
     note = ["The registry's elementwise ops as test cases: each op's tree forms beside the at::",
             "calls a hand-written loop makes, shared by the tests that check every op (per leaf",

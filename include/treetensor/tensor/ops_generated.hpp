@@ -277,7 +277,8 @@ TreeTensor logical_or(const Operand& a, const Operand& b);
 TreeTensor logical_xor(const Operand& a, const Operand& b);
 
 // ---- blas ----
-/// matmul(a, b) = at::matmul(a, b) leaf-wise: matrix product a @ b (at::matmul; 1-D, 2-D and batched leaves).
+/// matmul(a, b) = at::matmul(a, b) leaf-wise: matrix product a @ b (at::matmul; 1-D, 2-D and
+/// batched leaves).
 TreeTensor matmul(const Operand& a, const Operand& b);
 /// mm(a, b) = at::mm(a, b) leaf-wise: matrix product of 2-D leaves (at::mm).
 TreeTensor mm(const Operand& a, const Operand& b);
