@@ -166,14 +166,14 @@ def foreach_kernels(rows):
     return out + ["}  // namespace", ""]
 
 
-def fused_ref(op, kind):
-    return "&kForeach_%s" % op["name"] if op["foreach"] else "static_cast<const %s*>(nullptr)" % kind
+def fused_ref(op):
+    return "&kForeach_%s" % op["name"] if op["foreach"] else "nullptr"
 
 
 def body(op):
     n, shape = op["name"], op["shape"]
     if shape in ("unary_inplace", "unary"):
-        fe = fused_ref(op, "ForeachUnary")
+        fe = fused_ref(op)
         out = ["TreeTensor %s(const TensorTree& t) {" % n,
                '  return unary_map("%s", t, [](%s x) { return at::%s(x); },' % (n, T, n),
                "                   %s);" % fe, "}",
@@ -188,7 +188,7 @@ def body(op):
         return out
     out = []
     if shape == "binary_scalar":
-        fe = fused_ref(op, "ForeachBinary")
+        fe = fused_ref(op)
         out += ["TreeTensor %s(const Operand& a, const Operand& b) {" % n,
                 '  return binary_map("%s", a, b, [](%s x, %s y) { return at::%s(x, y); },' % (n, T, T, n),
                 "                    [](%s x, %s y) { return at::%s(x, y); }, %s);" % (T, S, n, fe), "}",

@@ -44,11 +44,6 @@ def test_a_new_row_reaches_every_generated_file():
     assert '"sinc",' not in texts["tests/op_cases.hpp"].split("libm_function")[1]  # libm = false
     libm = GEN.load(with_row('{ name = "sinc", shape = "unary", foreach = false, libm = true, doc = "x" }'))
     assert '"sinc",' in GEN.OUTPUTS["tests/op_cases.hpp"](libm).split("libm_function")[1]
-    # The registry as checked in renders to the files as checked in (ctest: ops_generated_current).
-    rows = GEN.load(REGISTRY)
-    for rel, render in GEN.OUTPUTS.items():
-        with open(os.path.join(ROOT, rel)) as f:
-            assert f.read() == render(rows), rel + " is stale: run scripts/gen_ops.py"
 
 
 @pytest.mark.parametrize("row, message", [
