@@ -68,5 +68,6 @@ case "$sanitize" in
   *) echo "test.sh: --sanitize takes thread or address, not '$sanitize'" >&2; exit 2 ;;
 esac
 
+echo "test.sh: $build set up and built in $SECONDS s"
 # Cases run in parallel, one per core; python_pytest is RUN_SERIAL (its timing checks).
 ctest --test-dir "$build" --output-on-failure --no-tests=error -j"$jobs" "${ctest_args[@]}"

@@ -418,6 +418,7 @@ void translate_errors() {
 PYBIND11_MODULE(_C, m) {
   py::module_::import("torch");  // LibTorch's Python state (THPVariableClass, dtypes) first
   m.doc() = "treetensor's C++ core for Python; use the package `treetensor` (treetensor.torch).";
+  m.attr("__version__") = TREETENSOR_VERSION;  // CMake's project version (python/CMakeLists.txt)
   translate_errors();
 
   // `Tensor(x)` with a non-tree x gives a plain torch.Tensor (DI-treetensor): the metaclass

@@ -55,6 +55,7 @@ def names(ttorch, tnp, tc):
 
 
 def main(spec_path, out_path):
+    import treetensor as tt
     import treetensor.common as tc
     import treetensor.numpy as tnp
     import treetensor.torch as ttorch
@@ -72,7 +73,7 @@ def main(spec_path, out_path):
     def T(name):  # noqa: N802  (the cases' short name)
         return ttorch.Tensor(copy(inputs[name]))
 
-    env = {"ttorch": ttorch, "tnp": tnp, "tc": tc, "torch": torch, "np": np, "T": T,
+    env = {"tt": tt, "ttorch": ttorch, "tnp": tnp, "tc": tc, "torch": torch, "np": np, "T": T,
            "D": lambda name: copy(inputs[name])}
     results = {}
     for case_id, expression in spec["cases"]:

@@ -204,6 +204,22 @@ def test_numpy_trees():
     assert np.array_equal((a + a).a, np.array([2, 4, 6, 8])) and a.sum() == 13.0
 
 
+def test_numpy_fallback_to_numpy_functions():
+    z = tnp.zeros({"a": (2, 3), "c": {"x": (3,)}})
+    close = tnp.allclose(z, tnp.ndarray({"a": np.zeros((2, 3)), "c": {"x": np.ones(3)}}))
+    assert type(close) is tc.Object and close.a is True and close.c.x is False  # bools: an Object
+    r = tnp.arange(tnp.ndarray({"a": 3.0, "c": {"x": 4.0}}))
+    assert isinstance(r, tnp.ndarray) and np.array_equal(r.c.x, np.arange(4.0))
+    root = tnp.sqrt({"a": np.array([4.0]), "b": {"x": np.array([9.0])}})  # dicts are trees here
+    assert np.array_equal(root.a, [2.0]) and np.array_equal(root.b.x, [3.0])
+    assert np.array_equal(tnp.arange(3), np.arange(3))  # no tree: numpy's own result
+    assert tnp.pi == np.pi and tnp.allclose is tnp.allclose  # cached as a module attribute
+    with pytest.raises(AttributeError, match=r"'no_such_name' \(nor has numpy\)"):
+        tnp.no_such_name
+    with pytest.raises(AttributeError, match="numpy.float32 is a type, not a function"):
+        tnp.float32  # as DI-treetensor: dtypes are numpy's own
+
+
 # ---- semantics ----------------------------------------------------------------------------------
 def test_a_leaf_broadcasts_into_a_subtree():
     d = sample()
@@ -233,6 +249,62 @@ def test_in_place_a_leaf_broadcasts_into_the_targets_subtree():
     with pytest.raises(ValueError, match="argument 0 is a leaf but argument 1 is a subtree"):
         tv.add_(t)  # the target's leaf would be written once per leaf of the subtree
     dicts_equal(tv, before)
+
+
+def test_functions_taking_trees_broadcast_a_leaf_into_a_subtree():
+    d, v = sample(), {"a": torch.randn(2, 3), "b": torch.randn(1)}
+    t, tv = ttorch.Tensor(d), ttorch.Tensor(v)
+    at_b = lambda fn: {"a": fn(d["a"], v["a"]), "b": {k: fn(d["b"][k], v["b"]) for k in ("x", "y")}}  # noqa: E731
+    dicts_equal(ttorch.isclose(t, tv), at_b(torch.isclose))
+    dicts_equal(t.isclose(tv), at_b(torch.isclose))
+    dicts_equal(ttorch.where(t > 0, t, tv), at_b(lambda x, y: torch.where(x > 0, x, y)))
+    dicts_equal(ttorch.lerp(t, tv, 0.25), at_b(lambda x, y: torch.lerp(x, y, 0.25)))
+    dicts_equal(ttorch.addcmul(t, tv, t, value=2), at_b(lambda x, y: torch.addcmul(x, y, x, value=2)))
+    dicts_equal(t.clamp(min=tv), at_b(lambda x, y: torch.clamp(x, min=y)))
+    dicts_equal(t.clamp(-0.5, 0.5), dmap(lambda x: x.clamp(-0.5, 0.5), d))  # numbers: C++
+
+
+def test_clamp_in_place_with_tree_bounds():
+    d, hi = sample(), sample(1)
+    t = ttorch.Tensor(d)
+    want = dmap(lambda x, y: torch.clamp(x, max=y), d, hi)
+    leaves = [t.a, t.b.x]
+    assert t.clamp_(max=ttorch.Tensor(hi)) is t
+    dicts_equal(t, want)
+    assert leaves[0] is t.a and leaves[1] is t.b.x  # the same tensors
+    short = ttorch.Tensor({"a": torch.zeros(2, 3), "b": torch.zeros(1)})
+    with pytest.raises(ValueError, match="clamp_: the tree has a leaf at 'b' where min has a subtree"):
+        short.clamp_(min=ttorch.Tensor(sample()))
+    assert torch.equal(short.b, torch.zeros(1))  # refused before any leaf was written
+    with pytest.raises(TypeError):
+        t.clamp(max={"a": torch.ones(1)})  # a dict is not a tree bound (DI-treetensor: TypeError)
+
+
+def test_torch_methods_on_the_class():
+    import types
+    assert isinstance(ttorch.Tensor.arctanh, types.FunctionType) and hasattr(ttorch.Tensor, "arctanh_")
+    t = ttorch.Tensor(sample())
+    dicts_equal(ttorch.Tensor.arctanh(t * 0.5), dmap(lambda x: torch.arctanh(x * 0.5), sample()))
+    assert isinstance(t.arctanh, types.MethodType) and ttorch.Tensor.arctanh is ttorch.Tensor.arctanh
+    assert not hasattr(ttorch.Tensor, "is_cuda")  # data attributes: instances only
+    with pytest.raises(AttributeError, match="type object 'Tensor' has no attribute 'no_such_name'"):
+        ttorch.Tensor.no_such_name
+
+
+def test_package_top_level_utils_and_meta():
+    import importlib.metadata
+
+    import treetensor
+    import treetensor.config.meta as meta
+    from treetensor.utils import args_mapping, replaceable_partial
+    assert treetensor.Tensor is ttorch.Tensor and treetensor.Object is tc.Object
+    assert treetensor.ndarray is tnp.ndarray
+    assert treetensor.__version__ == meta.__VERSION__ == importlib.metadata.version("treetensor")
+    assert meta.__TITLE__ == "treetensor"
+    zeros = replaceable_partial(torch.zeros, dtype=torch.int64)
+    assert zeros(2).dtype == torch.int64 and zeros(2, dtype=torch.float32).dtype == torch.float32
+    add = args_mapping(lambda i, x: x * 10 if i == 0 else x)(lambda a, b=0: a + b)
+    assert add(1, b=2) == 12
 
 
 def test_tensor_of_dict_with_dtype():

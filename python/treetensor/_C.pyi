@@ -209,8 +209,11 @@ class Tensor:
     def ceil_(self) -> Any:
         """ceil_(): smallest integer >= x, in place on every leaf (the same tensors); returns self."""
     def chunk(self, chunks: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex = ...) -> Any: ...
-    def clamp(self, min: _Number | None = ..., max: _Number | None = ...) -> Any: ...
-    def clamp_(self, min: _Number | None = ..., max: _Number | None = ...) -> Any: ...
+    def clamp(self, min=..., max=...):
+        """Every leaf clamped to [min, max] (numbers: in C++; trees of bounds: torch.clamp per leaf
+        pair, a leaf bound broadcasting into a subtree; DI-treetensor)."""
+    def clamp_(self, min=..., max=...):
+        """In place: every leaf clamped to [min, max] (see clamp); returns the tree."""
     def clone(self) -> Any:
         """clone(): a copy of x with its own storage, on every leaf."""
     def consolidate(self) -> Any:
@@ -319,7 +322,8 @@ class Tensor:
     def index_select(self, arg0: typing.SupportsInt | typing.SupportsIndex, arg1: Any) -> Any: ...
     def int(self): ...
     def is_consolidated(self) -> builtins.bool: ...
-    def isclose(self, other: Any, rtol: typing.SupportsFloat | typing.SupportsIndex = ..., atol: typing.SupportsFloat | typing.SupportsIndex = ..., equal_nan: builtins.bool = ...) -> Any: ...
+    def isclose(*args, **kwargs):
+        """isclose(self: treetensor._C.Tensor, other: object, rtol: typing.SupportsFloat | typing.SupportsIndex = 1e-05, atol: typing.SupportsFloat | typing.SupportsIndex = 1e-08, equal_nan: bool = False) -> object"""
     def isfinite(self) -> Any:
         """isfinite(): whether x is finite (bool), on every leaf."""
     def isinf(self) -> Any:
@@ -522,7 +526,8 @@ class Tensor:
     def values(self) -> builtins.list:
         """The children of this node in key order: tensors for leaves, trees for subtrees."""
     def view(self, *args) -> Any: ...
-    def where(self, arg0: Any, arg1: Any) -> Any: ...
+    def where(*args, **kwargs):
+        """where(self: treetensor._C.Tensor, arg0: object, arg1: object) -> object"""
     def zero_(self) -> Any: ...
 
 class _AsyncThread:

@@ -3,11 +3,14 @@
 ``tnp.concatenate`` of lists of trees, ``tnp.split``, ``t.numpy()`` of a tensor tree.
 
 Every function and method here is numpy's applied to every leaf with treetensor.common's rules
-(the calls run in Python, one per leaf, as DI-treetensor's do). Needs numpy (not a dependency
-of the package: ``import treetensor.numpy`` raises ImportError without it).
+(the calls run in Python, one per leaf, as DI-treetensor's do). Any other numpy function
+(``tnp.allclose``, ``tnp.arange``, ufuncs) is numpy's, leaf-wise, giving a tree of its
+results' kind; numpy's plain values (``tnp.pi``) are numpy's. Needs numpy (not a dependency of the package:
+``import treetensor.numpy`` raises ImportError without it).
 """
 import builtins as _builtins
 import operator as _operator
+import types as _types
 
 import numpy as _np
 from torch import from_numpy as _torch_from_numpy
@@ -114,11 +117,12 @@ def _tree(x):
     return ndarray(x) if isinstance(x, dict) else x
 
 
-def _function(np_fn, name, subside=False):
+def _function(np_fn, name, subside=False, as_ndarray=True):
     f = _leafwise.treelized(np_fn, name, subside=subside)
 
     def g(*args, **kwargs):
-        return _as_ndarray(f(*[_tree(a) for a in args], **kwargs))
+        r = f(*[_tree(a) for a in args], **kwargs)
+        return _as_ndarray(r) if as_ndarray else r
 
     g.__name__ = g.__qualname__ = name
     g.__doc__ = f"numpy.{name} of every leaf of its tree arguments (DI-treetensor's tnp.{name})."
@@ -153,3 +157,31 @@ def any(a, *args, **kwargs):  # noqa: A001
 
 
 del _name, _fn
+
+
+# ---- the fallback to numpy (DI-treetensor parity) ----------------------------------------------
+_function_types = tuple({_types.FunctionType, _types.BuiltinFunctionType, _np.ufunc,
+                         type(_np.concatenate), type(_np.allclose)})
+_plain_types = (bool, bytearray, bytes, complex, dict, float, frozenset, int, list, range, set,
+                slice, str, tuple)
+_nothing = object()
+
+
+def __getattr__(name):
+    """``tnp.<name>`` for a numpy name this module does not define (DI-treetensor parity): a
+    numpy function leaf-wise over its tree arguments (nested dicts are trees; lists of trees
+    zipped; numpy's own result without a tree; cached as a module attribute), giving a tree of
+    the results' kind (ndarray leaves: an ndarray tree; bools, scalars: an Object); a plain
+    value of ``numpy.__all__`` (``pi``) as numpy's. Anything else (dtypes, submodules):
+    AttributeError."""
+    item = getattr(_np, name, _nothing) if not name.startswith("_") else _nothing
+    if isinstance(item, _function_types):
+        f = _function(item, name, subside=True, as_ndarray=False)
+        globals()[name] = f
+        return f
+    if isinstance(item, _plain_types) and name in _np.__all__:
+        return item
+    if item is _nothing:
+        raise AttributeError(f"module 'treetensor.numpy' has no attribute '{name}' (nor has numpy)")
+    raise AttributeError(f"module 'treetensor.numpy' has no attribute '{name}' (numpy.{name} is a "
+                         f"{type(item).__name__}, not a function: use numpy.{name})")

@@ -265,6 +265,22 @@ def _attr_fallback(tree, name):
 _C._set_attr_fallback(_attr_fallback, _attr_methods)
 
 
+def _class_attr(cls, name):
+    # ``ttorch.Tensor.<name>`` (the metaclass's __getattr__): the leaf-wise function that
+    # instances bind, so ``hasattr(ttorch.Tensor, 'arctanh')`` and ``ttorch.Tensor.arctanh(t)``
+    # work as in DI-treetensor; torch.Tensor's data attributes stay instance-only.
+    f = _attr_methods.get(name)
+    if f is None:
+        f = _torch_method(name)
+        if f is None or type(f) is _Getter:
+            raise AttributeError(f"type object '{cls.__name__}' has no attribute '{name}'")
+        _attr_methods[name] = f
+    return f
+
+
+type(Tensor).__getattr__ = _class_attr
+
+
 def __getattr__(name):
     """``ttorch.<name>`` for a torch name this module does not define (DI-treetensor parity): a
     torch function leaf-wise over its tree arguments (lists of trees zipped, torch's own result
@@ -296,26 +312,38 @@ def _inheriting(cpp, fallback, name):
         except ValueError as e:
             # only a leaf facing a subtree (zip_rules.hpp: "... pass inherit to broadcast ...");
             # other mismatches keep the C++ message
-            if "inherit" not in str(e) or _builtins.sum(_is_tree(a) for a in args) < 2:
+            if "inherit" not in str(e) or _builtins.sum(
+                    _is_tree(a) for a in (*args, *kwargs.values())) < 2:
                 raise
         args = [Tensor(a) if isinstance(a, dict) else a for a in args]
         return _leafwise.wrap(_leafwise.call(fallback, args, kwargs, name)[0])
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = getattr(cpp, "__doc__", None)
+    if isinstance(cpp, _types.FunctionType):
+        f.__wrapped__ = cpp  # its signature (inspect, the stubs)
     return f
 
 
-def _target_covers(target, other, err):
+def _leaf_facing_subtree(target, other, path=""):
     # In place, only another argument's leaf may broadcast into the target's subtree: a target
-    # leaf facing a subtree would be written once per leaf of it (the C++ refusal stands).
+    # leaf facing a subtree would be written once per leaf of it. The path of the first such
+    # leaf, or None.
     if not _is_tree(other):
-        return
+        return None
     if not _is_tree(target):
-        raise err
+        return path or "<root>"
     if sorted(target.keys()) == sorted(other.keys()):
         for k in target.keys():
-            _target_covers(target[k], other[k], err)
+            p = _leaf_facing_subtree(target[k], other[k], f"{path}.{k}" if path else k)
+            if p is not None:
+                return p
+    return None
+
+
+def _target_covers(target, other, err):
+    if _leaf_facing_subtree(target, other) is not None:
+        raise err  # the C++ refusal stands
 
 
 def _inheriting_inplace(cpp, fallback, name):
@@ -363,6 +391,35 @@ for _name in ["add_", "sub_", "copy_"] + [n + "_" for n in _ops.BINARY_SCALAR]:
     setattr(Tensor, _name, _inheriting_inplace(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
 for _name in ("add", "sub") + _ops.BINARY_SCALAR + _ops.BINARY_TENSOR + _ops.BLAS:
     globals()[_name] = _inheriting(getattr(_C, _name), getattr(_torch, _name), _name)
+for _name in ("isclose", "where"):  # methods taking more trees than self
+    setattr(Tensor, _name, _inheriting(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
+globals()["where"] = _inheriting(_C.where, _torch.where, "where")
+
+
+def _clamp(self, min=None, max=None):  # noqa: A002  (torch's names)
+    """Every leaf clamped to [min, max] (numbers: in C++; trees of bounds: torch.clamp per leaf
+    pair, a leaf bound broadcasting into a subtree; DI-treetensor)."""
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        return _leafwise.wrap(_leafwise.call(_torch.clamp, (self, min, max), {}, "clamp")[0])
+    return _tree_clamp(self, min, max)
+
+
+def _clamp_(self, min=None, max=None):  # noqa: A002
+    """In place: every leaf clamped to [min, max] (see clamp); returns the tree."""
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        for name, bound in (("min", min), ("max", max)):
+            where = _leaf_facing_subtree(self, bound)
+            if where is not None:
+                raise ValueError(f"treetensor: clamp_: the tree has a leaf at '{where}' where "
+                                 f"{name} has a subtree (a leaf would be written once per leaf "
+                                 f"of it)")
+        _leafwise.call(_torch.Tensor.clamp_, (self, min, max), {}, "clamp_")
+        return self
+    return _tree_clamp_(self, min, max)
+
+
+_tree_clamp, _tree_clamp_ = Tensor.clamp, Tensor.clamp_
+Tensor.clamp, Tensor.clamp_ = _clamp, _clamp_
 
 
 # ---- reductions: DI-treetensor's calling convention -----------------------------------------------
@@ -502,6 +559,12 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
     if _is_tree(input) or _is_tree(tensor1) or _is_tree(tensor2):
         return _C._addcdiv(input, tensor1, tensor2, value)
     return _torch.addcdiv(input, tensor1, tensor2, value=value)
+
+
+# a leaf of one tree facing a subtree of another broadcasts (the functions above zip strictly)
+lerp = _inheriting(lerp, _torch.lerp, "lerp")
+addcmul = _inheriting(addcmul, _torch.addcmul, "addcmul")
+addcdiv = _inheriting(addcdiv, _torch.addcdiv, "addcdiv")
 
 
 def cat(tensors, dim=0):

@@ -55,7 +55,6 @@ from ._C import (
     tanh as tanh,
     to_dict as to_dict,
     trunc as trunc,
-    where as where,
 )
 
 __all__ = [
@@ -610,6 +609,9 @@ def view(input, *args, **kwargs):
 
 def vmap(func, *args, **kwargs):
     """torch.vmap(func, ...) applied to every leaf of its tree arguments (DI-treetensor)."""
+
+def where(*args, **kwargs):
+    """where(condition: object, input: object, other: object) -> object"""
 
 def zeros(*args, **kwargs):
     """``zeros(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a tree of torch.zeros leaves (DI-treetensor); plain torch.zeros otherwise."""
