@@ -115,8 +115,12 @@ def ours_sides(inp):
         wrap = (lambda r: [[k, v] for k, v in sorted(r)]) if name == "items" else sorted
         sides[f"{name}() 100 keys"] = {
             "ours": (lambda fn, wrap: lambda: (lambda t: (lambda: fn(t), wrap))(tree("big")))(fn, wrap)}
-        sides[f"{name}() nested 19 leaves"] = {
-            "ours": missing("items()/keys() list one node; no nested (path, leaf) listing in the Python API")}
+    # Every (path, leaf) of the 19-leaf chain: tree_flatten's leaves beside its spec's paths.
+    sides["items() nested 19 leaves"] = {"ours": lambda: (lambda t: (
+        lambda: (lambda leaves, spec: list(zip(spec.paths(), leaves)))(*ttorch.tree_flatten(t)),
+        items_plain))(tree("nested19"))}
+    sides["keys() nested 19 leaves"] = {"ours": lambda: (lambda t: (
+        lambda: ttorch.tree_flatten(t)[1].paths(), lambda r: sorted(path_str(p) for p in r)))(tree("nested19"))}
     both("apply(x + 1) 3 leaves", "pytree", lambda t: t.apply(lambda x: x + 1))
     both("+ 1, 50 scalars", "flat50", lambda t: t + 1)
     both("+ tree, 50 scalars", "flat50", lambda t: t + t)
@@ -133,8 +137,10 @@ def ours_sides(inp):
 
     for s in inp["structure_sizes"]:
         key = f"struct{s}"
-        sides[f"flatten {s} nodes"] = {"ours": missing("no tree flatten (leaves + spec) in the Python API")}
-        sides[f"unflatten {s} nodes"] = {"ours": missing("no tree unflatten in the Python API")}
+        sides[f"flatten {s} nodes"] = {"ours": (lambda key: lambda: (lambda t: (
+            lambda: ttorch.tree_flatten(t), lambda r: flat_leaves(r[0])))(tree(key)))(key)}
+        sides[f"unflatten {s} nodes"] = {"ours": (lambda key: lambda: (lambda leaves, spec: (
+            lambda: ttorch.tree_unflatten(spec, leaves), plain))(*ttorch.tree_flatten(tree(key))))(key)}
         sides[f"map {s} nodes"] = {"ours": (lambda key: lambda: (lambda t: (lambda: t.map(lambda x: x), plain))(tree(key)))(key)}
 
     def seed(mode):

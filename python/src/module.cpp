@@ -617,4 +617,5 @@ released while leaf work runs.)");
   bind_ops(m, cls);
   bind_runtime(m);
   bind_io(m);
+  bind_structure(m);
 }

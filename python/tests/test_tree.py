@@ -215,3 +215,40 @@ def test_cpp_extension_shares_the_runtime():
     _interop = interop_module()
     ttorch.stream(2)  # process-wide: the extension's calls see it only through the one library
     assert _interop.stream_mode() == "stream(2)"
+
+
+def _walk(d, prefix=()):
+    """(path, leaf) pairs in sorted-key depth-first order: the hand-written flatten."""
+    for k in sorted(d):
+        if isinstance(d[k], dict):
+            yield from _walk(d[k], prefix + (k,))
+        else:
+            yield prefix + (k,), d[k]
+
+
+def test_tree_flatten_and_unflatten():
+    d = {"z": torch.ones(1), "b": {"y": torch.zeros(2), "x": torch.arange(3)}, "a": torch.tensor(5.0)}
+    t = ttorch.Tensor(d)
+    leaves, spec = ttorch.tree_flatten(t)
+    want = list(_walk(d))
+    assert [p for p, _ in want] == spec.paths() == [("a",), ("b", "x"), ("b", "y"), ("z",)]
+    assert all(a is b for a, (_, b) in zip(leaves, want))  # the same tensor objects
+    assert spec.num_leaves == 4 and spec.num_nodes == 6 and "4 leaves: a, b.x, b.y, z" in repr(spec)
+    doubled = ttorch.tree_unflatten(spec, [x * 2 for x in leaves])
+    dicts_equal(doubled, {"z": d["z"] * 2, "b": {"y": d["b"]["y"] * 2, "x": d["b"]["x"] * 2}, "a": d["a"] * 2})
+    again = ttorch.tree_flatten(doubled)[1]
+    assert again == spec and hash(again) == hash(spec) and spec != ttorch.tree_flatten(t.b)[1] and spec != 1
+    cons = ttorch.tree_flatten(ttorch.Tensor(sample()).consolidate())
+    assert cons[1] == ttorch.tree_flatten(ttorch.Tensor(sample()))[1]
+    assert [float(x.sum()) for x in cons[0]] == [15.0, 3.0, 3.0]
+    assert ttorch.tree_unflatten(ttorch.tree_flatten(ttorch.Tensor({}))[1], []).keys() == []
+
+
+def test_tree_unflatten_refuses_what_does_not_fit():
+    leaves, spec = ttorch.tree_flatten(ttorch.Tensor(sample()))
+    with pytest.raises(ValueError, match="the spec has 3 leaves but 2 were given"):
+        ttorch.tree_unflatten(spec, leaves[:2])
+    with pytest.raises(TypeError, match=r"leaf 1 \(at 'b\.x'\) is a float, not a torch\.Tensor"):
+        ttorch.tree_unflatten(spec, [leaves[0], 1.5, leaves[2]])
+    with pytest.raises(TypeError):
+        ttorch.tree_flatten({"a": torch.ones(1)})  # a dict is not a tree here: Tensor(d) first

@@ -530,6 +530,19 @@ class Tensor:
         """where(self: treetensor._C.Tensor, arg0: object, arg1: object) -> object"""
     def zero_(self) -> Any: ...
 
+class TreeSpec:
+    """The structure of a tree without its leaves (keys at
+    their places): what tree_unflatten needs to rebuild it. Immutable and cheap to keep; two specs
+    are equal when their trees have the same keys at the same places (hashable, consistent with ==)."""
+    def __eq__(self, arg0: Any) -> builtins.bool: ...
+    def __repr__(self) -> builtins.str: ...
+    @property
+    def num_leaves(self) -> Any: ...
+    @property
+    def num_nodes(self) -> Any: ...
+    def paths(self) -> builtins.list:
+        """The leaf paths in flatten order (sorted keys, depth first): tuples of keys."""
+
 class _AsyncThread:
     def __init__(self, name: builtins.str = ...) -> None: ...
     def close(self) -> None: ...
@@ -826,6 +839,16 @@ def tanh(input: Any) -> Any:
     """tanh(t): hyperbolic tangent, on every leaf (torch.tanh without a tree)."""
 
 def to_dict(tree: Any) -> Any: ...
+
+def tree_flatten(tree: Tensor) -> builtins.tuple:
+    """tree_flatten(tree) -> (leaves, spec): the leaf tensors in flatten order (sorted keys,
+    depth first; the same tensor objects) and the tree's TreeSpec (optree's and
+    torch.utils._pytree's calling). A consolidated tree's leaves are its views."""
+
+def tree_unflatten(spec: TreeSpec, leaves: collections.abc.Sequence) -> Any:
+    """tree_unflatten(spec, leaves) -> tree: the tree of spec's structure holding `leaves`
+    (torch.Tensor, in flatten order; the same objects). Raises ValueError when their number is not
+    spec.num_leaves, TypeError naming the index and path of a leaf that is not a tensor."""
 
 def trunc(input: Any) -> Any:
     """trunc(t): integer part, rounded towards zero, on every leaf (torch.trunc without a tree)."""

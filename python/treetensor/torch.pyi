@@ -9,6 +9,7 @@ import typing_extensions
 
 from ._C import (
     Tensor as Tensor,
+    TreeSpec as TreeSpec,
     abs as abs,
     acos as acos,
     acosh as acosh,
@@ -54,6 +55,8 @@ from ._C import (
     tan as tan,
     tanh as tanh,
     to_dict as to_dict,
+    tree_flatten as tree_flatten,
+    tree_unflatten as tree_unflatten,
     trunc as trunc,
 )
 
@@ -64,6 +67,7 @@ __all__ = [
     "stream",
     "apply",
     "synchronize",
+    "TreeSpec",
     "abs",
     "acos",
     "acosh",
@@ -132,6 +136,8 @@ __all__ = [
     "sub",
     "tan",
     "tanh",
+    "tree_flatten",
+    "tree_unflatten",
     "trunc",
     "where",
     "from_dict",

@@ -1,0 +1,92 @@
+// treetensor.torch.tree_flatten / tree_unflatten and TreeSpec (DESIGN.md §1, §15): the tree
+// layer's flatten over Python trees, with optree's calling (leaves and a reusable structure,
+// unflatten(spec, leaves)), so a structure is taken apart and rebuilt without a Python walk.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.hpp"
+#include "treetensor/tree/flatten.hpp"
+
+namespace treetensor::python {
+namespace {
+
+using tree::TreeSpec;
+
+py::tuple path_tuple(const tree::Path& p) {
+  py::tuple out(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) out[i] = py::str(std::string(p[i]));
+  return out;
+}
+
+py::list spec_paths(const TreeSpec& spec) {
+  py::list out;
+  for (const auto& p : spec.paths()) out.append(path_tuple(p));
+  return out;
+}
+
+std::string spec_repr(const TreeSpec& spec) {
+  constexpr std::size_t kShown = 8;  // a 5,000-leaf spec's repr stays one line
+  const auto paths = spec.paths();
+  std::string text = "TreeSpec(" + std::to_string(spec.leaf_count()) + " leaves: ";
+  for (std::size_t i = 0; i < paths.size() && i < kShown; ++i)
+    text += (i ? ", " : "") + paths[i].describe();
+  if (paths.size() > kShown) text += ", ...";
+  return text + ")";
+}
+
+py::tuple flatten_tree(const PyTree& t) {
+  auto flat = tree::flatten(t.node());
+  py::list leaves(flat.leaves.size());
+  for (std::size_t i = 0; i < flat.leaves.size(); ++i) leaves[i] = wrap_tensor(flat.leaves[i]);
+  return py::make_tuple(std::move(leaves), py::cast(std::move(flat.spec)));
+}
+
+// Every leaf must be a torch.Tensor: the error names its index and the spec's path for it.
+py::object unflatten_tree(const TreeSpec& spec, const py::sequence& leaves) {
+  const std::size_t n = py::len(leaves);
+  if (n != spec.leaf_count())
+    throw py::value_error("tree_unflatten: the spec has " + std::to_string(spec.leaf_count()) +
+                          " leaves but " + std::to_string(n) + " were given");
+  std::vector<at::Tensor> ts(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    py::object leaf = leaves[i];
+    if (!is_tensor(leaf)) {
+      const auto path = spec.paths()[i];
+      throw py::type_error("tree_unflatten: leaf " + std::to_string(i) + " (at '" +
+                           path.describe() + "') is a " +
+                           std::string(Py_TYPE(leaf.ptr())->tp_name) + ", not a torch.Tensor");
+    }
+    ts[i] = THPVariable_Unpack(leaf.ptr());
+  }
+  return wrap(TreeTensor(tree::unflatten(spec, std::move(ts))));
+}
+
+}  // namespace
+
+void bind_structure(py::module_& m) {
+  py::class_<TreeSpec>(m, "TreeSpec", R"(The structure of a tree without its leaves (keys at
+their places): what tree_unflatten needs to rebuild it. Immutable and cheap to keep; two specs
+are equal when their trees have the same keys at the same places (hashable, consistent with ==).)")
+      .def_property_readonly("num_leaves", &TreeSpec::leaf_count, "The number of leaves.")
+      .def_property_readonly("num_nodes", &TreeSpec::node_count,
+                             "The number of nodes, leaves and the root included.")
+      .def("paths", &spec_paths,
+           "The leaf paths in flatten order (sorted keys, depth first): tuples of keys.")
+      .def("__eq__",
+           [](const TreeSpec& a, py::handle b) {
+             return py::isinstance<TreeSpec>(b) && a == b.cast<const TreeSpec&>();
+           })
+      .def("__hash__", &TreeSpec::hash)
+      .def("__repr__", &spec_repr);
+  m.def("tree_flatten", &flatten_tree, py::arg("tree"),
+        R"(tree_flatten(tree) -> (leaves, spec): the leaf tensors in flatten order (sorted keys,
+depth first; the same tensor objects) and the tree's TreeSpec (optree's and
+torch.utils._pytree's calling). A consolidated tree's leaves are its views.)");
+  m.def("tree_unflatten", &unflatten_tree, py::arg("spec"), py::arg("leaves"),
+        R"(tree_unflatten(spec, leaves) -> tree: the tree of spec's structure holding `leaves`
+(torch.Tensor, in flatten order; the same objects). Raises ValueError when their number is not
+spec.num_leaves, TypeError naming the index and path of a leaf that is not a tensor.)");
+}
+
+}  // namespace treetensor::python
