@@ -29,7 +29,8 @@ compile suite's eager cases):
              DI-treetensor (its stream needs CUDA), the torch loop (baseline)
   optimizer  one Adam, AdamW and SGD-momentum step over ResNet-50's trainable tensors
              (data/models): torch.optim's for-loop (baseline), foreach and fused steps, compared
-             within a bound derived from the step; ours n/a (no optimizer in the Python API)
+             within a bound derived from the step; ours flat: treetensor.optim's single-pass
+             step over consolidated parameter and gradient trees
 
 Not measured: the gradient all_reduce (our Python API exposes no collectives).
 

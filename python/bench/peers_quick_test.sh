@@ -25,7 +25,7 @@ assert sections == {"per-op", "structure", "seed", "optimizer"}, sections
 timed = [r for r in rows if not r.get("status")]
 assert all(r["verified"] and r["median_ms"] > 0 for r in timed), "a timed row without a time"
 for side in ("ours", "ours consolidated", "DI-treetensor", "tensordict", "torch", "optree",
-             "ours stream(2)", "torch fused"):
+             "ours stream(2)", "torch fused", "ours flat"):
     assert any(r["strategy"] == side for r in timed), f"no timed row of {side}"
 na = {(r["size"], r["strategy"]): r["status"] for r in rows if r.get("status")}
 assert na[("seed matmul", "DI-treetensor stream(2)")].startswith("n/a"), na

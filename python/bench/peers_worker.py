@@ -156,10 +156,22 @@ def ours_sides(inp):
         return build
 
     sides["seed matmul"] = {"ours linear": seed(1), "ours stream(2)": seed(2), "ours auto": seed("auto")}
-    for name in OPTIMIZERS:
-        sides[f"{name} {inp['model']}"] = {
-            "ours flat": missing("no optimizer step in the Python API (the C++ single-pass step is the "
-                                 "optimizer workload's `flat` row)")}
+    for name, (cls, kw) in OPTIMIZERS.items():
+        def build(cls=cls, kw=kw):
+            # torch's parameters and gradients (optimizer_sides), as consolidated trees whose
+            # sorted keys keep the model's order: treetensor.optim's single-pass step per buffer
+            import treetensor.optim as topt
+            torch.manual_seed(1)
+            ps = [torch.randn(s) * 0.05 for s in inp["model_shapes"]]
+            keys = [f"p{i:04d}" for i in range(len(ps))]
+            params = T(dict(zip(keys, ps))).consolidate()
+            grads = T(dict(zip(keys, inp["model_grads"]))).consolidate()
+            opt = getattr(topt, cls)(params, **kw)
+            for _ in range(OPT_STEPS):
+                opt.step(grads)
+            return (lambda: opt.step(grads)), lambda _: ttorch.tree_flatten(params)[0]
+        build.lazy = True
+        sides[f"{name} {inp['model']}"] = {"ours flat": build}
     return sides
 
 

@@ -236,5 +236,6 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls);
 void bind_runtime(py::module_& m);
 void bind_io(py::module_& m);
 void bind_structure(py::module_& m);
+void bind_optim(py::module_& m);
 
 }  // namespace treetensor::python

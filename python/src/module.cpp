@@ -618,4 +618,5 @@ released while leaf work runs.)");
   bind_runtime(m);
   bind_io(m);
   bind_structure(m);
+  bind_optim(m);
 }

@@ -560,6 +560,9 @@ class _Future:
 class _Guard:
     def close(self) -> None: ...
 
+def _adam_step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, step: typing.SupportsInt | typing.SupportsIndex, lr: typing.SupportsFloat | typing.SupportsIndex, beta1: typing.SupportsFloat | typing.SupportsIndex, beta2: typing.SupportsFloat | typing.SupportsIndex, eps: typing.SupportsFloat | typing.SupportsIndex, weight_decay: typing.SupportsFloat | typing.SupportsIndex, amsgrad: builtins.bool, maximize: builtins.bool, decoupled: builtins.bool, max_exp_avg_sq: Any = ...) -> None:
+    """One Adam (decoupled: AdamW) step in place, single pass (treetensor.optim.Adam)."""
+
 def _addcdiv(arg0: Any, arg1: Any, arg2: Any, arg3: _Number) -> Any: ...
 
 def _addcmul(arg0: Any, arg1: Any, arg2: Any, arg3: _Number) -> Any: ...
@@ -610,6 +613,9 @@ def _save(obj: Any, path: builtins.str) -> None:
 
 def _set_attr_fallback(fn: Any, methods: builtins.dict) -> None:
     """Installs fn(tree, name) -> value or None, asked by Tensor.__getattr__ for a name that is neither a key nor a method and not in `methods` (name -> function, bound to the tree there); treetensor.torch's fallback to torch."""
+
+def _sgd_step(params: Any, grads: Any, momentum_buffer: Any, step: typing.SupportsInt | typing.SupportsIndex, lr: typing.SupportsFloat | typing.SupportsIndex, momentum: typing.SupportsFloat | typing.SupportsIndex, dampening: typing.SupportsFloat | typing.SupportsIndex, weight_decay: typing.SupportsFloat | typing.SupportsIndex, nesterov: builtins.bool, maximize: builtins.bool) -> None:
+    """One SGD step in place, single pass (treetensor.optim.SGD)."""
 
 def _stack(tensors: Any, dim: typing.SupportsInt | typing.SupportsIndex = ...) -> Any: ...
 
