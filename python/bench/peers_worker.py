@@ -156,8 +156,8 @@ def ours_sides(inp):
         return build
 
     sides["seed matmul"] = {"ours linear": seed(1), "ours stream(2)": seed(2), "ours auto": seed("auto")}
-    for name, (cls, kw) in OPTIMIZERS.items():
-        def build(cls=cls, kw=kw):
+    def optimizer(cls, kw, mode):
+        def build():
             # torch's parameters and gradients (optimizer_sides), as consolidated trees whose
             # sorted keys keep the model's order: treetensor.optim's single-pass step per buffer
             import treetensor.optim as topt
@@ -167,11 +167,18 @@ def ours_sides(inp):
             params = T(dict(zip(keys, ps))).consolidate()
             grads = T(dict(zip(keys, inp["model_grads"]))).consolidate()
             opt = getattr(topt, cls)(params, **kw)
+            def step():  # the kernel's pieces spread over the mode's lanes (linear: this thread)
+                with ttorch.stream(mode):
+                    opt.step(grads)
             for _ in range(OPT_STEPS):
-                opt.step(grads)
-            return (lambda: opt.step(grads)), lambda _: ttorch.tree_flatten(params)[0]
+                step()
+            return step, lambda _: ttorch.tree_flatten(params)[0]
         build.lazy = True
-        sides[f"{name} {inp['model']}"] = {"ours flat": build}
+        return build
+
+    for name, (cls, kw) in OPTIMIZERS.items():
+        sides[f"{name} {inp['model']}"] = {"ours flat": optimizer(cls, kw, 1),
+                                           "ours flat stream(2)": optimizer(cls, kw, 2)}
     return sides
 
 
