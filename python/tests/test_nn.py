@@ -1,0 +1,216 @@
+"""treetensor.nn.consolidate_module against PyTorch itself: the trees' leaves are the module's
+own tensors, training through them matches torch.optim on the unconsolidated model, and every
+case DESIGN.md §21 names (tied, frozen, mixed dtypes, buffers, unused parameters, moved models,
+checkpoints, 2 ranks against DistributedDataParallel) is handled or refused naming the path."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import treetensor.nn as tnn
+import treetensor.optim as topt
+import treetensor.torch as ttorch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EPS32 = torch.finfo(torch.float32).eps
+
+
+class Net(torch.nn.Module):
+    def __init__(self, tied=False, frozen=False, double_head=False):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 4, 3)
+        self.bn = torch.nn.BatchNorm1d(4)
+        self.fc = torch.nn.Linear(4 * 6, 4 * 6)
+        self.out = torch.nn.Linear(4 * 6, 4 * 6)
+        if tied:
+            self.out.weight = self.fc.weight
+        if frozen:
+            self.conv.requires_grad_(False)
+        if double_head:
+            self.head = torch.nn.Linear(4 * 6, 3).double()
+
+    def forward(self, x):
+        h = self.out(torch.tanh(self.fc(self.bn(self.conv(x)).flatten(1))))
+        return h.double() @ self.head.weight.T if hasattr(self, "head") else h
+
+
+def pair(**kw):
+    torch.manual_seed(0)
+    ref = Net(**kw)
+    ours = Net(**kw)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def batch():
+    g = torch.Generator().manual_seed(5)
+    return torch.randn(8, 2, 8, generator=g)
+
+
+def leaves(t):
+    return ttorch.tree_flatten(t)[0]
+
+
+def adam_bound(w, lr, steps):
+    # test_optim.py's bound: per step a few ulps of |w| and of the lr-sized update.
+    return (steps + 1) * EPS32 * (w.abs() + 16 * lr)
+
+
+def test_leaves_are_the_module_tensors():
+    _, m = pair()
+    tree = tnn.consolidate_module(m)
+    assert tree.params.is_consolidated() and tree.grads.is_consolidated() and tree.buffers.is_consolidated()
+    named = dict(m.named_parameters())
+    paths = [".".join(p) for p in ttorch.tree_flatten(tree.params)[1].paths()]
+    assert paths == sorted(named)
+    for path, leaf, g in zip(paths, leaves(tree.params), leaves(tree.grads)):
+        assert leaf is named[path] and named[path].grad is g
+        assert leaf.untyped_storage().data_ptr() == tree.param_buffers[0].untyped_storage().data_ptr()
+        assert g.untyped_storage().data_ptr() == tree.grad_buffers[0].untyped_storage().data_ptr()
+    bufs = dict(m.named_buffers())
+    for path, leaf in zip(ttorch.tree_flatten(tree.buffers)[1].paths(), leaves(tree.buffers)):
+        assert leaf.data_ptr() == bufs[".".join(path)].data_ptr()
+
+
+def train(ref, ours, tree, steps=4, lr=1e-2, set_to_none=False):
+    opt_ref = torch.optim.Adam([p for p in ref.parameters() if p.requires_grad], lr=lr)
+    opt = topt.Adam(tree.params, lr=lr)
+    x = batch()
+    for _ in range(steps):
+        opt_ref.zero_grad()
+        loss_ref = ref(x).square().mean()
+        loss_ref.backward()
+        if set_to_none:
+            ours.zero_grad()  # .grad = None: the hook copies the new gradient into its view
+        else:
+            tree.zero_grad()
+        loss = ours(x).square().mean()
+        loss.backward()
+        assert loss.item() == pytest.approx(loss_ref.item(), rel=1e-5)
+        for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+            if p.grad is not None:
+                # The first step's gradients are bitwise torch's (same model, same values).
+                assert torch.allclose(q.grad, p.grad, rtol=1e-4, atol=1e-6), name
+        opt_ref.step()
+        opt.step(tree.grads)
+    return opt_ref
+
+
+@pytest.mark.parametrize("kw", [{}, {"tied": True}, {"frozen": True}, {"double_head": True}],
+                         ids=["plain", "tied", "frozen", "mixed-dtypes"])
+@pytest.mark.parametrize("set_to_none", [False, True], ids=["tree.zero_grad", "model.zero_grad"])
+def test_one_step_matches_torch_adam(kw, set_to_none):
+    ref, ours = pair(**kw)
+    tree = tnn.consolidate_module(ours)
+    train(ref, ours, tree, steps=1, set_to_none=set_to_none)
+    for (name, p), q in zip(ref.state_dict().items(), ours.state_dict().values()):
+        assert q.dtype == p.dtype, name
+        assert ((q - p).abs() <= adam_bound(p, 1e-2, 1)).all(), name
+    if set_to_none:
+        for p, g in zip(leaves(tree.params), leaves(tree.grads)):
+            assert p.grad is g
+
+
+def test_training_follows_torch_over_steps():
+    ref, ours = pair()
+    tree = tnn.consolidate_module(ours)
+    train(ref, ours, tree, steps=6)
+    # BatchNorm's running statistics were updated through the buffer views.
+    assert ours.bn.running_mean.data_ptr() == tree.buffers.bn.running_mean.data_ptr()
+    assert torch.allclose(ours.bn.running_mean, ref.bn.running_mean, rtol=1e-2, atol=1e-3)
+    assert ours.bn.num_batches_tracked.item() == 6
+
+
+def test_tied_parameter_is_one_leaf_with_an_alias():
+    _, m = pair(tied=True)
+    tree = tnn.consolidate_module(m)
+    assert tree.aliases == {"out.weight": "fc.weight"}
+    assert m.out.weight is m.fc.weight and m.fc.weight is tree.params.fc.weight
+    assert "out.weight" in m.state_dict() and "weight" not in tree.params.out.keys()
+
+
+def test_frozen_parameters_stay_out_of_the_gradient_buffer():
+    ref, m = pair(frozen=True)
+    tree = tnn.consolidate_module(m)
+    assert sorted(tree.frozen.conv.keys()) == ["bias", "weight"] and "conv" not in tree.params.keys()
+    before = m.conv.weight.detach().clone()
+    train(ref, m, tree, steps=2)
+    assert torch.equal(m.conv.weight, before) and m.conv.weight.grad is None
+
+
+def test_mixed_dtypes_get_one_buffer_each():
+    _, m = pair(double_head=True)
+    tree = tnn.consolidate_module(m)
+    assert sorted(str(b.dtype) for b in tree.param_buffers) == ["torch.float32", "torch.float64"]
+    assert len(tree.grad_buffers) == 2
+
+
+def test_zero_grad_is_one_fill_per_buffer_padding_included():
+    _, m = pair()
+    tree = tnn.consolidate_module(m)
+    m(batch()).sum().backward()
+    assert any(b.abs().sum() > 0 for b in tree.grad_buffers)
+    tree.zero_grad()
+    assert all(torch.count_nonzero(b) == 0 for b in tree.grad_buffers)
+
+
+@pytest.mark.parametrize("move", ["to-double", "load_state_dict-assign"])
+def test_a_moved_model_is_refused_naming_the_path(move):
+    ref, m = pair()
+    tree = tnn.consolidate_module(m)
+    x = batch()
+    if move == "to-double":
+        m.double()
+        with pytest.raises(RuntimeError, match=r"parameter '(out|fc|bn|conv)\.(bias|weight)' no longer lies"):
+            m(x.double()).sum().backward()
+    else:
+        with pytest.raises(RuntimeError, match=r"parameter 'bn\.bias' was replaced by load_state_dict"):
+            m.load_state_dict({k: v.clone() for k, v in ref.state_dict().items()}, assign=True)
+
+
+def test_shared_storage_is_refused_naming_both():
+    m = torch.nn.Module()
+    base = torch.zeros(10)
+    m.a = torch.nn.Parameter(base[:5])
+    m.b = torch.nn.Parameter(base[5:])
+    with pytest.raises(ValueError, match="'a' and 'b' share one storage"):
+        tnn.consolidate_module(m)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="expected a torch.nn.Module"):
+        tnn.consolidate_module({"w": torch.zeros(2)})
+    with pytest.raises(ValueError, match="bucket sizes must be positive"):
+        tnn.consolidate_module(torch.nn.Linear(2, 2), bucket_cap_mb=0)
+
+
+def test_checkpoints_save_and_load_through_the_views(tmp_path):
+    ref, m = pair()
+    tree = tnn.consolidate_module(m)
+    train(ref, m, tree, steps=2)
+    path = str(tmp_path / "model.pt")
+    ttorch.save(tree.state_dict(), path)
+    loaded = torch.load(path, weights_only=True)
+    assert list(loaded) == list(m.state_dict())
+    assert all(torch.equal(loaded[k], v) for k, v in m.state_dict().items())
+    # Loading a checkpoint copies into the views: the tree and the optimizer still train it.
+    fresh = Net()
+    fresh.load_state_dict(torch.load(path, weights_only=True))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+    m.load_state_dict(ttorch.load(path, tree=False))
+    for (name, p), q in zip(fresh.named_parameters(), m.parameters()):
+        assert torch.equal(p, q), name
+    assert leaves(tree.params)[0].data_ptr() == tree.param_buffers[0].data_ptr()
+    train(fresh, m, tree, steps=1)
+
+
+def test_two_ranks_match_distributed_data_parallel():
+    """2 Gloo ranks (nn_ddp_worker.py): broadcast, gradients bitwise DDP's, overlap, unused."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, os.path.join(HERE, "nn_ddp_worker.py")], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
