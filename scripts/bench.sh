@@ -5,7 +5,8 @@
 # gradient trees over 2 local ranks and the seed's loop with pending asyncs scopes (overlap), on
 # their defaults; then the peers workload
 # (python/bench/peers.py): our Python package beside DI-treetensor, tensordict, optree and
-# torch's own pytree and optimizers, each library in its own process. Tables go to stdout; JSON
+# torch's own pytree and optimizers, each library in its own process; then the training step
+# against PyTorch's (python/bench/bench_train.py, OneFlow CI's relative speed). Tables go to stdout; JSON
 # and PNG plots to out/.
 #
 #   bash scripts/bench.sh            # the defaults (about 4 minutes on 2 cores)
@@ -60,6 +61,15 @@ else
   "$python" python/bench/peers.py --peers-python "$peers_python" --ours-path build-release/python \
     --tree-bench build-release/bench/tree_bench --json out/peers.json --plot out/peers.png ||
     failed+=("peers (exit $?)")
+fi
+echo
+# The training step against PyTorch's (python/bench/bench_train.py: the policy MLP and ResNet-50
+# at batch 1, one process and DDP on 2 Gloo ranks), on the package installed above.
+if [ -f build-release/python/treetensor/__init__.py ]; then
+  PYTHONPATH="$PWD/build-release/python" "$python" python/bench/bench_train.py --json out/train.json ||
+    failed+=("train (exit $?)")
+else
+  failed+=("train (the package was not installed; see peers above)")
 fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "bench.sh: not every row was verified or measured: ${failed[*]}; see the lines above" >&2

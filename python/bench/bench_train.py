@@ -1,0 +1,429 @@
+"""The main job's `train` workload (DESIGN.md §21): a training step on treetensor's pieces
+against PyTorch's own, OneFlow CI's protocol. One model source for both sides, one constant
+input per rank, warm-up steps, then timed steps with the loss synced (`.item()`) every step;
+relative speed = PyTorch ms / treetensor ms, the median over alternating runs.
+
+Sides (each starts from one saved state dict):
+  torch          eager (DistributedDataParallel on 2 ranks), Adam(fused=True),
+                 zero_grad(set_to_none=True), metrics computed and written inline
+  torch best     its strongest settings: zero_grad(set_to_none=False) (gradients stay allocated),
+                 gradient_as_bucket_view=True, the metrics on a Python thread
+  ours           treetensor.nn.consolidate_module (gradient buckets averaged during backward on
+                 2 ranks), treetensor.optim.Adam (one single-pass kernel per buffer),
+                 zero_grad as one fill per buffer, metrics on an asyncs thread beside the step
+  ours -flat     ablation: torch's fused Adam instead of the flat step
+  ours -async    ablation: metrics inline
+  ours -overlap  ablation (2 ranks): each gradient buffer averaged after backward
+Metrics each step: the loss, the gradient norm (over per-parameter norms, as
+clip_grad_norm_) and a histogram of log10 per-parameter gradient norms, a JSON line written
+to a file; the step waits for the previous step's metrics before clearing gradients.
+
+Models: `policy`, DI-engine's PPO actor-critic shape (an MLP encoder with LayerNorm, actor and
+critic heads: 22 small parameter tensors) at batch 64; `resnet50`, torchvision's ResNet-50
+(its state_dict names and shapes are checked against data/models/resnet50.json) at small
+batches. Every side is verified before its times count: after one step from the state dict
+its parameters are torch's within the Adam bound of the optimizer tests, and over the timed
+run its losses agree with torch's to 1e-4 relative; an unverified side exits 2.
+
+    python bench_train.py [--models policy,resnet50] [--batches 1,2] [--size 112] [--ranks 1,2]
+                          [--steps N] [--warmup N] [--runs 3] [--json out/train.json]
+"""
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LR = 1e-4
+EPS32 = torch.finfo(torch.float32).eps
+
+
+# ---- models (one source for both sides) ---------------------------------------------------
+
+class Bottleneck(torch.nn.Module):
+    expansion = 4
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet50(torch.nn.Module):
+    """torchvision.models.resnet50's architecture and state_dict names."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        nn = torch.nn
+        self.inplanes = 64
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = self._layer(64, 3)
+        self.layer2 = self._layer(128, 4, 2)
+        self.layer3 = self._layer(256, 6, 2)
+        self.layer4 = self._layer(512, 3, 2)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(2048, num_classes)
+
+    def _layer(self, planes, blocks, stride=1):
+        nn = torch.nn
+        down = None
+        if stride != 1 or self.inplanes != planes * 4:
+            down = nn.Sequential(nn.Conv2d(self.inplanes, planes * 4, 1, stride, bias=False),
+                                 nn.BatchNorm2d(planes * 4))
+        layers = [Bottleneck(self.inplanes, planes, stride, down)]
+        self.inplanes = planes * 4
+        layers += [Bottleneck(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def fc_block(i, o):
+    nn = torch.nn
+    return [nn.Linear(i, o), nn.LayerNorm(o), nn.ReLU()]
+
+
+class Policy(torch.nn.Module):
+    """DI-engine's PPO actor-critic (VAC) shape: an FC encoder, a discrete actor head and a
+    value head, small layers with LayerNorm (many small parameter tensors)."""
+
+    def __init__(self, obs=64, actions=6):
+        super().__init__()
+        nn = torch.nn
+        self.encoder = nn.Sequential(*fc_block(obs, 128), *fc_block(128, 128), *fc_block(128, 64))
+        self.actor = nn.Sequential(*fc_block(64, 64), *fc_block(64, 64), nn.Linear(64, actions))
+        self.critic = nn.Sequential(*fc_block(64, 64), nn.Linear(64, 1))
+
+    def forward(self, obs):
+        h = self.encoder(obs)
+        return self.actor(h), self.critic(h).squeeze(-1)
+
+
+def policy_inputs(batch, rank, size):
+    g = torch.Generator().manual_seed(100 + rank)
+    return (torch.randn(batch, 64, generator=g),
+            (torch.randint(0, 6, (batch,), generator=g), torch.randn(batch, generator=g)))
+
+
+def policy_loss(out, target):
+    logits, value = out
+    action, ret = target
+    logp = torch.log_softmax(logits, -1)
+    entropy = -(logp.exp() * logp).sum(-1).mean()
+    return torch.nn.functional.nll_loss(logp, action) + 0.5 * (value - ret).square().mean() - 0.01 * entropy
+
+
+def resnet_inputs(batch, rank, size):
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(batch, 3, size, size, generator=g), torch.randint(0, 1000, (batch,), generator=g)
+
+
+def resnet_loss(out, target):
+    return torch.nn.functional.cross_entropy(out, target)
+
+
+MODELS = {"policy": (Policy, policy_inputs, policy_loss), "resnet50": (ResNet50, resnet_inputs, resnet_loss)}
+
+
+def check_resnet50_names():
+    with open(os.path.join(ROOT, "data", "models", "resnet50.json")) as f:
+        want = [(t["key"], tuple(t["shape"])) for t in json.load(f)["tensors"]]
+    got = [(k, tuple(v.shape)) for k, v in ResNet50().state_dict().items()]
+    if got != want:
+        raise SystemExit("bench_train: ResNet50 here differs from torchvision's state_dict (data/models)")
+
+
+# ---- metrics -------------------------------------------------------------------------------
+
+def compute_metrics(out, loss, grads):
+    norms = torch.stack(torch._foreach_norm(grads))
+    total = torch.linalg.vector_norm(norms)
+    hist = torch.histc(norms.clamp_min(1e-12).log10(), bins=16, min=-12, max=4)
+    out.write(json.dumps({"loss": float(loss), "grad_norm": float(total),
+                          "hist": [int(c) for c in hist.tolist()]}) + "\n")
+
+
+class Metrics:
+    """inline, on a Python thread ("thread"), or on a treetensor asyncs thread ("asyncs")."""
+
+    def __init__(self, mode, path):
+        self.mode, self.file, self.pending = mode, open(path, "w"), None
+        if mode == "thread":
+            self.pool = concurrent.futures.ThreadPoolExecutor(1)
+        elif mode == "asyncs":
+            import treetensor.asyncs as asyncs
+            self.pool = asyncs.Thread("metrics")
+
+    def submit(self, loss, grads):
+        if self.mode == "inline":
+            compute_metrics(self.file, loss.detach(), grads)
+        else:
+            self.pending = self.pool.submit(compute_metrics, self.file, loss.detach(), grads)
+
+    def wait(self):
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def close(self):
+        self.wait()
+        if self.mode == "thread":
+            self.pool.shutdown()
+        elif self.mode == "asyncs":
+            self.pool.close()
+        self.file.close()
+
+
+# ---- sides ---------------------------------------------------------------------------------
+
+SIDES_1 = ["torch", "torch best", "ours", "ours -flat", "ours -async"]
+SIDES_2 = SIDES_1 + ["ours -overlap"]
+
+
+class Run:
+    """One side's model, optimizer and metrics; step() is one timed training step."""
+
+    def __init__(self, side, make, state, loss_fn, group, tmp):
+        import treetensor.nn as tnn
+        import treetensor.optim as topt
+        self.model = make()
+        self.model.load_state_dict(state)
+        self.loss_fn, self.group, self.tree = loss_fn, group, None
+        ours = side.startswith("ours")
+        self.metrics = Metrics("inline" if side in ("torch", "ours -async") else
+                               "asyncs" if ours else "thread", os.path.join(tmp, "metrics.jsonl"))
+        if ours:
+            overlap = group is not None and side != "ours -overlap"
+            self.tree = tnn.consolidate_module(self.model, process_group=group if overlap else None)
+            self.params = [p for p in self.model.parameters()]
+            self.grads = [p.grad for p in self.params]
+            self.after_backward = self._reduce_buffers if group is not None and not overlap else None
+            if side == "ours -flat":
+                self.opt = torch.optim.Adam(self.params, lr=LR, fused=True)
+                self.opt_step = self.opt.step
+            else:
+                self.opt = topt.Adam(self.tree.params, lr=LR)
+                self.opt_step = lambda: self.opt.step(self.tree.grads)
+            self.zero_grad = self.tree.zero_grad
+            self.forward = self.model
+        else:
+            self.forward = self.model if group is None else torch.nn.parallel.DistributedDataParallel(
+                self.model, process_group=group, gradient_as_bucket_view=(side == "torch best"))
+            self.params = list(self.model.parameters())
+            self.opt = torch.optim.Adam(self.params, lr=LR, fused=True)
+            self.opt_step = self.opt.step
+            self.zero_grad = lambda: self.opt.zero_grad(set_to_none=(side == "torch"))
+            self.after_backward = None
+
+    def _reduce_buffers(self):
+        for b in self.tree.grad_buffers:
+            b.div_(dist.get_world_size(self.group))
+            dist.all_reduce(b, group=self.group)
+
+    def step(self, x, target):
+        self.metrics.wait()
+        self.zero_grad()
+        loss = self.loss_fn(self.forward(x), target)
+        loss.backward()
+        if self.after_backward is not None:
+            self.after_backward()
+        self.metrics.submit(loss, self.grads if self.tree is not None else [p.grad for p in self.params])
+        self.opt_step()
+        return loss.item()
+
+    def close(self):
+        self.metrics.close()
+        if self.tree is not None:
+            self.tree.close()
+
+
+def adam_bound(w, steps):
+    return (steps + 1) * EPS32 * (w.abs() + 16 * LR)
+
+
+def session(side, make, state, loss_fn, group, inputs, warmup, steps, tmp):
+    """Warm-up and timed steps from the state dict: (median ms per step, losses, parameters after
+    step 1)."""
+    run = Run(side, make, state, loss_fn, group, tmp)
+    x, target = inputs
+    losses = [run.step(x, target)]
+    first = [p.detach().clone() for p in run.model.parameters()]
+    for _ in range(warmup - 1):
+        losses.append(run.step(x, target))
+    if group is not None:
+        dist.barrier(group)
+    step_ms = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        losses.append(run.step(x, target))
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+    run.close()
+    # The median step: one preempted step on a shared VM does not move it.
+    return statistics.median(step_ms), losses, first
+
+
+def verify(side, ref, got):
+    """None, or why `side` does not match torch's run."""
+    _, ref_losses, ref_first = ref
+    _, losses, first = got
+    for i, (a, b) in enumerate(zip(ref_losses, losses)):
+        if abs(a - b) > 1e-4 * abs(a):
+            return f"step {i + 1}: loss {b} vs torch's {a}"
+    for i, (a, b) in enumerate(zip(ref_first, first)):
+        if not bool(((a - b).abs() <= adam_bound(a, 1)).all()):
+            return f"parameter {i} after step 1 differs by {float((a - b).abs().max()):.3g}"
+    return None
+
+
+def measure(cfg, rank, group, args):
+    """Every side of one (model, batch, ranks) configuration, `args.runs` alternating runs."""
+    model, batch = cfg
+    make, inputs_of, loss_fn = MODELS[model]
+    torch.manual_seed(0)
+    state = make().state_dict()
+    inputs = inputs_of(batch, rank, args.size)
+    sides = SIDES_1 if group is None else SIDES_2
+    steps = args.steps or (200 if model == "policy" else 5)
+    warmup = args.warmup or (10 if model == "policy" else 2)
+    times = {s: [] for s in sides}
+    first_run = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.runs):
+            for s in (sides if r % 2 == 0 else sides[::-1]):
+                got = session(s, make, state, loss_fn, group, inputs, warmup, steps, tmp)
+                times[s].append(got[0])
+                if r == 0:
+                    first_run[s] = got
+    failures = {s: why for s in sides[1:] if (why := verify(s, first_run["torch"], first_run[s]))}
+    return times, failures
+
+
+def report(model, batch, ranks, times, failures):
+    base = statistics.median(times["torch"])
+    rows = []
+    for side, ts in times.items():
+        med = statistics.median(ts)
+        spread = (max(ts) - min(ts)) / 2
+        rows.append({"model": model, "batch": batch, "ranks": ranks, "side": side, "ms": med,
+                     "spread_ms": spread, "runs_ms": ts, "relative_speed": base / med,
+                     "verified": side == "torch" or side not in failures,
+                     "why": failures.get(side)})
+    return rows
+
+
+def print_rows(rows):
+    for r in rows:
+        noisy = " (noisy)" if r["spread_ms"] >= 0.5 * r["ms"] else ""
+        mark = "" if r["verified"] else f"  NOT VERIFIED: {r['why']}"
+        print(f"{r['model']:<9} {r['batch']:>5} {r['ranks']:>5}  {r['side']:<14} {r['ms']:>9.2f} "
+              f"±{r['spread_ms']:<7.2f} {r['relative_speed']:>6.2f}x{noisy}{mark}", flush=True)
+
+
+def configs(args):
+    out = []
+    for m in args.models.split(","):
+        for b in ([64] if m == "policy" else [int(x) for x in args.batches.split(",")]):
+            out.append((m, b))
+    return out
+
+
+def ranked(rank, args, init_file, out_file):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=300))
+    rows = []
+    for cfg in configs(args):
+        times, failures = measure(cfg, rank, dist.group.WORLD, args)
+        if rank == 0:
+            rows += report(cfg[0], cfg[1], 2, times, failures)
+            print_rows(rows[-len(times):])
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump(rows, f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="policy,resnet50")
+    ap.add_argument("--batches", default="1", help="ResNet-50 batch sizes (the policy: 64)")
+    ap.add_argument("--size", type=int, default=112, help="ResNet-50 input height and width")
+    ap.add_argument("--ranks", default="1,2", help="1: one process; 2: DDP on 2 local Gloo ranks")
+    ap.add_argument("--steps", type=int, default=0, help="timed steps (default: policy 200, resnet50 5)")
+    ap.add_argument("--warmup", type=int, default=0, help="warm-up steps (default: policy 10, resnet50 2)")
+    ap.add_argument("--runs", type=int, default=3, help="alternating runs per side (median)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if "resnet50" in args.models:
+        check_resnet50_names()
+    print(f"train: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 intra-op "
+          f"thread per rank, glibc malloc; ms per step, median over {args.runs} alternating runs of each run's median step "
+          f"(± half their range); speed = torch's ms / the row's (relative speed)")
+    print(f"{'model':<9} {'batch':>5} {'ranks':>5}  {'side':<14} {'ms':>9} {'spread':<8} {'speed':>7}")
+    rows = []
+    if "1" in args.ranks.split(","):
+        torch.set_num_threads(1)
+        for cfg in configs(args):
+            times, failures = measure(cfg, 0, None, args)
+            rows += report(cfg[0], cfg[1], 1, times, failures)
+            print_rows(rows[-len(times):])
+    if "2" in args.ranks.split(","):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "rows.json")
+            mp.spawn(ranked, args=(args, os.path.join(d, "init"), out), nprocs=2, join=True)
+            with open(out) as f:
+                rows += json.load(f)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workload": "train", "cpu": cpu_name(), "threads_per_rank": 1,
+                       "allocator": "glibc malloc", "rows": rows}, f, indent=1)
+    bad = [r for r in rows if not r["verified"]]
+    if bad:
+        print(f"bench_train: {len(bad)} row(s) not verified", file=sys.stderr)
+        sys.exit(2)
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+if __name__ == "__main__":
+    main()
