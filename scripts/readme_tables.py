@@ -5,7 +5,8 @@
     python3 scripts/readme_tables.py --print    # prints the generated block instead
 
 Every figure in the block comes from the files, so the README says exactly which run it shows
-(command, machine, LibTorch, allocator, date). Bounds (`min`, `limit`, `one-call`) are shown
+(command, machine, LibTorch, allocator, date); a workload with no file in out/ keeps the
+section it had (its line names its own run). Bounds (`min`, `limit`, `one-call`) are shown
 apart from strategies with their speed-up in brackets, references (`compute`,
 `native-discard`) without one, and a row the bench flags as noisy (`noisy` in the JSON: std
 above 25% of the mean), or whose size's `native` is so, has no speed-up: it is not a finding. Needs only Python's standard library.
@@ -24,6 +25,7 @@ WORKLOADS = [
     ("allreduce", "all_reduce over 2 local ranks", "model"),
     ("overlap", "The seed's loop with pending asyncs scopes (ms per step)", "N x S"),
     ("peers", "Beside the peers", None),  # python/bench/peers.py: its own table (peers_tables)
+    ("train", "A training step against PyTorch's", None),  # python/bench/bench_train.py (train_table)
 ]
 
 
@@ -115,14 +117,53 @@ def peers_tables(data):
     return lines
 
 
-def block(out_dir):
+def train_table(data):
+    """A row per (model, batch, ranks, side): ms per step (median over the runs ± half their
+    range) and relative speed (torch's ms / the row's), none for a noisy or unverified row."""
+    lines = ["| model | batch | ranks | side | ms per step | relative speed |", "|---|--:|--:|---|--:|--:|"]
+    for r in data["rows"]:
+        base = next(b for b in data["rows"] if b["side"] == "torch" and
+                    (b["model"], b["batch"], b["ranks"]) == (r["model"], r["batch"], r["ranks"]))
+        speed = ("not verified" if not r["verified"] else "noisy" if r["noisy"] or base["noisy"]
+                 else "1.00x (baseline)" if r is base else f"{r['relative_speed']:.2f}x")
+        lines.append(f"| {r['model']} | {r['batch']} | {r['ranks']} | `{r['side']}` | "
+                     f"{r['ms']:.1f} ± {r['spread_ms']:.1f} | {speed} |")
+    return lines
+
+
+def kept_sections(old_block):
+    """title -> the old block's text of that workload's section (its lines up to the next
+    workload's title line), for workloads without a JSON file this time."""
+    sections, title, lines = {}, None, []
+    for line in old_block.splitlines():
+        starts = [t for _, t, _ in WORKLOADS if line.startswith(f"**{t}**")]
+        if starts or line == END:
+            if title:
+                sections[title] = "\n".join(lines).rstrip("\n")
+            title, lines = (starts[0] if starts else None), []
+        if title:
+            lines.append(line)
+    if title:
+        sections[title] = "\n".join(lines).rstrip("\n")
+    return sections
+
+
+def block(out_dir, old_block=""):
+    """The bench block: a section per workload from out_dir's JSON, or, where that workload
+    has no file (e.g. `bench_train.py` run alone), its section from old_block unchanged (each
+    section's line names its own run)."""
     parts = [BEGIN]
     found = [w for w in WORKLOADS if (out_dir / f"{w[0]}.json").exists()]
+    kept = kept_sections(old_block)
     if not found:
-        sys.exit(f"readme_tables: no {{seed,optimizer,elementwise,allreduce,overlap,peers}}.json in {out_dir}: "
+        sys.exit(f"readme_tables: no {{seed,optimizer,elementwise,allreduce,overlap,peers,train}}.json in {out_dir}: "
                  "run `bash scripts/bench.sh` first")
-    for name, title, size_header in found:
+    for name, title, size_header in WORKLOADS:
         path = out_dir / f"{name}.json"
+        if not path.exists():
+            if title in kept:
+                parts += ["", kept[title]]
+            continue
         data = json.loads(path.read_text())
         cfg, m = data["config"], data["config"]["machine"]
         parts += [
@@ -133,6 +174,9 @@ def block(out_dir):
             + ("; every row verified" if cfg.get("all_verified") else "; NOT every row verified"),
             "",
         ]
+        if name == "train":
+            parts += train_table(data)
+            continue
         if name == "peers":
             parts += [f"- {line}" for line in cfg.get("summary", [])]
             parts += peers_tables(data)
@@ -149,15 +193,15 @@ def main():
     ap.add_argument("--readme", default="README.md")
     ap.add_argument("--print", action="store_true", help="print the block, change nothing")
     args = ap.parse_args()
-    text = block(pathlib.Path(args.out))
-    if args.print:
-        print(text)
-        return
     readme = pathlib.Path(args.readme)
     old = readme.read_text()
     if BEGIN not in old or END not in old:
         sys.exit(f"readme_tables: {readme} has no bench markers ({BEGIN!r} ... {END!r})")
     head, rest = old.split(BEGIN, 1)
+    text = block(pathlib.Path(args.out), rest.split(END, 1)[0])
+    if args.print:
+        print(text)
+        return
     readme.write_text(head + text + rest.split(END, 1)[1])
     print(f"readme_tables: wrote the tables of {args.out}/*.json into {readme}")
 

@@ -598,8 +598,9 @@ def main():
               f"takes about {args.batch_ms:g} ms")
         print_tables(records, sys.stdout)
         summ = summary(records) + [
-            "not measured: the gradient all_reduce beside tensordict and DDP (our Python API exposes no "
-            "collectives; the C++ allreduce workload above measures ours against a per-leaf loop)"]
+            "not measured here: the gradient all_reduce beside tensordict (it has no bucketed gradient "
+            "reduction); against DDP it is timed inside a training step by the train workload "
+            "(python/bench/bench_train.py), against a per-leaf loop by the C++ allreduce workload"]
         print()
         for line in summ:
             print(line)

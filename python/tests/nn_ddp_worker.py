@@ -5,6 +5,7 @@ parameters were broadcast from rank 0, every averaged gradient is bitwise DDP's 
 and we both divide by 2 and add the two halves), a parameter unused by the step gets the zero
 gradient, buckets are launched before backward ends, and the losses of 3 Adam steps agree to 1e-6 relative."""
 import datetime
+import gc
 import os
 import sys
 import tempfile
@@ -80,11 +81,11 @@ def run(rank, init_file):
         check(rel <= 1e-6, f"step {step}: loss {loss.item()} vs DDP's {loss_ref.item()}")
         opt_ref.step()
         opt.step(tree.grads)
-    # The group goes (its Gloo threads joined) while the tensors its work used are still alive:
-    # a tensor whose last reference a Gloo thread dropped during interpreter exit would take
-    # the GIL there, and Python ends such a thread in a way C++ turns into an abort.
+    # Nothing may hold the group when the interpreter exits: a Gloo group torn down during
+    # finalization joins threads that Python then ends in a way C++ turns into an abort.
     tree.close()
     del ddp
+    gc.collect()  # DDP sits in reference cycles: free it (and its hold on the group) now
     dist.destroy_process_group()
 
 

@@ -176,10 +176,9 @@ class ModuleTree:
 
     def close(self):
         """Removes the gradient hooks (no more reduction or checks) and lets go of the process
-        group; the tensors stay views. Under torchrun: ``close()``, then
-        ``destroy_process_group()``, while this tree is still alive (a gradient view whose last
-        reference a Gloo thread drops during interpreter exit takes the GIL there, and Python
-        ends that thread in a way that aborts the process)."""
+        group; the tensors stay views. Under torchrun call it before ``destroy_process_group()``:
+        a Gloo group still referenced when the interpreter exits is torn down during
+        finalization, where its threads can abort the process."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -272,14 +271,20 @@ class _Buckets:
         self.works = []
 
     def hook(self, i):
+        # Runs once per parameter per backward: the common path is two identity tests (the
+        # leaf still in its buffer, .grad still its view), the rest only when one fails.
+        tree, grad, ptr = self.tree, self.tree._grad_leaves[i], self.tree._ptrs[i]
+
         def on_grad(p):
-            self.tree._check_leaf(i, p)
+            if p.grad is not grad or p.data_ptr() != ptr:
+                tree._check_leaf(i, p)
             if not self.armed:
                 self.armed = True
                 _torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-            if self.tree._group is not None:
+            if tree._group is not None:
                 self.pending[self.bucket_of[i]] -= 1
-                self._launch_ready()
+                if self.next < len(self.pending) and self.pending[self.next] == 0:
+                    self._launch_ready()
         return on_grad
 
     def _launch(self, b):
