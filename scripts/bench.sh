@@ -5,7 +5,8 @@
 # gradient trees over 2 local ranks and the seed's loop with pending asyncs scopes (overlap), on
 # their defaults; then the peers workload
 # (python/bench/peers.py): our Python package beside DI-treetensor, tensordict, optree and
-# torch's own pytree and optimizers, each library in its own process; then the training step
+# torch's own pytree and optimizers, each library in its own process, and the gradient
+# all_reduce beside tensordict's and PyTorch's bucketing (python/bench/bench_allreduce.py); then the training step
 # against PyTorch's (python/bench/bench_train.py, OneFlow CI's relative speed). Tables go to stdout; JSON
 # and PNG plots to out/.
 #
@@ -61,6 +62,10 @@ else
   "$python" python/bench/peers.py --peers-python "$peers_python" --ours-path build-release/python \
     --tree-bench build-release/bench/tree_bench --json out/peers.json --plot out/peers.png ||
     failed+=("peers (exit $?)")
+  echo
+  # The gradient all_reduce beside tensordict and PyTorch's bucketing (2 Gloo ranks).
+  PYTHONPATH="$PWD/build-release/python" "$python" python/bench/bench_allreduce.py \
+    --peers-python "$peers_python" --json out/allreduce_peers.json || failed+=("allreduce_peers (exit $?)")
 fi
 echo
 # The training step against PyTorch's (python/bench/bench_train.py: the policy MLP and ResNet-50

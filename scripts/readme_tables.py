@@ -26,6 +26,7 @@ WORKLOADS = [
     ("overlap", "The seed's loop with pending asyncs scopes (ms per step)", "N x S"),
     ("peers", "Beside the peers", None),  # python/bench/peers.py: its own table (peers_tables)
     ("train", "A training step against PyTorch's", None),  # python/bench/bench_train.py (train_table)
+    ("allreduce_peers", "Gradient all_reduce beside the peers", None),  # python/bench/bench_allreduce.py
 ]
 
 
@@ -148,6 +149,24 @@ def kept_sections(old_block):
     return sections
 
 
+def allreduce_peers_table(data):
+    """A row per side: ms per call (median over rounds ± half their range) and the share of
+    the limit (one all_reduce of one buffer) it reaches; none for a noisy or unverified row."""
+    rows = data["rows"]
+    limit = next(r for r in rows if r["side"] == "limit")
+    lines = [f"{data['model']}'s gradients: {data['leaves']} leaves, {data['numel'] * 4 / 1e6:.1f} MB "
+             f"float32; tensordict {data['tensordict'] or 'not installed'}", "",
+             "| side | ms per call | share of the limit |", "|---|--:|--:|"]
+    for r in rows:
+        if "status" in r:
+            lines.append(f"| `{r['side']}` | {r['status']} | - |")
+            continue
+        share = ("not verified" if not r["verified"] else "noisy" if r["noisy"] or limit["noisy"]
+                 else f"{limit['ms'] / r['ms']:.2f}x")
+        lines.append(f"| `{r['side']}` | {r['ms']:.1f} ± {r['spread_ms']:.1f} | {share} |")
+    return lines
+
+
 def block(out_dir, old_block=""):
     """The bench block: a section per workload from out_dir's JSON, or, where that workload
     has no file (e.g. `bench_train.py` run alone), its section from old_block unchanged (each
@@ -156,7 +175,7 @@ def block(out_dir, old_block=""):
     found = [w for w in WORKLOADS if (out_dir / f"{w[0]}.json").exists()]
     kept = kept_sections(old_block)
     if not found:
-        sys.exit(f"readme_tables: no {{seed,optimizer,elementwise,allreduce,overlap,peers,train}}.json in {out_dir}: "
+        sys.exit(f"readme_tables: no {{seed,optimizer,elementwise,allreduce,overlap,peers,train,allreduce_peers}}.json in {out_dir}: "
                  "run `bash scripts/bench.sh` first")
     for name, title, size_header in WORKLOADS:
         path = out_dir / f"{name}.json"
@@ -176,6 +195,9 @@ def block(out_dir, old_block=""):
         ]
         if name == "train":
             parts += train_table(data)
+            continue
+        if name == "allreduce_peers":
+            parts += allreduce_peers_table(data)
             continue
         if name == "peers":
             parts += [f"- {line}" for line in cfg.get("summary", [])]

@@ -248,3 +248,21 @@ def test_train_bench_verifies_every_row(tmp_path):
     assert [(r["ranks"], r["side"]) for r in rows] == [(1, s) for s in ("torch", "torch best", "ours", "ours -flat", "ours -async")] + \
         [(2, s) for s in ("torch", "torch best", "ours", "ours -flat", "ours -async", "ours -overlap")]
     assert all(r["verified"] and r["ms"] > 0 for r in rows)
+
+
+def test_allreduce_bench_verifies_every_side(tmp_path):
+    """The main job's gradient all_reduce beside the peers on few calls: every side's result
+    is exactly the two ranks' sum (tensordict's rows when the peers' venv is given)."""
+    root = os.path.dirname(os.path.dirname(HERE))
+    out = tmp_path / "allreduce.json"
+    cmd = [sys.executable, os.path.join(root, "python", "bench", "bench_allreduce.py"), "--rounds", "1",
+           "--calls", "1", "--json", str(out)]
+    if os.environ.get("TREETENSOR_PEERS_PYTHON"):
+        cmd += ["--peers-python", os.environ["TREETENSOR_PEERS_PYTHON"]]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    import json
+    rows = json.load(open(out))["rows"]
+    timed = [r for r in rows if "status" not in r]
+    assert {r["side"] for r in timed} >= {"ours consolidated", "ours per leaf", "torch bucketed", "torch per leaf", "limit"}
+    assert all(r["verified"] and r["ms"] > 0 for r in timed)

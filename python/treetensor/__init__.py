@@ -6,6 +6,7 @@
     import treetensor.numpy as tnp         # trees of numpy arrays (needs numpy)
     import treetensor.optim                # torch.optim's Adam / AdamW / SGD over trees
     import treetensor.nn                   # a module's parameters and gradients as consolidated trees
+    import treetensor.distributed          # all_reduce of trees over torch.distributed (buckets)
     treetensor.Tensor, treetensor.Object, treetensor.ndarray, treetensor.__version__  # as DI-treetensor's
 
 Installed by ``pip install .``; the compiled core is ``treetensor._C``. The package also
@@ -22,7 +23,7 @@ import os as _os
 import torch as _torch  # noqa: F401
 
 from . import _C  # noqa: E402
-from . import asyncs, common, config, nn, optim, torch, utils  # noqa: E402
+from . import asyncs, common, config, distributed, nn, optim, torch, utils  # noqa: E402
 from .common import Object  # noqa: E402
 from .torch import Tensor  # noqa: E402
 
@@ -33,7 +34,7 @@ __version__ = _C.__version__
 #: ``torch.utils.cmake_prefix_path``; its config finds the torch installed beside it.
 cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 
-__all__ = ["torch", "asyncs", "common", "config", "nn", "optim", "utils", "Tensor", "Object", "cmake_prefix_path"]
+__all__ = ["torch", "asyncs", "common", "config", "distributed", "nn", "optim", "utils", "Tensor", "Object", "cmake_prefix_path"]
 
 
 def __getattr__(name):

@@ -49,6 +49,7 @@ moving the model. Not detected: a parameter attribute assigned a new ``Parameter
 """
 import torch as _torch
 
+from .distributed import bucket_plan, buffer_of
 from .torch import Tensor, tree_flatten, zeros_like
 
 __all__ = ["ModuleTree", "consolidate_module"]
@@ -68,21 +69,13 @@ def _nest(named):
     return root
 
 
-def _buffer_of(view):
-    """The whole 1-D buffer a consolidated leaf views (consolidate() allocates each group's
-    buffer as all of one storage)."""
-    storage = view.untyped_storage()
-    numel = storage.nbytes() // view.element_size()
-    return _torch.empty(0, dtype=view.dtype, device=view.device).set_(storage, 0, (numel,))
-
-
 def _buffers_of(leaves):
     seen, out = set(), []
     for leaf in leaves:
         key = leaf.untyped_storage().data_ptr()
         if key not in seen:
             seen.add(key)
-            out.append(_buffer_of(leaf))
+            out.append(buffer_of(leaf))
     return out
 
 
@@ -240,30 +233,16 @@ class _Buckets:
         self._reset()
 
     def _plan(self, cap, first_cap):
+        # From the buffer's end: the parameters backward reaches first (module docstring).
         leaves = self.tree._grad_leaves
-        self.bucket_of = [0] * len(leaves)
-        current = None  # [buffer, lo, hi, count] in elements
-        for i in reversed(range(len(leaves))):
-            g = leaves[i]
-            buf, off = _buffer_of(g), g.storage_offset()
-            limit = (first_cap if not self.ranges else cap) // max(g.element_size(), 1)
-            if current is not None and (buf.untyped_storage().data_ptr() !=
-                                        current[0].untyped_storage().data_ptr()
-                                        or current[2] - off > limit):
-                self._close(current)
-                current = None
-            if current is None:
-                current = [buf, off, off + g.numel(), 0]
-            current[1] = off
-            current[3] += 1
-            self.bucket_of[i] = len(self.ranges)
-        if current is not None:
-            self._close(current)
-
-    def _close(self, current):
-        buf, lo, hi, count = current
-        self.ranges.append(buf[lo:hi])
-        self.counts.append(count)
+        n = len(leaves)
+        self.bucket_of = [0] * n
+        plan = bucket_plan(leaves[::-1], lambda k: first_cap if k == 0 else cap)
+        for b, (view, covered) in enumerate(plan):
+            self.ranges.append(view)
+            self.counts.append(len(covered))
+            for j in covered:
+                self.bucket_of[n - 1 - j] = b
 
     def _reset(self):
         self.pending = list(self.counts)
