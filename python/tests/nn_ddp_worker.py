@@ -4,8 +4,10 @@ batch; run by test_nn.py under a timeout. Exit status 0 and "ok" when, on both r
 parameters were broadcast from rank 0, every averaged gradient is bitwise DDP's (2 ranks: DDP
 and we both divide by 2 and add the two halves), a parameter unused by the step gets the zero
 gradient, buckets are launched before backward ends, and the losses of 3 Adam steps agree to 1e-6 relative;
-and that treetensor.distributed.all_reduce sums plain and consolidated trees (one call per leaf,
-per buffer, per bucket) to exactly the two ranks' sum."""
+that treetensor.distributed.all_reduce sums plain and consolidated trees (one call per leaf,
+per buffer, per bucket) to exactly the two ranks' sum; that a layer one rank skips, with
+torch.optim's zero_grad, gets DDP's averaged gradients on both ranks; and that BatchNorm
+statistics are rank 0's on every rank after backward (broadcast_buffers)."""
 import datetime
 import gc
 import os
@@ -54,6 +56,56 @@ def check_tree_all_reduce(rank):
         for w in works:
             w.wait()
         check(bool((t == want).all()), f"tree all_reduce (consolidated={consolidated}, cap={cap}) != the sum")
+
+
+class AB(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+    def forward(self, x, use_b):
+        h = self.a(x)
+        return (self.b(h) if use_b else h).sum()
+
+
+def check_rank_dependent_use(rank):
+    """A layer rank 1 skips at step 1, with torch.optim's zero_grad (.grad to None): the
+    averaged gradients are DDP's (find_unused_parameters) on both ranks."""
+    import treetensor.nn as tnn
+    torch.manual_seed(0)
+    ref, ours = AB(), AB()
+    ours.load_state_dict(ref.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(ref, find_unused_parameters=True)
+    tree = tnn.consolidate_module(ours, process_group=dist.group.WORLD)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, ours)]
+    x = torch.ones(2, 3) * (1 + rank)
+    for step in range(3):
+        use_b = rank == 0 or step != 1
+        for opt in opts:
+            opt.zero_grad()
+        ddp(x, use_b).backward()
+        ours(x, use_b).backward()
+        for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+            want = p.grad if p.grad is not None else torch.zeros_like(p)
+            check(torch.equal(q.grad, want), f"step {step}: {name} gradient differs from DDP's")
+        for opt in opts:
+            opt.step()
+    tree.close()
+    del ddp
+    gc.collect()
+
+
+def check_buffers_follow_rank_0(rank):
+    """broadcast_buffers: after each backward every rank holds rank 0's BatchNorm statistics."""
+    import treetensor.nn as tnn
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    tree = tnn.consolidate_module(m, process_group=dist.group.WORLD)
+    m(torch.randn(8, 3) * (1 + rank)).sum().backward()
+    mean = [torch.zeros(4), torch.zeros(4)]
+    dist.all_gather(mean, m[1].running_mean.detach().clone())
+    check(torch.equal(mean[0], mean[1]) and bool(mean[0].abs().sum() > 0), "running_mean differs across ranks")
+    tree.close()
 
 
 def run(rank, init_file):
@@ -106,6 +158,8 @@ def run(rank, init_file):
         opt_ref.step()
         opt.step(tree.grads)
     check_tree_all_reduce(rank)
+    check_rank_dependent_use(rank)
+    check_buffers_follow_rank_0(rank)
     # Nothing may hold the group when the interpreter exits: a Gloo group torn down during
     # finalization joins threads that Python then ends in a way C++ turns into an abort.
     tree.close()

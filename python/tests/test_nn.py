@@ -166,16 +166,94 @@ def test_a_moved_model_is_refused_naming_the_path(move):
         with pytest.raises(RuntimeError, match=r"parameter '(out|fc|bn|conv)\.(bias|weight)' no longer lies"):
             m(x.double()).sum().backward()
     else:
-        with pytest.raises(RuntimeError, match=r"parameter 'bn\.bias' was replaced by load_state_dict"):
+        with pytest.raises(RuntimeError, match=r"parameter '(conv|bn|fc|out)\.(weight|bias)' was replaced by load_state_dict"):
             m.load_state_dict({k: v.clone() for k, v in ref.state_dict().items()}, assign=True)
+
+
+def test_load_after_model_zero_grad_and_a_failed_backward():
+    """model.zero_grad() (.grad None) then load_state_dict works; a backward that raised half
+    way leaves the next one correct (an unused parameter's view is zeroed, not stale)."""
+    ref, m = pair()
+    tree = tnn.consolidate_module(m)
+    m.zero_grad()
+    m.load_state_dict(ref.state_dict())
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("boom")
+
+    x = batch()
+    with pytest.raises(RuntimeError, match="boom"):
+        m.out(Boom.apply(m.fc(m.bn(m.conv(x)).flatten(1)))).sum().backward()
+    m(x).sum().backward()
+    m.zero_grad()
+    m.out(torch.ones(2, 24)).sum().backward()  # reaches out.* only
+    assert torch.count_nonzero(tree.grads.fc.weight) == 0 and m.fc.weight.grad is tree.grads.fc.weight
+    assert torch.equal(m.out.bias.grad, torch.full((24,), 2.0))
+
+
+def test_create_graph_is_refused_naming_the_path():
+    m = torch.nn.Linear(3, 1)
+    tnn.consolidate_module(m)
+    with pytest.raises(RuntimeError, match="gradient of '(weight|bias)' has a graph"):
+        m(torch.randn(4, 3)).pow(2).sum().backward(create_graph=True)
+
+
+def test_consolidating_again_closes_the_first_tree():
+    ref, m = pair()
+    first = tnn.consolidate_module(m)
+    second = tnn.consolidate_module(m)  # the same model again: a new tree, the first closed
+    assert first._hooks == [] and second.params.fc.weight is m.fc.weight
+    m.double()
+    third = tnn.consolidate_module(m)  # after moving: as the error message says
+    m(batch().double()).sum().backward()
+    assert m.fc.weight.grad is third.grads.fc.weight and third.grads.fc.weight.dtype == torch.float64
+
+
+def test_copies_of_a_consolidated_model_are_ordinary_modules(tmp_path):
+    import copy
+    ref, m = pair()
+    tnn.consolidate_module(m)
+    c = copy.deepcopy(m)
+    c.load_state_dict(ref.state_dict())
+    c(batch()).sum().backward()
+    torch.save(m, str(tmp_path / "whole.pt"))
+    back = torch.load(str(tmp_path / "whole.pt"), weights_only=False)
+    back(batch()).sum().backward()
+    assert torch.equal(back.fc.weight, m.fc.weight)
+
+
+def test_share_memory_keeps_training_the_views():
+    ref, m = pair()
+    tree = tnn.consolidate_module(m)
+    m.share_memory()
+    train(ref, m, tree, steps=1)
+
+
+def test_overlapping_buffers_and_meta_models_are_refused():
+    m = torch.nn.Module()
+    base = torch.zeros(4)
+    m.register_buffer("a", base)
+    m.register_buffer("b", base[:2])
+    with pytest.raises(ValueError, match="buffers '(a|b)' and '(a|b)' share memory"):
+        tnn.consolidate_module(m)
+    with torch.device("meta"):
+        meta = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="parameter '(weight|bias)' is on the meta device"):
+        tnn.consolidate_module(meta)
 
 
 def test_shared_storage_is_refused_naming_both():
     m = torch.nn.Module()
     base = torch.zeros(10)
-    m.a = torch.nn.Parameter(base[:5])
-    m.b = torch.nn.Parameter(base[5:])
-    with pytest.raises(ValueError, match="'a' and 'b' share one storage"):
+    m.a = torch.nn.Parameter(base[:6])
+    m.b = torch.nn.Parameter(base[4:])  # overlaps a: consolidation would separate them
+    with pytest.raises(ValueError, match="parameters 'a' and 'b' share memory"):
         tnn.consolidate_module(m)
 
 

@@ -104,3 +104,10 @@ def test_bad_input_is_refused_before_any_parameter_changes():
         topt.SGD(t, lr=0.1, nesterov=True)
     with pytest.raises(TypeError, match="params must be a treetensor.torch.Tensor"):
         topt.SGD([torch.ones(1)], lr=0.1)
+
+
+def test_complex_parameters_are_refused_naming_the_path():
+    tree = ttorch.Tensor({"w": torch.zeros(3), "z": {"c": torch.zeros(2, dtype=torch.complex64)}})
+    for opt in (topt.Adam, topt.AdamW, topt.SGD):
+        with pytest.raises(TypeError, match="parameter at 'z.c' is complex"):
+            opt(tree)

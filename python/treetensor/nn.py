@@ -20,33 +20,45 @@ taken from its end (the parameters backward reaches first, in the tree's sorted-
 first up to ``first_bucket_cap_mb`` MiB, the others up to ``bucket_cap_mb`` MiB, DDP's 1 and 25.
 They are launched in that fixed order on every rank; a bucket holding a parameter that a step
 did not use (and, to keep the order, every bucket after it) is launched when backward ends
-(DDP's ``find_unused_parameters``: its gradient is the zero ``zero_grad`` wrote), and ``backward()`` returns once every bucket is averaged.
+(DDP's ``find_unused_parameters``: that gradient is zero on the rank that did not use it), and
+``backward()`` returns once every bucket is averaged. With ``broadcast_buffers`` (DDP's, on by
+default) the module's buffers are broadcast from rank 0 at the end of every backward.
 
 Paths are the ``state_dict``'s names split at the dots (``layer1.0.conv1.weight`` is the path
 ``layer1/0/conv1/weight``). What models hold, handled:
 
 - tied parameters (one ``Parameter`` under two names) are one leaf, at the first name
   ``named_parameters()`` gives; ``aliases`` maps every other name to it;
-- frozen parameters (``requires_grad=False``) go to ``frozen``, outside the gradient buffer and
-  the optimizer's tree;
+- frozen parameters (``requires_grad=False`` when consolidated) go to ``frozen``, outside the
+  gradient buffer and the optimizer's tree (unfreezing one later needs a new consolidation);
 - mixed dtypes and devices: one buffer per (dtype, device), as ``consolidate()`` groups;
 - buffers (BatchNorm's statistics) are consolidated in ``buffers``; the module updates them in
   place, so they stay views;
 - checkpoints: ``torch.save`` / ``treetensor.torch.save`` of ``state_dict()`` and
   ``load_state_dict`` of ``torch.load`` / ``treetensor.torch.load`` work as before;
-- ``load_state_dict`` (without ``assign=True``) copies into the views;
+  ``load_state_dict`` (without ``assign=True``) copies into the views;
 - ``model.zero_grad()`` / ``torch.optim``'s ``zero_grad`` (``.grad`` set to None): the next
   backward's new gradient is copied into its view and the view put back as ``.grad``; a
-  parameter that backward did not reach gets a zero gradient (never an older one). So
-  ``torch.optim``'s ``zero_grad`` costs a copy per parameter: use ``zero_grad()`` here.
+  parameter that backward did not reach gets a zero gradient (never an older one; unlike
+  PyTorch's None, torch.optim's momentum and Adam then still move it). So ``torch.optim``'s
+  ``zero_grad`` costs a copy per parameter: use ``zero_grad()`` here;
+- a backward that raised half way: the next one starts clean;
+- ``model.share_memory()`` (the storage stays, its memory moves); ``copy.deepcopy(model)``,
+  ``pickle`` and ``torch.save(model)``: the copy is an ordinary module (no hooks of ours);
+- ``consolidate_module`` of a module consolidated before closes the previous tree.
 
-Refused, with an error naming the parameter's path: two parameters sharing one storage (e.g. one
-a slice of another: consolidation would separate them), at ``consolidate_module``; a parameter
-moved or converted after it (``model.to(dtype)``, ``.cuda()``, ``.half()``: its data no longer
-lies in the buffer, so the optimizer would train a copy), at the next ``backward()`` that reaches
-it; parameters replaced by ``load_state_dict(assign=True)``, by that call. Consolidate after
+Refused, with an error naming the parameter's path: parameters (or buffers) whose memory
+overlaps (one a slice of another: consolidation would separate them) and meta tensors, at
+``consolidate_module``; a parameter moved or converted after it (``model.to(dtype)``,
+``.cuda()``, ``.half()``: its data no longer lies in the buffer, so the optimizer would train a
+copy), and ``backward(create_graph=True)`` (a gradient with a graph cannot live in the buffer),
+at the next ``backward()`` that reaches it; parameters replaced by
+``load_state_dict(assign=True)`` on the module or a submodule, by that call. Consolidate after
 moving the model. Not detected: a parameter attribute assigned a new ``Parameter`` by hand.
+Sparse gradients (``Embedding(sparse=True)``) become dense.
 """
+import weakref
+
 import torch as _torch
 
 from .distributed import bucket_plan, buffer_of
@@ -96,16 +108,52 @@ def _consolidate_in_place(named):
     return tree, order
 
 
-def _check_unshared(named):
-    owner = {}
-    for name, p in named.items():
-        key = (p.device, p.untyped_storage().data_ptr()) if p.numel() else None
-        if key is not None and key in owner:
-            raise ValueError(f"treetensor.nn.consolidate_module: parameters '{owner[key]}' and "
-                             f"'{name}' share one storage but are different tensors; "
-                             f"consolidating would separate them (tie them as one Parameter)")
-        if key is not None:
-            owner[key] = name
+def _check_layout(named, what):
+    """Refuses tensors consolidation cannot keep as they are: meta tensors (no data), and two
+    different tensors whose memory overlaps (one a slice of another: consolidation would
+    separate them). Views of one buffer that do not overlap (a consolidated module) are fine."""
+    spans = {}
+    for name, t in named.items():
+        if t.is_meta:
+            raise ValueError(f"treetensor.nn.consolidate_module: {what} '{name}' is on the meta "
+                             f"device (no data to consolidate): materialize the model first "
+                             f"(module.to_empty(device=...) and initialise it)")
+        if t.numel():
+            lo = t.storage_offset() * t.element_size()
+            spans.setdefault((t.device, t.untyped_storage()._cdata), []).append(
+                (lo, lo + t.numel() * t.element_size(), name))
+    for same_storage in spans.values():
+        same_storage.sort()
+        for (_, end, first), (start, _, second) in zip(same_storage, same_storage[1:]):
+            if start < end:
+                raise ValueError(f"treetensor.nn.consolidate_module: {what}s '{first}' and "
+                                 f"'{second}' share memory but are different tensors; "
+                                 f"consolidating would separate them (tie them as one tensor)")
+
+
+def _noop_hook(*args):
+    return None
+
+
+class _Hook:
+    """A hook of a live ModuleTree. A copy of the module (copy.deepcopy, pickle, torch.save of
+    the whole module) is an ordinary module: its copy of the hook is a no-op."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def __reduce__(self):
+        return (_noop_factory, ())
+
+
+def _noop_factory():
+    return _noop_hook
+
+
+_live = weakref.WeakKeyDictionary()  # module -> its open ModuleTree (weakly)
 
 
 class ModuleTree:
@@ -119,7 +167,7 @@ class ModuleTree:
     tied names -> the leaf's name. ``param_buffers`` / ``grad_buffers``: the 1-D buffers (one
     per dtype and device; the padding between leaves is zero)."""
 
-    def __init__(self, module, process_group, bucket_cap_mb, first_bucket_cap_mb):
+    def __init__(self, module, process_group, bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers):
         self.module = module
         named, self.aliases = {}, {}
         first = {}
@@ -129,34 +177,53 @@ class ModuleTree:
             else:
                 first[id(p)] = name
                 named[name] = p
-        _check_unshared(named)
+        buffers = dict(module.named_buffers())
+        _check_layout(named, "parameter")
+        _check_layout(buffers, "buffer")
         trainable = {n: p for n, p in named.items() if p.requires_grad}
         frozen = {n: p for n, p in named.items() if not p.requires_grad}
         self.params, self._order = _consolidate_in_place(trainable)
         self.frozen, _ = _consolidate_in_place(frozen)
-        self.buffers, _ = _consolidate_in_place(dict(module.named_buffers()))
+        self.buffers, _ = _consolidate_in_place(buffers)
         self._leaves = [trainable[n] for n in self._order]
         self.param_buffers = _buffers_of(self._leaves)
         self.grads = zeros_like(self.params).consolidate() if self._leaves else Tensor({})
         self._grad_leaves = tree_flatten(self.grads)[0]
         self.grad_buffers = _buffers_of(self._grad_leaves)
+        self._module_buffers = _buffers_of(tree_flatten(self.buffers)[0])
         with _torch.no_grad():
             for p, g in zip(self._leaves, self._grad_leaves):
                 p.grad = g
         self._ptrs = [p.data_ptr() for p in self._leaves]
+        self._storages = [p.untyped_storage()._cdata for p in self._leaves]
         self._group = process_group
+        self._broadcast_buffers = broadcast_buffers and process_group is not None
         if process_group is not None:
-            self._broadcast()
+            self._broadcast(self.param_buffers + _buffers_of(tree_flatten(self.frozen)[0]) +
+                            self._module_buffers)
         self._buckets = _Buckets(self, bucket_cap_mb * _MiB, first_bucket_cap_mb * _MiB)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._buckets.hook(i))
+        self._hooks = [p.register_post_accumulate_grad_hook(_Hook(self._buckets.hook(i)))
                        for i, p in enumerate(self._leaves)]
-        self._hooks.append(module.register_load_state_dict_post_hook(self._after_load))
+        self._hooks += self._load_hooks(module)
 
-    def _broadcast(self):
+    def _load_hooks(self, module):
+        # load_state_dict (on the module or any submodule) runs the post hooks of each module
+        # it loads: each checks that module's own parameters.
+        index = {n: i for i, n in enumerate(self._order)}
+        hooks = []
+        for prefix, sub in module.named_modules():
+            own = [(k, index[f"{prefix}.{k}" if prefix else k]) for k in sub._parameters
+                   if (f"{prefix}.{k}" if prefix else k) in index]
+            if own:
+                hooks.append(sub.register_load_state_dict_post_hook(
+                    _Hook(lambda m, keys, own=own: self._after_load(m, own))))
+        return hooks
+
+    def _broadcast(self, buffers):
         import torch.distributed as dist
-        for buf in self.param_buffers + _buffers_of(tree_flatten(self.frozen)[0]) + \
-                _buffers_of(tree_flatten(self.buffers)[0]):
-            dist.broadcast(buf, src=dist.get_global_rank(self._group, 0), group=self._group)
+        src = dist.get_global_rank(self._group, 0)
+        for buf in buffers:
+            dist.broadcast(buf, src=src, group=self._group)
 
     def zero_grad(self):
         """Zeroes every gradient: one fill per gradient buffer (padding included)."""
@@ -168,57 +235,64 @@ class ModuleTree:
         return self.module.state_dict()
 
     def close(self):
-        """Removes the gradient hooks (no more reduction or checks) and lets go of the process
-        group; the tensors stay views. Under torchrun call it before ``destroy_process_group()``:
-        a Gloo group still referenced when the interpreter exits is torn down during
-        finalization, where its threads can abort the process."""
+        """Removes the hooks (no more reduction or checks) and lets go of the process group;
+        the tensors stay views. ``consolidate_module`` of the same module closes its previous
+        tree itself. Under torchrun call it before ``destroy_process_group()``: a Gloo group
+        still referenced when the interpreter exits is torn down during finalization, where
+        its threads can abort the process."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
         self._group = None
+        if _live.get(self.module) is self:
+            del _live[self.module]
 
-    def _after_load(self, module, incompatible_keys):
+    def _after_load(self, module, own):
         # load_state_dict(assign=True) puts new Parameter objects in the module: the trees
         # would train the old ones.
-        params = dict(module.named_parameters())
-        for i, leaf in enumerate(self._leaves):
-            if params.get(self._order[i]) is not leaf:
+        for key, i in own:
+            if module._parameters.get(key) is not self._leaves[i]:
                 raise RuntimeError(
                     f"treetensor.nn: parameter '{self._order[i]}' was replaced by "
                     f"load_state_dict(assign=True) after consolidate_module: the optimizer "
                     f"would train the old tensor; load without assign=True (it copies into the "
                     f"consolidated views) or call consolidate_module again")
-            self._check_leaf(i, leaf)
+            self._check_data(i, self._leaves[i])
 
-    def _restore_unused_grads(self):
-        # A parameter this backward did not reach, after model.zero_grad() set its .grad to
-        # None: its view (which may hold an older gradient) becomes zero and its .grad again.
-        for p, g in zip(self._leaves, self._grad_leaves):
+    def _restore_grads(self):
+        # Every .grad is its view again before the buckets go: one that model.zero_grad() set
+        # to None and this backward did not reach gets a zero view (never an older gradient).
+        for i, (p, g) in enumerate(zip(self._leaves, self._grad_leaves)):
             if p.grad is not g:
-                with _torch.no_grad():
-                    if p.grad is None:
-                        g.zero_()
-                    else:
-                        g.copy_(p.grad)
-                    p.grad = g
+                self._check_grad(i, p)
 
-    def _path(self, i):
-        return self._order[i]
+    def _check_data(self, i, p):
+        if p.data_ptr() == self._ptrs[i]:
+            return
+        if p.untyped_storage()._cdata == self._storages[i]:
+            self._ptrs[i] = p.data_ptr()  # the same storage, its memory moved (share_memory_)
+            return
+        raise RuntimeError(
+            f"treetensor.nn: parameter '{self._order[i]}' no longer lies in its consolidated "
+            f"buffer (the module was moved or converted, e.g. .to()/.cuda()/.half(), after "
+            f"consolidate_module): the optimizer would train a stale copy; call "
+            f"consolidate_module again after moving the model")
 
-    def _check_leaf(self, i, p):
-        if p.data_ptr() != self._ptrs[i]:
-            raise RuntimeError(
-                f"treetensor.nn: parameter '{self._path(i)}' no longer lies in its consolidated "
-                f"buffer (the module was moved or converted, e.g. .to()/.cuda()/.half() or "
-                f"load_state_dict(assign=True), after consolidate_module): the optimizer would "
-                f"train a stale copy; call consolidate_module again after moving the model")
+    def _check_grad(self, i, p):
         g = self._grad_leaves[i]
-        if p.grad is not g:
-            # .grad was set to None (model.zero_grad()) and autograd made a new one: put it back
-            # into the gradient buffer.
-            with _torch.no_grad():
-                g.copy_(p.grad)
-                p.grad = g
+        if p.grad is g:
+            return
+        with _torch.no_grad():
+            if p.grad is None:
+                g.zero_()
+            elif p.grad.requires_grad:
+                raise RuntimeError(
+                    f"treetensor.nn: the gradient of '{self._order[i]}' has a graph "
+                    f"(backward(create_graph=True)); a consolidated gradient buffer cannot hold "
+                    f"one: close() the ModuleTree for double backward, or use torch.autograd.grad")
+            else:
+                g.copy_(p.grad)  # .grad was set to None and autograd made a new one
+            p.grad = g
 
 
 class _Buckets:
@@ -229,7 +303,7 @@ class _Buckets:
         self.tree = tree
         self.bucket_of, self.ranges, self.counts = [], [], []
         self._plan(cap, first_cap)
-        self.armed = False
+        self.task = None  # the autograd graph task this state belongs to
         self._reset()
 
     def _plan(self, cap, first_cap):
@@ -252,13 +326,19 @@ class _Buckets:
     def hook(self, i):
         # Runs once per parameter per backward: the common path is two identity tests (the
         # leaf still in its buffer, .grad still its view), the rest only when one fails.
-        tree, grad, ptr = self.tree, self.tree._grad_leaves[i], self.tree._ptrs[i]
+        tree, grad, ptrs = self.tree, self.tree._grad_leaves[i], self.tree._ptrs
 
         def on_grad(p):
-            if p.grad is not grad or p.data_ptr() != ptr:
-                tree._check_leaf(i, p)
-            if not self.armed:
-                self.armed = True
+            if p.data_ptr() != ptrs[i]:
+                tree._check_data(i, p)
+            if p.grad is not grad:
+                tree._check_grad(i, p)
+            task = _torch._C._current_graph_task_id()
+            if task != self.task:
+                # The first hook of this backward. State left by a backward that raised
+                # before its end (its callback never ran) is dropped here.
+                self.task = task
+                self._reset()
                 _torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             if tree._group is not None:
                 self.pending[self.bucket_of[i]] -= 1
@@ -279,34 +359,49 @@ class _Buckets:
             self.next += 1
 
     def _finish(self):
-        # End of backward: buckets with a parameter the step did not use go now, in order.
+        # End of backward: gradients this step did not reach are made zero views first, then
+        # the buckets holding them go, in order (DDP's find_unused_parameters).
         try:
+            self.tree._restore_grads()
             if self.tree._group is not None:
                 while self.next < len(self.ranges):
                     self._launch(self.next)
                     self.next += 1
                 for w in self.works:
                     w.wait()
-            self.tree._restore_unused_grads()
+                if self.tree._broadcast_buffers:
+                    self.tree._broadcast(self.tree._module_buffers)
         finally:
-            self.armed = False
+            self.task = None
             self._reset()
 
 
-def consolidate_module(module, *, process_group=None, bucket_cap_mb=25, first_bucket_cap_mb=1):
+def consolidate_module(module, *, process_group=None, bucket_cap_mb=25, first_bucket_cap_mb=1,
+                       broadcast_buffers=True):
     """Consolidates ``module``'s parameters, gradients and buffers in place and returns their
     trees (:class:`ModuleTree`; semantics, handled cases and errors in this module's docstring).
+    A module consolidated before gets a new tree (its values copied once more) and its previous
+    tree is closed.
 
     ``process_group``: None (one process: no reduction) or a ``torch.distributed`` group
     (``torch.distributed.group.WORLD`` under torchrun) whose ranks all call this with the same
     model: parameters and buffers are broadcast from its first rank, gradients averaged during
     backward. ``bucket_cap_mb`` / ``first_bucket_cap_mb``: bucket sizes in MiB (DDP's names and
-    defaults, 25 and 1).
+    defaults, 25 and 1). ``broadcast_buffers`` (DDP's, default True): with a group, the
+    module's buffers (BatchNorm statistics) are broadcast from the first rank at the end of
+    every backward, one call per buffer, so the next forward sees rank 0's as under DDP.
 
-    Raises ValueError naming two parameters that share a storage."""
+    Raises TypeError for a non-Module, ValueError for non-positive bucket sizes, for a
+    parameter or buffer on the meta device, and for two parameters (or buffers) whose memory
+    overlaps, naming them."""
     if not isinstance(module, _torch.nn.Module):
         raise TypeError(f"consolidate_module: expected a torch.nn.Module, got {type(module).__name__}")
     if bucket_cap_mb <= 0 or first_bucket_cap_mb <= 0:
         raise ValueError(f"consolidate_module: bucket sizes must be positive, got "
                          f"bucket_cap_mb={bucket_cap_mb}, first_bucket_cap_mb={first_bucket_cap_mb}")
-    return ModuleTree(module, process_group, bucket_cap_mb, first_bucket_cap_mb)
+    previous = _live.get(module)
+    if previous is not None:
+        previous.close()
+    tree = ModuleTree(module, process_group, bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers)
+    _live[module] = tree
+    return tree

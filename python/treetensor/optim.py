@@ -13,7 +13,8 @@ the results agree with torch.optim's to rounding (the kernels' order of operatio
 PyTorch's; ATen may fuse a multiply-add where these round twice). The state (``opt.state``:
 ``step`` and the moment trees) has the parameters' structure and is consolidated when they
 are. Bad options raise ValueError as torch.optim's do; a gradient tree of another structure,
-dtype or shape raises before any parameter changes, naming the path.
+dtype or shape raises before any parameter changes, naming the path; complex parameters raise
+TypeError at construction (torch.optim steps their real view; step ``torch.view_as_real``).
 """
 from . import _C
 from .torch import Tensor, tree_flatten, zeros_like
@@ -36,6 +37,14 @@ class _TreeOptimizer:
         if not isinstance(params, Tensor):
             raise TypeError(f"{type(self).__name__}: params must be a treetensor.torch.Tensor "
                             f"(a tree of parameters), got {type(params).__name__}")
+        leaves, spec = tree_flatten(params)
+        for i, p in enumerate(leaves):
+            if p.is_complex():
+                # torch.optim steps a complex parameter as its real view; these kernels do not.
+                raise TypeError(f"{type(self).__name__}: the parameter at "
+                                f"'{'.'.join(spec.paths()[i]) or '<root>'}' is complex ({p.dtype}); "
+                                f"treetensor.optim steps real dtypes only (torch.view_as_real "
+                                f"gives a real view to optimise)")
         self.params = params
         self.defaults = defaults
         self.state = {"step": 0}
