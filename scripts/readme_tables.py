@@ -216,14 +216,16 @@ def main():
     ap.add_argument("--print", action="store_true", help="print the block, change nothing")
     args = ap.parse_args()
     readme = pathlib.Path(args.readme)
-    old = readme.read_text()
-    if BEGIN not in old or END not in old:
-        sys.exit(f"readme_tables: {readme} has no bench markers ({BEGIN!r} ... {END!r})")
-    head, rest = old.split(BEGIN, 1)
-    text = block(pathlib.Path(args.out), rest.split(END, 1)[0])
+    old = readme.read_text() if readme.exists() else ""
+    marked = BEGIN in old and END in old
+    old_block = old.split(BEGIN, 1)[1].split(END, 1)[0] if marked else ""
+    text = block(pathlib.Path(args.out), old_block)
     if args.print:
         print(text)
         return
+    if not marked:
+        sys.exit(f"readme_tables: {readme} has no bench markers ({BEGIN!r} ... {END!r})")
+    head, rest = old.split(BEGIN, 1)
     readme.write_text(head + text + rest.split(END, 1)[1])
     print(f"readme_tables: wrote the tables of {args.out}/*.json into {readme}")
 
