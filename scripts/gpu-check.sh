@@ -43,7 +43,7 @@ if [ "${1:-}" = "--prepare" ]; then
 fi
 
 out="${OUT:-out/gpu-check}"
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: ctest writes its JUnit file from the build folder
 exec > >(tee "$out/gpu-check.log") 2>&1
 start=$(date +%s)
 budget="${GPU_CHECK_BUDGET_S:-450}"
@@ -93,7 +93,7 @@ step build cmake --build "$build" -j"$(nproc)" || { echo "gpu-check: FAILED"; ex
 # The suite, CUDA tests first (they are what this machine is for), then everything else.
 step ctest-cuda ctest --test-dir "$build" -R '^Cuda' --output-on-failure --no-tests=error
 step ctest ctest --test-dir "$build" --output-on-failure --no-tests=error -j"$(( $(nproc) / 2 ))" \
-  --timeout 240 --output-junit "$PWD/$out/ctest.xml" > "$out/ctest.log" 2>&1
+  --timeout 240 --output-junit "$out/ctest.xml" > "$out/ctest.log" 2>&1
 tail -n 30 "$out/ctest.log"
 step bench-seed "$build/tools/treetensor-bench" seed --device cuda --json "$out/seed.json" \
   --no-progress > "$out/seed.txt" 2>&1

@@ -107,7 +107,7 @@ inline void expect_matches(const io::Object& got, const json& expect) {
     ASSERT_EQ(io::value_type_name(v), type);
     if (type == "Tensor") {
       const auto& t = std::get<at::Tensor>(v);
-      EXPECT_EQ(torch_name(t.scalar_type()), e.at("dtype"));
+      EXPECT_EQ(torch_name(t.scalar_type()), e.at("dtype").get<std::string>());
       EXPECT_EQ(json(t.sizes().vec()), e.at("shape"));
       EXPECT_EQ(values_of(t), e.at("values"));
       EXPECT_EQ(t.requires_grad(), e.at("requires_grad").get<bool>());
@@ -129,9 +129,9 @@ inline void expect_matches(const io::Object& got, const json& expect) {
           std::get<std::complex<double>>(v),
           std::complex<double>(e.at("value")[0].get<double>(), e.at("value")[1].get<double>()));
     } else if (type == "torch.dtype") {
-      EXPECT_EQ(torch_name(std::get<at::ScalarType>(v)), e.at("value"));
+      EXPECT_EQ(torch_name(std::get<at::ScalarType>(v)), e.at("value").get<std::string>());
     } else if (type == "torch.device") {
-      EXPECT_EQ(std::get<at::Device>(v).str(), e.at("value"));
+      EXPECT_EQ(std::get<at::Device>(v).str(), e.at("value").get<std::string>());
     }
   }
   EXPECT_EQ(got.tree.leaf_count(), leaves) << "no leaves beyond the expected ones";

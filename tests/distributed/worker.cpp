@@ -837,8 +837,11 @@ void cuda_mixed_and_consolidated(const dist::ProcessGroup& g, c10::Device gpu) {
   const int r = g.rank(), w = g.world_size();
   const std::int64_t S = triangle(w);
   const c10::Device cpu(at::kCPU);
+  // The CPU half goes through Gloo, which cannot sum bfloat16: that leaf is on the GPU half only.
   auto mixed = [&](std::int64_t f, c10::Device d) {
-    return TensorTree{{"cpu", cuda_tree(f, cpu)}, {"gpu", cuda_tree(f, d)}};
+    TensorTree host = cuda_tree(f, cpu);
+    host.erase("bf");
+    return TensorTree{{"cpu", std::move(host)}, {"gpu", cuda_tree(f, d)}};
   };
   const TensorTree like = mixed(1, gpu);
   TreeTensor t = mixed(r + 1, gpu);
