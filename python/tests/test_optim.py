@@ -65,6 +65,10 @@ def test_steps_agree_with_torch_optim(name, options, consolidated):
             assert opt.state[k].is_consolidated() == consolidated
 
 
+def dmap_requires_grad(d):
+    return {k: dmap_requires_grad(v) if isinstance(v, dict) else v.requires_grad_() for k, v in d.items()}
+
+
 def test_step_without_grads_uses_the_parameters_grad():
     t = ttorch.Tensor(dmap_requires_grad(params()))
     ref = [p.detach().clone().requires_grad_() for p in ttorch.tree_flatten(t)[0]]
@@ -77,10 +81,6 @@ def test_step_without_grads_uses_the_parameters_grad():
         assert torch.equal(got.detach(), want.detach())  # w - 0.5 * 2w: exact
     opt.zero_grad()
     assert all(p.grad is None for p in ttorch.tree_flatten(t)[0])
-
-
-def dmap_requires_grad(d):
-    return {k: dmap_requires_grad(v) if isinstance(v, dict) else v.requires_grad_() for k, v in d.items()}
 
 
 def test_bad_input_is_refused_before_any_parameter_changes():
@@ -111,3 +111,163 @@ def test_complex_parameters_are_refused_naming_the_path():
     for opt in (topt.Adam, topt.AdamW, topt.SGD):
         with pytest.raises(TypeError, match="parameter at 'z.c' is complex"):
             opt(tree)
+
+
+def run_steps(opt, steps, ref=None, ref_opt=None):
+    """`steps` (a range) of gradients into ours and, when given, into torch.optim's."""
+    for step in steps:
+        opt.step(ttorch.Tensor(grads(step)))
+        if ref_opt is not None:
+            for p, g in zip(ref, leaves(grads(step))):
+                p.grad = g
+            ref_opt.step()
+
+
+def saved_and_loaded(state_dict):
+    import io
+    f = io.BytesIO()
+    torch.save(state_dict, f)
+    f.seek(0)
+    return torch.load(f)
+
+
+def tree_of(values, consolidated=False):
+    """A tree of params()' structure holding copies of `values` (its leaves, in order)."""
+    conv, bias, weight = (v.detach().clone() for v in values)
+    t = ttorch.Tensor({"conv": conv, "fc": {"bias": bias, "weight": weight}})
+    return t.consolidate() if consolidated else t
+
+
+@pytest.mark.parametrize("consolidated", [False, True], ids=["tree", "consolidated"])
+@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_state_dict_through_a_file_resumes_bitwise(name, options, consolidated):
+    whole = ttorch.Tensor(params())
+    whole = whole.consolidate() if consolidated else whole
+    whole_opt = getattr(topt, name)(whole, **options)
+    run_steps(whole_opt, range(STEPS))
+    first = ttorch.Tensor(params())
+    first = first.consolidate() if consolidated else first
+    first_opt = getattr(topt, name)(first, **options)
+    run_steps(first_opt, range(STEPS // 2))
+    checkpoint = saved_and_loaded({"params": [p.clone() for p in ttorch.tree_flatten(first)[0]],
+                                   "opt": first_opt.state_dict()})
+    t = tree_of(checkpoint["params"], consolidated)
+    opt = getattr(topt, name)(t, lr=123.0)  # the loaded group's options replace these
+    opt.load_state_dict(checkpoint["opt"])
+    assert opt.param_groups[0]["lr"] == options.get("lr", 1e-3)
+    run_steps(opt, range(STEPS // 2, STEPS))
+    for got, want in zip(ttorch.tree_flatten(t)[0], ttorch.tree_flatten(whole)[0]):
+        assert torch.equal(got, want), name
+    for k in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+        if k in opt.state:
+            assert opt.state[k].is_consolidated() == consolidated
+
+
+def agree(got_leaves, want_leaves, lr, what):
+    eps = torch.finfo(torch.float32).eps
+    for got, want in zip(got_leaves, want_leaves):
+        got, want = got.detach(), want.detach()
+        bound = (STEPS + 1) * eps * (want.abs() + 16 * lr)  # as test_steps_agree_with_torch_optim
+        assert ((got - want).abs() <= bound).all(), f"{what}: |diff| {(got - want).abs().max()}"
+
+
+MODULE_ORDER = ["fc.weight", "conv", "fc.bias"]  # a model's own order, not the tree's sorted one
+
+
+def by_path(d):
+    return {"conv": d["conv"], "fc.bias": d["fc"]["bias"], "fc.weight": d["fc"]["weight"]}
+
+
+@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_state_dicts_move_between_torch_optim_and_ours(name, options):
+    lr = options.get("lr", 1e-3)
+    # torch.optim over named parameters in the model's order -> ours, matched by name: half the
+    # steps there, the rest here, against all of them there.
+    named = {n: torch.nn.Parameter(x) for n, x in by_path(params()).items()}
+    ref_opt = getattr(torch.optim, name)([(n, named[n]) for n in MODULE_ORDER], **options)
+    for step in range(STEPS // 2):
+        for n, g in by_path(grads(step)).items():
+            named[n].grad = g
+        ref_opt.step()
+    t2 = tree_of([named[n] for n in ("conv", "fc.bias", "fc.weight")])
+    opt = getattr(topt, name)(t2, **options)
+    opt.load_state_dict(saved_and_loaded(ref_opt.state_dict()))
+    in_tree_order = [named[n] for n in ("conv", "fc.bias", "fc.weight")]
+    run_steps(opt, range(STEPS // 2, STEPS), in_tree_order, ref_opt)
+    agree(ttorch.tree_flatten(t2)[0], in_tree_order, lr, f"{name} {options}: torch.optim's state here")
+    # ours -> torch.optim: the same format key for key; torch.optim matches by position, so it
+    # is built over the parameters in the order param_names gives, and continues from it.
+    sd = opt.state_dict()
+    ref_sd = ref_opt.state_dict()
+    assert sd["param_groups"][0].keys() == ref_sd["param_groups"][0].keys()
+    assert sd["param_groups"][0]["param_names"] == ["conv", "fc.bias", "fc.weight"]
+    assert [set(s) for s in sd["state"].values()] == [set(s) for s in ref_sd["state"].values()]
+    back = {n: torch.nn.Parameter(x.clone()) for n, x in zip(sd["param_groups"][0]["param_names"],
+                                                             ttorch.tree_flatten(t2)[0])}
+    back_opt = getattr(torch.optim, name)([back[n] for n in sd["param_groups"][0]["param_names"]],
+                                          **options)
+    back_opt.load_state_dict(saved_and_loaded(sd))
+    run_steps(opt, range(STEPS, STEPS + 2), list(back.values()), back_opt)
+    agree(list(back.values()), ttorch.tree_flatten(t2)[0], lr, f"{name} {options}: ours in torch.optim")
+
+
+def test_param_groups_and_lr_schedulers_work_as_on_torch_optim():
+    ref = [torch.nn.Parameter(x) for x in leaves(params())]
+    ref_opt = torch.optim.AdamW(ref, lr=0.1)
+    t = ttorch.Tensor(params())
+    opt = topt.AdamW(t, lr=0.1)
+    assert isinstance(opt, torch.optim.Optimizer)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    seen = []
+    opt.register_step_post_hook(lambda o, args, kwargs: seen.append(o.param_groups[0]["lr"]))
+    for step in range(STEPS):
+        run_steps(opt, [step], ref, ref_opt)
+        sched.step()
+        ref_sched.step()
+    assert seen == [0.1 * 0.5 ** k for k in range(STEPS)]
+    assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] == 0.1 * 0.5 ** STEPS
+    assert opt.defaults["lr"] == 0.1  # as torch.optim: the constructor's options
+    agree(ttorch.tree_flatten(t)[0], ref, 0.1, "AdamW under StepLR")
+    with pytest.raises(NotImplementedError, match="one group, its tree"):
+        opt.add_param_group({"params": [torch.zeros(2)]})
+
+
+def test_bad_state_dicts_are_refused_naming_the_parameter():
+    t = ttorch.Tensor(params())
+    opt = topt.Adam(t)
+    run_steps(opt, range(2))
+    good = opt.state_dict()
+    other = topt.Adam(ttorch.Tensor(params()))
+
+    def edited(edit):
+        sd = saved_and_loaded(good)
+        edit(sd)
+        return sd
+
+    with pytest.raises(ValueError, match="3 parameters; this tree has 2 leaves"):
+        topt.Adam(ttorch.Tensor({"a": torch.zeros(2), "b": torch.zeros(3)})).load_state_dict(good)
+    with pytest.raises(ValueError, match="2 parameter groups"):
+        other.load_state_dict(edited(lambda sd: sd["param_groups"].append(sd["param_groups"][0])))
+    with pytest.raises(ValueError, match=r"'exp_avg' of parameter 2 \('fc.weight'\) has shape \[8, 10\]"):
+        other.load_state_dict(edited(lambda sd: sd["state"][2].update(exp_avg=torch.zeros(8, 10))))
+    with pytest.raises(ValueError, match=r"parameter 1 \('fc.bias'\) has no state while others do"):
+        other.load_state_dict(edited(lambda sd: sd["state"].pop(1)))
+    with pytest.raises(ValueError, match=r"parameter 0 \('conv'\) has no 'exp_avg_sq'"):
+        other.load_state_dict(edited(lambda sd: sd["state"][0].pop("exp_avg_sq")))
+    with pytest.raises(ValueError, match=r"steps differ \(\[2, 5\]\)"):
+        other.load_state_dict(edited(lambda sd: sd["state"][1].update(step=torch.tensor(5.0))))
+    with pytest.raises(ValueError, match="decoupled_weight_decay=True; load it into treetensor.optim.AdamW"):
+        other.load_state_dict(topt.AdamW(ttorch.Tensor(params())).state_dict())
+    with pytest.raises(ValueError, match=r"parameter 2 \('fc.weight'\) has no 'step'"):
+        other.load_state_dict(edited(lambda sd: sd["state"][2].pop("step")))
+    with pytest.raises(ValueError, match=r"'exp_avg' of parameter 0 \('conv'\) is a float, not a tensor"):
+        other.load_state_dict(edited(lambda sd: sd["state"][0].update(exp_avg=0.5)))
+    with pytest.raises(ValueError, match=r"names no parameter 'fc.bias' \(it names \['fc.b'\] instead\)"):
+        other.load_state_dict(edited(lambda sd: sd["param_groups"][0]["param_names"].__setitem__(1, "fc.b")))
+    with pytest.raises(ValueError, match="differentiable=True"):
+        other.load_state_dict(edited(lambda sd: sd["param_groups"][0].update(differentiable=True)))
+    assert other.state["step"] == 0 and float(other.state["exp_avg"].abs().sum()) == 0.0
+    assert other.param_groups[0]["lr"] == 1e-3  # nothing changed by a refused load
+    other.load_state_dict(good)
+    assert other.state["step"] == 2 and torch.equal(other.state["exp_avg"].fc.weight, opt.state["exp_avg"].fc.weight)

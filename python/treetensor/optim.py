@@ -15,7 +15,20 @@ PyTorch's; ATen may fuse a multiply-add where these round twice). The state (``o
 are. Bad options raise ValueError as torch.optim's do; a gradient tree of another structure,
 dtype or shape raises before any parameter changes, naming the path; complex parameters raise
 TypeError at construction (torch.optim steps their real view; step ``torch.view_as_real``).
+
+Each optimizer is a ``torch.optim.Optimizer`` with one parameter group, the tree's leaves in
+its flatten order: ``param_groups[0]`` holds the options a step reads (so ``group["lr"] = x``
+and ``torch.optim.lr_scheduler`` work), step hooks run, and ``state_dict()`` /
+``load_state_dict()`` use torch.optim's format (``{"state": {i: {"step", "exp_avg", ...}},
+"param_groups": [{..., "param_names", "params"}]}``): parameter i is leaf i of the tree's
+flatten order (sorted keys), ``param_names`` its dotted path. A loaded group with
+``param_names`` (ours, or torch.optim's over ``model.named_parameters()``) is matched by name,
+so a torch.optim checkpoint loads here whatever its order; one without is matched by position,
+torch.optim's own rule, which is also how torch.optim loads ours: build it over
+``[named[n] for n in sd["param_groups"][0]["param_names"]]``.
 """
+import torch
+
 from . import _C
 from .torch import Tensor, tree_flatten, zeros_like
 
@@ -32,7 +45,22 @@ def _state_like(params):
     return s.consolidate() if params.is_consolidated() else s
 
 
-class _TreeOptimizer:
+def _paths(spec):
+    return [".".join(p) or "<root>" for p in spec.paths()]
+
+
+class _TreeOptimizer(torch.optim.Optimizer):
+    # torch.optim's options beyond ours, as state_dict() reports them; a loaded group that
+    # differs in one of _must_match would be stepped another way than it asks, so is refused.
+    _must_match = ("differentiable",)
+    _scalar_keys = ("step",)  # what torch.optim keeps per parameter beside the moments
+
+    def _torch_options(self):
+        return {"foreach": None, "differentiable": False, "fused": None}
+
+    def _state_keys(self, options=None):  # the moment trees a step with `options` reads
+        return ()
+
     def __init__(self, params, defaults):
         if not isinstance(params, Tensor):
             raise TypeError(f"{type(self).__name__}: params must be a treetensor.torch.Tensor "
@@ -42,12 +70,129 @@ class _TreeOptimizer:
             if p.is_complex():
                 # torch.optim steps a complex parameter as its real view; these kernels do not.
                 raise TypeError(f"{type(self).__name__}: the parameter at "
-                                f"'{'.'.join(spec.paths()[i]) or '<root>'}' is complex ({p.dtype}); "
+                                f"'{_paths(spec)[i]}' is complex ({p.dtype}); "
                                 f"treetensor.optim steps real dtypes only (torch.view_as_real "
                                 f"gives a real view to optimise)")
+        super().__init__(leaves, defaults)
         self.params = params
-        self.defaults = defaults
+        self._leaf_paths = _paths(spec)
         self.state = {"step": 0}
+
+    def add_param_group(self, param_group):
+        if self.param_groups:  # torch.optim.Optimizer.__init__ adds the tree's own group
+            raise NotImplementedError(f"{type(self).__name__}.add_param_group: a tree optimizer "
+                                      f"has one group, its tree; make another optimizer for "
+                                      f"another tree")
+        super().add_param_group(param_group)
+
+    def _options(self):  # what a step reads: a scheduler's writes to the group included
+        return self.param_groups[0]
+
+    def state_dict(self):
+        """torch.optim's format: per parameter index (the tree's flatten order) its step (a
+        float32 scalar tensor) and moments (the leaves of ``opt.state``'s trees, not copies);
+        none before the first step, as torch.optim. ``param_groups``: the options, ``params``
+        the indices."""
+        group = {k: v for k, v in self._options().items() if k != "params"}
+        group.update(self._torch_options())
+        group["param_names"] = list(self._leaf_paths)  # torch.optim's, from named_parameters()
+        group["params"] = list(range(len(self._leaf_paths)))
+        state = {}
+        if self.state["step"] > 0:
+            trees = {k: tree_flatten(self.state[k])[0] for k in self._state_keys()}
+            for i in range(len(self._leaf_paths)):
+                leaf_state = self._leaf_state({k: v[i] for k, v in trees.items()})
+                if leaf_state:
+                    state[i] = leaf_state
+        return {"state": state, "param_groups": [group]}
+
+    def _leaf_state(self, moments):
+        return {"step": torch.tensor(float(self.state["step"])), **moments}
+
+    def load_state_dict(self, state_dict):
+        """Loads torch.optim's format (from ``state_dict()`` here or there): the group's options
+        replace ours as torch.optim's do; each parameter's moments are copied into ``opt.state``'s
+        trees (consolidation kept), cast to the parameter's dtype. Raises ValueError naming the
+        parameter's index and path when the group's size, an option these kernels do not
+        implement, a moment's shape or a step differs, or only some parameters have state."""
+        name = f"{type(self).__name__}.load_state_dict"
+        groups = state_dict["param_groups"]
+        if len(groups) != 1:
+            raise ValueError(f"{name}: loaded state dict has {len(groups)} parameter groups; a "
+                             f"tree optimizer has one")
+        group, n = groups[0], len(self._leaf_paths)
+        if len(group["params"]) != n:
+            raise ValueError(f"{name}: loaded state dict contains a parameter group of "
+                             f"{len(group['params'])} parameters; this tree has {n} leaves")
+        torch_options = self._torch_options()
+        for k in self._must_match:
+            if group.get(k, torch_options[k]) != torch_options[k]:
+                raise ValueError(f"{name}: the loaded group has {k}={group[k]!r}; "
+                                 f"{self._refusal(k)}")
+        per_leaf = [state_dict["state"].get(idx) for idx in self._loaded_ids(name, group)]
+        have = [i for i, st in enumerate(per_leaf) if st]
+        if have and len(have) != n:
+            missing = next(i for i in range(n) if not per_leaf[i])
+            raise ValueError(f"{name}: parameter {missing} ('{self._leaf_paths[missing]}') has no "
+                             f"state while others do; a tree steps all its leaves together")
+        options = {**self._options(), **{k: v for k, v in group.items() if k in self.defaults}}
+        keys = self._state_keys(options)
+        step = self._checked_step(name, per_leaf, keys) if have else 0
+        # Checked in full before anything changes: a refused load leaves the optimizer as it was.
+        self._load_options(options)
+        for k in keys:
+            for i, target in enumerate(tree_flatten(self.state[k])[0]):
+                if have:
+                    target.copy_(per_leaf[i][k])
+                else:
+                    target.zero_()
+        self.state["step"] = step
+
+    def _loaded_ids(self, name, group):
+        """The loaded group's parameter id for each of our leaves: by ``param_names`` where the
+        group has them (ours, or torch.optim's over ``model.named_parameters()``), else by
+        position in the tree's flatten order (torch.optim's own rule)."""
+        names = group.get("param_names")
+        if names is None:
+            return list(group["params"])
+        ids = dict(zip(names, group["params"]))
+        for path in self._leaf_paths:
+            if path not in ids:
+                stray = sorted(set(names) - set(self._leaf_paths))
+                raise ValueError(f"{name}: the loaded group names no parameter '{path}' (it "
+                                 f"names {stray or 'a duplicate'} instead)")
+        return [ids[path] for path in self._leaf_paths]
+
+    def _refusal(self, key):
+        return "treetensor.optim's kernels do not step that way"
+
+    def _load_options(self, options):
+        self._options().update(options)
+
+    def _checked_step(self, name, per_leaf, keys):
+        """The one step of every parameter's loaded state, after checking its moments."""
+        leaves = tree_flatten(self.params)[0]
+        for i, st in enumerate(per_leaf):
+            for k in self._scalar_keys + keys:
+                if k not in st:
+                    raise ValueError(f"{name}: parameter {i} ('{self._leaf_paths[i]}') has no '{k}'")
+            for k in keys:
+                if not isinstance(st[k], torch.Tensor):
+                    raise ValueError(f"{name}: '{k}' of parameter {i} ('{self._leaf_paths[i]}') "
+                                     f"is a {type(st[k]).__name__}, not a tensor")
+                if tuple(st[k].shape) != tuple(leaves[i].shape):
+                    raise ValueError(f"{name}: '{k}' of parameter {i} ('{self._leaf_paths[i]}') "
+                                     f"has shape {list(st[k].shape)}; the parameter has "
+                                     f"{list(leaves[i].shape)}")
+        steps = {self._step_of(st) for st in per_leaf}
+        if len(steps) > 1:
+            raise ValueError(f"{name}: the parameters' steps differ ({sorted(steps)}); a tree "
+                             f"steps all its leaves together")
+        return steps.pop()
+
+    @staticmethod
+    def _step_of(st):
+        return int(st["step"])
 
     def _grads(self, grads):
         if grads is not None:
@@ -91,10 +236,32 @@ class Adam(_TreeOptimizer):
         if amsgrad:
             self.state["max_exp_avg_sq"] = _state_like(params)
 
+    _must_match = ("differentiable", "decoupled_weight_decay")
+
+    def _torch_options(self):
+        return {**super()._torch_options(), "capturable": False,
+                "decoupled_weight_decay": self._decoupled}
+
+    def _refusal(self, key):
+        if key == "decoupled_weight_decay":
+            return f"load it into treetensor.optim.{'Adam' if self._decoupled else 'AdamW'}"
+        return super()._refusal(key)
+
+    def _state_keys(self, options=None):
+        amsgrad = (options or self._options())["amsgrad"]
+        return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+
+    def _load_options(self, options):
+        super()._load_options(options)
+        if self._options()["amsgrad"] and "max_exp_avg_sq" not in self.state:
+            self.state["max_exp_avg_sq"] = _state_like(self.params)
+        elif not self._options()["amsgrad"]:
+            self.state.pop("max_exp_avg_sq", None)
+
     def step(self, grads=None):
         """One step with `grads` (a tree of the parameters' structure; default: their .grad)."""
         grads = self._grads(grads)
-        d, s = self.defaults, self.state
+        d, s = self._options(), self.state
         _C._adam_step(self.params, grads, s["exp_avg"], s["exp_avg_sq"], s["step"] + 1, d["lr"],
                       d["betas"][0], d["betas"][1], d["eps"], d["weight_decay"], d["amsgrad"],
                       d["maximize"], self._decoupled, s.get("max_exp_avg_sq"))
@@ -125,10 +292,22 @@ class SGD(_TreeOptimizer):
                                       weight_decay=weight_decay, nesterov=nesterov, maximize=maximize))
         self.state["momentum_buffer"] = _state_like(params)
 
+    def _state_keys(self, options=None):  # without momentum torch.optim keeps no buffer
+        return ("momentum_buffer",) if (options or self._options())["momentum"] != 0 else ()
+
+    _scalar_keys = ()
+
+    def _leaf_state(self, moments):  # as torch.optim's SGD: the momentum buffer, no step
+        return moments
+
+    @staticmethod
+    def _step_of(st):  # a momentum buffer means a step was taken (the first one sets it)
+        return 1
+
     def step(self, grads=None):
         """One step with `grads` (a tree of the parameters' structure; default: their .grad)."""
         grads = self._grads(grads)
-        d, s = self.defaults, self.state
+        d, s = self._options(), self.state
         _C._sgd_step(self.params, grads, s["momentum_buffer"], s["step"] + 1, d["lr"], d["momentum"],
                      d["dampening"], d["weight_decay"], d["nesterov"], d["maximize"])
         s["step"] += 1
