@@ -27,6 +27,9 @@ so a torch.optim checkpoint loads here whatever its order; one without is matche
 torch.optim's own rule, which is also how torch.optim loads ours: build it over
 ``[named[n] for n in sd["param_groups"][0]["param_names"]]``.
 """
+import contextlib
+import re
+
 import torch
 
 from . import _C
@@ -43,6 +46,21 @@ def _check(ok, what, value):
 def _state_like(params):
     s = zeros_like(params)
     return s.consolidate() if params.is_consolidated() else s
+
+
+_KERNEL_NAME = re.compile(r"^(adamw?|sgd)_step(_single_pass)?: ")
+
+
+@contextlib.contextmanager
+def _errors_named(name):
+    """The C++ kernels name themselves in their errors; the user called `name` (``Adam.step``)."""
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        text, renamed = _KERNEL_NAME.subn(f"{name}: ", str(e), count=1)
+        if not renamed:
+            raise
+        raise type(e)(text) from None
 
 
 def _paths(spec):
@@ -262,9 +280,10 @@ class Adam(_TreeOptimizer):
         """One step with `grads` (a tree of the parameters' structure; default: their .grad)."""
         grads = self._grads(grads)
         d, s = self._options(), self.state
-        _C._adam_step(self.params, grads, s["exp_avg"], s["exp_avg_sq"], s["step"] + 1, d["lr"],
-                      d["betas"][0], d["betas"][1], d["eps"], d["weight_decay"], d["amsgrad"],
-                      d["maximize"], self._decoupled, s.get("max_exp_avg_sq"))
+        with _errors_named(f"{type(self).__name__}.step"):
+            _C._adam_step(self.params, grads, s["exp_avg"], s["exp_avg_sq"], s["step"] + 1,
+                          d["lr"], d["betas"][0], d["betas"][1], d["eps"], d["weight_decay"],
+                          d["amsgrad"], d["maximize"], self._decoupled, s.get("max_exp_avg_sq"))
         s["step"] += 1
 
 
@@ -308,6 +327,8 @@ class SGD(_TreeOptimizer):
         """One step with `grads` (a tree of the parameters' structure; default: their .grad)."""
         grads = self._grads(grads)
         d, s = self._options(), self.state
-        _C._sgd_step(self.params, grads, s["momentum_buffer"], s["step"] + 1, d["lr"], d["momentum"],
-                     d["dampening"], d["weight_decay"], d["nesterov"], d["maximize"])
+        with _errors_named(f"{type(self).__name__}.step"):
+            _C._sgd_step(self.params, grads, s["momentum_buffer"], s["step"] + 1, d["lr"],
+                         d["momentum"], d["dampening"], d["weight_decay"], d["nesterov"],
+                         d["maximize"])
         s["step"] += 1
