@@ -56,6 +56,42 @@ def check_tree_all_reduce(rank):
         for w in works:
             w.wait()
         check(bool((t == want).all()), f"tree all_reduce (consolidated={consolidated}, cap={cap}) != the sum")
+    check_mismatches_are_refused(rank)
+
+
+def check_mismatches_are_refused(rank):
+    """Trees or ops that differ across ranks: ValueError on both ranks naming the difference,
+    nothing moved, and the group still works."""
+    import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
+    other = 1 - rank
+    swapped = {"fc": torch.ones(5, 7)} if rank == 1 else {}
+    cases = [
+        (dict(rank_tree(rank), **swapped), {}, f"at 'fc' rank {rank} has float32 "
+         f"{[7, 5] if rank == 0 else [5, 7]}, rank {other} has float32 {[5, 7] if rank == 0 else [7, 5]}"),
+        ({k: v for k, v in rank_tree(rank).items() if rank == 0 or k != "steps"}, {},
+         "has a leaf at 'steps' that rank 1 lacks"),
+        (rank_tree(rank), {"op": dist.ReduceOp.MAX if rank == 1 else dist.ReduceOp.SUM},
+         f"rank {rank} reduces by {'MAX' if rank == 1 else 'SUM'}, rank {other} by"),
+        (rank_tree(rank), {"consolidate": rank == 0}, "one tree consolidated"),
+    ]
+    for tree, kwargs, message in cases:
+        t = ttorch.Tensor(tree)
+        if kwargs.pop("consolidate", False):
+            t = t.consolidate()
+        before = [x.clone() for x in ttorch.tree_flatten(t)[0]]
+        try:
+            tdist.all_reduce(t, **kwargs)
+        except ValueError as e:
+            check("the ranks' trees differ" in str(e) and message in str(e), f"message: {e}")
+        else:
+            raise AssertionError(f"rank {rank}: no error for {message}")
+        check(all(torch.equal(a, b) for a, b in zip(ttorch.tree_flatten(t)[0], before)),
+              f"{message}: a refused all_reduce changed the tree")
+    t = ttorch.Tensor(rank_tree(rank))
+    tdist.all_reduce(t)  # the group is still usable
+    check(bool((t == ttorch.Tensor(rank_tree(0)) + ttorch.Tensor(rank_tree(1))).all()),
+          "all_reduce after refused ones")
 
 
 class AB(torch.nn.Module):

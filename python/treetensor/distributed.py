@@ -8,11 +8,17 @@ A consolidated tree (``t.consolidate()``, ``treetensor.nn``'s gradient tree) is 
 buckets: contiguous ranges of each buffer holding whole leaves, at most ``bucket_cap_mb`` MiB
 (DDP's 25; a larger leaf is a bucket of its own), one ``all_reduce`` per bucket and no copy;
 the padding between leaves is zero and stays zero under SUM. Any other tree is reduced leaf
-by leaf. Either way the calls go in sorted-path order, so every rank issues the same sequence;
+by leaf. Before any data moves the ranks agree, as the C++ layer's collectives do (§14): one
+small all_gather of a hash over the op, every leaf's path, dtype and shape, and the calls about
+to be made; where a rank differs, every rank raises ValueError naming the first differing path
+(or the op, or the bucketing) and what each rank has, and the group stays usable. Either way
+the calls go in sorted-path order, so every rank issues the same sequence;
 issue collectives on one group from one thread at a time (two threads interleaving raw c10d
 calls can pair different tensors across ranks: the C++ layer's ordered collectives exist for
 that, §14).
 """
+import hashlib as _hashlib
+
 import torch as _torch
 
 from .torch import Tensor, tree_flatten
@@ -53,6 +59,52 @@ def bucket_plan(leaves, caps):
     return buckets
 
 
+def _signature(op, paths, leaves, views):
+    """What every rank must have alike for its calls to pair: the op, each leaf's path, dtype
+    and shape, and the element count of each call (consolidation and buckets)."""
+    return {"op": getattr(op, "name", str(op)), "leaves": [(".".join(p) or "<root>", str(x.dtype).replace("torch.", ""),
+                                       list(x.shape)) for p, x in zip(paths, leaves)],
+            "calls": [v.numel() for v in views]}
+
+
+def _difference(mine, theirs, rank, other):
+    """The first thing rank `other`'s signature has otherwise than ours, in words."""
+    if mine["op"] != theirs["op"]:
+        return f"rank {rank} reduces by {mine['op']}, rank {other} by {theirs['op']}"
+    ours = {p: (d, s) for p, d, s in mine["leaves"]}
+    peer = {p: (d, s) for p, d, s in theirs["leaves"]}
+    for path in sorted(set(ours) | set(peer)):
+        if path not in peer:
+            return f"rank {rank} has a leaf at '{path}' that rank {other} lacks"
+        if path not in ours:
+            return f"rank {other} has a leaf at '{path}' that rank {rank} lacks"
+        if ours[path] != peer[path]:
+            (d0, s0), (d1, s1) = ours[path], peer[path]
+            return f"at '{path}' rank {rank} has {d0} {s0}, rank {other} has {d1} {s1}"
+    return (f"rank {rank} makes {len(mine['calls'])} calls of {mine['calls'][:8]} elements, rank "
+            f"{other} {len(theirs['calls'])} of {theirs['calls'][:8]} (one tree consolidated, or "
+            f"another bucket_cap_mb)")
+
+
+def _agree(signature, device, group):
+    """One all_gather of the signature's hash; on a difference, the signatures themselves, and
+    ValueError on every rank (nothing has moved yet)."""
+    import torch.distributed as dist
+    digest = _hashlib.blake2b(repr(signature).encode(), digest_size=8).digest()
+    mine = _torch.tensor([int.from_bytes(digest, "little", signed=True)], device=device)
+    world = dist.get_world_size(group)
+    hashes = [_torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(hashes, mine, group=group)
+    if all(bool(h == hashes[0]) for h in hashes):
+        return
+    signatures = [None] * world
+    dist.all_gather_object(signatures, signature, group=group)
+    rank = dist.get_rank(group)
+    other = next(r for r in range(world) if signatures[r] != signature)
+    raise ValueError(f"treetensor.distributed.all_reduce: the ranks' trees differ: "
+                     f"{_difference(signature, signatures[other], rank, other)}")
+
+
 def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     """Reduces every leaf of ``tree`` across the ranks of ``group`` in place (``op``:
     ``torch.distributed.ReduceOp``, default SUM; ``group``: default the world), as
@@ -62,21 +114,24 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     of ``Work`` objects (wait for each before reading the tree).
 
     Raises TypeError if ``tree`` is not a ``treetensor.torch.Tensor``, ValueError for a
-    non-positive ``bucket_cap_mb``; ``torch.distributed``'s errors (no process group, a
-    peer's mismatch or timeout) pass through."""
+    non-positive ``bucket_cap_mb`` and, on every rank, when the ranks' trees or ops differ
+    (module docstring: the agreement is one blocking all_gather, also with ``async_op``);
+    ``torch.distributed``'s errors (no process group, a timeout) pass through."""
     import torch.distributed as dist
     if not isinstance(tree, Tensor):
         raise TypeError(f"treetensor.distributed.all_reduce: expected a treetensor.torch.Tensor, "
                         f"got {type(tree).__name__}")
     if bucket_cap_mb <= 0:
         raise ValueError(f"treetensor.distributed.all_reduce: bucket_cap_mb must be positive, got {bucket_cap_mb}")
-    leaves = tree_flatten(tree)[0]
+    leaves, spec = tree_flatten(tree)
     if tree.is_consolidated():
         cap = bucket_cap_mb * _MiB
         views = [v for v, _ in bucket_plan(leaves, lambda k: cap)]
     else:
         views = leaves
     op = dist.ReduceOp.SUM if op is None else op
+    device = leaves[0].device if leaves else _torch.device("cpu")
+    _agree(_signature(op, spec.paths(), leaves, views), device, group)
     works = [dist.all_reduce(v, op=op, group=group, async_op=True) for v in views]
     if async_op:
         return works
