@@ -9,7 +9,7 @@ buckets: contiguous ranges of each buffer holding whole leaves, at most ``bucket
 (DDP's 25; a larger leaf is a bucket of its own), one ``all_reduce`` per bucket and no copy;
 the padding between leaves is zero and stays zero under SUM. Any other tree is reduced leaf
 by leaf. Before any data moves the ranks agree, as the C++ layer's collectives do (§14): one
-small all_gather of a hash over the op, every leaf's path, dtype and shape, and the calls about
+small all_reduce of a hash over the op, every leaf's path, dtype and shape, and the calls about
 to be made; where a rank differs, every rank raises ValueError naming the first differing path
 (or the op, or the bucketing) and what each rank has, and the group stays usable. Either way
 the calls go in sorted-path order, so every rank issues the same sequence;
@@ -17,6 +17,7 @@ issue collectives on one group from one thread at a time (two threads interleavi
 calls can pair different tensors across ranks: the C++ layer's ordered collectives exist for
 that, §14).
 """
+import functools as _functools
 import hashlib as _hashlib
 
 import torch as _torch
@@ -59,11 +60,42 @@ def bucket_plan(leaves, caps):
     return buckets
 
 
-def _signature(op, paths, leaves, views):
-    """What every rank must have alike for its calls to pair: the op, each leaf's path, dtype
-    and shape, and the element count of each call (consolidation and buckets)."""
-    return {"op": getattr(op, "name", str(op)), "leaves": [(".".join(p) or "<root>", str(x.dtype).replace("torch.", ""),
-                                       list(x.shape)) for p, x in zip(paths, leaves)],
+def _op_name(op):
+    return getattr(op, "name", str(op))
+
+
+def _digest(text):  # 56 bits: the agreement negates it in an int64
+    return int.from_bytes(_hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
+
+
+_dtype_codes = {}
+
+
+def _dtype_code(dtype):  # str hashes differ between processes; a digest of the name does not
+    code = _dtype_codes.get(dtype)
+    if code is None:
+        code = _dtype_codes[dtype] = _digest(str(dtype))
+    return code
+
+
+@_functools.lru_cache(maxsize=256)
+def _paths_digest(spec):
+    return _digest(repr(spec.paths()))
+
+
+def _fingerprint(op, spec, leaves, views):
+    """What every rank must have alike for its calls to pair, hashed the same in every process
+    (ints and tuples of ints only): the op, the paths, each leaf's dtype and shape, and the
+    element count of each call (consolidation and buckets)."""
+    shapes = hash(tuple((_dtype_code(x.dtype), x.shape) for x in leaves))
+    calls = hash(tuple(v.numel() for v in views))
+    return _digest(f"{_op_name(op)}|{_paths_digest(spec)}|{shapes}|{calls}")
+
+
+def _signature(op, spec, leaves, views):
+    """The fingerprint's contents in words, exchanged only when fingerprints differ."""
+    return {"op": _op_name(op), "leaves": [(".".join(p) or "<root>", str(x.dtype).replace("torch.", ""),
+                                            list(x.shape)) for p, x in zip(spec.paths(), leaves)],
             "calls": [v.numel() for v in views]}
 
 
@@ -86,21 +118,22 @@ def _difference(mine, theirs, rank, other):
             f"another bucket_cap_mb)")
 
 
-def _agree(signature, device, group):
-    """One all_gather of the signature's hash; on a difference, the signatures themselves, and
-    ValueError on every rank (nothing has moved yet)."""
+def _agree(op, spec, leaves, views, group):
+    """One all_reduce (MAX of the fingerprint and of its negation: equal on every rank iff all
+    agree); on a difference, the signatures themselves, and ValueError on every rank (nothing
+    has moved yet)."""
     import torch.distributed as dist
-    digest = _hashlib.blake2b(repr(signature).encode(), digest_size=8).digest()
-    mine = _torch.tensor([int.from_bytes(digest, "little", signed=True)], device=device)
-    world = dist.get_world_size(group)
-    hashes = [_torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(hashes, mine, group=group)
-    if all(bool(h == hashes[0]) for h in hashes):
+    fingerprint = _fingerprint(op, spec, leaves, views)
+    device = leaves[0].device if leaves else _torch.device("cpu")
+    both = _torch.tensor([fingerprint, -fingerprint], dtype=_torch.int64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    if both.tolist() == [fingerprint, -fingerprint]:
         return
-    signatures = [None] * world
+    signature = _signature(op, spec, leaves, views)
+    signatures = [None] * dist.get_world_size(group)
     dist.all_gather_object(signatures, signature, group=group)
     rank = dist.get_rank(group)
-    other = next(r for r in range(world) if signatures[r] != signature)
+    other = next(r for r in range(len(signatures)) if signatures[r] != signature)
     raise ValueError(f"treetensor.distributed.all_reduce: the ranks' trees differ: "
                      f"{_difference(signature, signatures[other], rank, other)}")
 
@@ -115,7 +148,7 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
 
     Raises TypeError if ``tree`` is not a ``treetensor.torch.Tensor``, ValueError for a
     non-positive ``bucket_cap_mb`` and, on every rank, when the ranks' trees or ops differ
-    (module docstring: the agreement is one blocking all_gather, also with ``async_op``);
+    (module docstring: the agreement is one blocking all_reduce, also with ``async_op``);
     ``torch.distributed``'s errors (no process group, a timeout) pass through."""
     import torch.distributed as dist
     if not isinstance(tree, Tensor):
@@ -130,8 +163,7 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     else:
         views = leaves
     op = dist.ReduceOp.SUM if op is None else op
-    device = leaves[0].device if leaves else _torch.device("cpu")
-    _agree(_signature(op, spec.paths(), leaves, views), device, group)
+    _agree(op, spec, leaves, views, group)
     works = [dist.all_reduce(v, op=op, group=group, async_op=True) for v in views]
     if async_op:
         return works
