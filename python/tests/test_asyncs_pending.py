@@ -249,3 +249,41 @@ def test_stress_scoped_programs_equal_the_unscoped_program():
             assert all(torch.equal(la[p], lb[p]) for p in lb), (rnd, k)
     w1.close()
     w2.close()
+
+
+@pytest.mark.parametrize("name,args,kwargs", [
+    ("sum", ((0, 1),), {}), ("sum", (-1, True), {}), ("mean", (), {"dim": [0], "keepdim": True}),
+    ("std", ((0, 1),), {}), ("all", (0,), {}), ("any", (), {"dim": -1}),
+])
+def test_reductions_with_dim_are_pending_and_equal_torch_per_leaf(name, args, kwargs):
+    x = ttorch.Tensor({"a": torch.randn(3, 5), "b": {"c": torch.randn(4, 2, 3)}})
+    if name in ("all", "any"):
+        x = x > 0
+    w = asyncs.Thread("reduce")
+    ev = gated(w)
+    with asyncs.thread(w):
+        r = getattr(x, name)(*args, **kwargs)
+        assert w.in_flight() == 2, f"{name}: the reduction waited inside the scope"
+    ev.set()
+    for k, v in leaves(r).items():
+        want = getattr(torch, name)(leaves(x)[k], *args, **kwargs)
+        assert v.dtype == want.dtype and torch.equal(v, want), k
+    w.close()
+
+
+@pytest.mark.parametrize("name,args,kwargs", [
+    ("sum", (), {"dim": 0, "dtype": torch.float64}), ("all", ((0, 1),), {}),
+    ("std", (0,), {"correction": 0}), ("mean", ((),), {}),
+    ("mean", (), {"dim": 1, "keepdim": False, "dtype": torch.float64}),
+])
+def test_reductions_torch_takes_otherwise_still_run_per_leaf(name, args, kwargs):
+    """Arguments the C++ form does not take go to torch per leaf, with torch's meaning."""
+    x = ttorch.Tensor({"a": torch.randn(3, 5), "b": {"c": torch.randn(4, 2, 3)}})
+    if name == "all":
+        x = x > 0
+    r = getattr(x, name)(*args, **kwargs)
+    for k, v in leaves(r).items():
+        want = getattr(torch, name)(leaves(x)[k], *args, **kwargs)
+        assert v.dtype == want.dtype and torch.equal(v, want), k
+    with pytest.raises(TypeError):  # torch's own refusal of a non-bool keepdim, per leaf
+        x.sum(0, keepdim=1)

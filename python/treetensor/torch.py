@@ -423,9 +423,31 @@ Tensor.clamp, Tensor.clamp_ = _clamp, _clamp_
 
 
 # ---- reductions: DI-treetensor's calling convention -----------------------------------------------
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _native_dim(name, args, kwargs):
+    """(dim, keepdim) when a call's arguments are only those, in a form the C++ per-leaf
+    reduction takes with torch's meaning (sum/mean/std: an int or a non-empty sequence of ints;
+    all/any: one int), else None."""
+    if len(args) > 2 or set(kwargs) - {"dim", "keepdim"} or ("dim" in kwargs and args):
+        return None
+    dim = args[0] if args else kwargs.get("dim")
+    keepdim = args[1] if len(args) > 1 else kwargs.get("keepdim", False)
+    if "keepdim" in kwargs and len(args) > 1 or not isinstance(keepdim, bool):
+        return None
+    if _is_int(dim):
+        return (dim, keepdim)
+    ok = (name in ("sum", "mean", "std") and isinstance(dim, (tuple, list)) and dim
+          and _builtins.all(_is_int(d) for d in dim))
+    return (tuple(dim), keepdim) if ok else None
+
+
 def _reduction(name):
     tree_level = getattr(Tensor, name)  # C++: one tensor over every element of every leaf
     per_leaf = _leafwise.treelized(getattr(_torch, name), name)
+    native = name in ("sum", "mean", "all", "any", "std")  # C++ also takes (dim, keepdim)
 
     def method(self, *args, reduce=None, **kwargs):
         if args or kwargs:  # dim, keepdim, dtype, ...: per leaf, whatever reduce says
@@ -433,6 +455,9 @@ def _reduction(name):
                 _warnings.warn(UserWarning(
                     f"Reduce forbidden for this case of function {name}, enablement of reduce "
                     f"option will be ignored."), stacklevel=2)
+            dim = _native_dim(name, args, kwargs) if native else None
+            if dim is not None:  # the same ATen call per leaf, from C++: pending in a scope
+                return tree_level(self, *dim)
             return per_leaf(self, *args, **kwargs)
         if reduce is None or reduce:
             return tree_level(self)
