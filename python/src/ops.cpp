@@ -435,6 +435,15 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
         return wrap_tensor(nogil([&] { return treetensor::norm(n, p); }));
       },
       py::arg("p") = 2.0);
+  cls.def(
+      "_leaf_norm",
+      [](const PyTree& s, double p) {
+        const TensorTree& n = s.operand();
+        return wrap(nogil([&] { return treetensor::leaf_norm(n, p); }));
+      },
+      py::arg("p") = 2.0,
+      "at::norm(leaf, p) of every leaf (a tree; pending inside an asyncs scope): what "
+      "treetensor.torch's Tensor.norm(p) runs (DI-treetensor: per leaf).");
   cls.def("masked_select", [](const PyTree& s, py::handle mask) {
     Args a;
     const Operand mk = a.add(mask);

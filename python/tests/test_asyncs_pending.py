@@ -287,3 +287,28 @@ def test_reductions_torch_takes_otherwise_still_run_per_leaf(name, args, kwargs)
         assert v.dtype == want.dtype and torch.equal(v, want), k
     with pytest.raises(TypeError):  # torch's own refusal of a non-bool keepdim, per leaf
         x.sum(0, keepdim=1)
+
+
+@pytest.mark.parametrize("args,kwargs", [((), {}), ((1,), {}), ((), {"p": 3.0}), (("fro",), {}),
+                                         ((float("inf"),), {})])
+def test_norm_per_leaf_is_pending_and_equals_torch(args, kwargs):
+    x = ttorch.Tensor({"a": torch.randn(3, 5), "b": {"c": torch.randn(4, 2, 3, dtype=torch.float64)}})
+    w = asyncs.Thread("norm")
+    ev = gated(w)
+    with asyncs.thread(w):
+        r = x.norm(*args, **kwargs)
+        assert w.in_flight() == 2, "norm waited inside the scope"
+    ev.set()
+    for k, v in leaves(r).items():
+        want = leaves(x)[k].norm(*args, **kwargs)
+        assert v.dtype == want.dtype and torch.equal(v, want), k
+    w.close()
+
+
+def test_norm_with_dim_or_dtype_is_torch_per_leaf():
+    x = ttorch.Tensor({"a": torch.randn(3, 5), "b": torch.randn(2, 4)})
+    for args, kwargs in (((2, 1), {}), ((), {"dim": 0}), ((), {"p": 2, "dtype": torch.float64}),
+                         (("nuc",), {})):
+        r = x.norm(*args, **kwargs)
+        for k, v in leaves(r).items():
+            assert torch.equal(v, leaves(x)[k].norm(*args, **kwargs)), (args, kwargs, k)

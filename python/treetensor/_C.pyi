@@ -129,6 +129,8 @@ class Tensor:
         """The tree held by a 'treetensor.TreeTensor' capsule (the leaves are shared)."""
     def _leaf_call(self, fn: Any, args: builtins.tuple, kwargs: builtins.dict, op: builtins.str) -> Any:
         """fn(leaf, *args, **kwargs) on every leaf, with the GIL held: a tree when every result is a tensor, else the nested dict of the results (treetensor.torch's fallback)."""
+    def _leaf_norm(self, p: typing.SupportsFloat | typing.SupportsIndex = ...) -> Any:
+        """at::norm(leaf, p) of every leaf (a tree; pending inside an asyncs scope): what treetensor.torch's Tensor.norm(p) runs (DI-treetensor: per leaf)."""
     def _numel(self) -> Any: ...
     @property
     def _path(self) -> Any: ...
@@ -412,8 +414,10 @@ class Tensor:
         """neg(): -x, on every leaf."""
     def neg_(self) -> Any:
         """neg_(): -x, in place on every leaf (the same tensors); returns self."""
-    def norm(*args, **kwargs):
-        """torch.Tensor.norm of every leaf (a tree; DI-treetensor)."""
+    def norm(self, *args, **kwargs):
+        """torch.Tensor.norm of every leaf (a tree; DI-treetensor). With no argument but p (a number
+        or 'fro') it is the same ATen norm of each leaf run from C++: pending inside an asyncs
+        scope."""
     def numel(self):
         """The number of elements of every leaf together (DI-treetensor); ``ttorch.numel(t)`` is
         the same."""

@@ -488,8 +488,31 @@ def _masked_select(self, mask, reduce=None):
 Tensor.masked_select = _masked_select
 for _n in ["dist", "squeeze_", "unsqueeze_"]:  # DI-treetensor's own methods, torch's per leaf
     setattr(Tensor, _n, _torch_method(_n))
-Tensor.norm = _torch_method("norm")  # per leaf, as DI-treetensor's
-Tensor.norm.__doc__ = "torch.Tensor.norm of every leaf (a tree; DI-treetensor)."
+_torch_norm = _torch_method("norm")
+
+
+def _only_p(args, kwargs):
+    """p as a float when a norm call's one argument is p (a number, or 'fro' meaning 2), else
+    None (dim, keepdim, dtype, or no argument at all but those: torch's own call)."""
+    if len(args) + len(kwargs) > 1 or set(kwargs) - {"p"}:
+        return None
+    p = args[0] if args else kwargs.get("p", "fro")
+    if isinstance(p, str) and p == "fro":
+        return 2.0
+    return float(p) if isinstance(p, (int, float)) and not isinstance(p, bool) else None
+
+
+def _norm(self, *args, **kwargs):
+    """torch.Tensor.norm of every leaf (a tree; DI-treetensor). With no argument but p (a number
+    or 'fro') it is the same ATen norm of each leaf run from C++: pending inside an asyncs
+    scope."""
+    p = _only_p(args, kwargs)
+    if p is not None:
+        return self._leaf_norm(p)
+    return _torch_norm(self, *args, **kwargs)
+
+
+Tensor.norm = _norm
 Tensor.get = lambda self, key, default=None: self[key] if key in self else default
 Tensor.get.__doc__ = "The child `key` (a tensor or a tree), or `default` when there is none."
 def _pop(self, key, *default):
