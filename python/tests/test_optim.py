@@ -4,6 +4,7 @@ except where ATen fuses a multiply-add, so the parameters agree within a bound d
 the step (a few ulps of |w| plus of the lr-sized update per step), not bitwise."""
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import treetensor.optim as topt
 import treetensor.torch as ttorch
@@ -275,3 +276,23 @@ def test_bad_state_dicts_are_refused_naming_the_parameter():
     assert other.param_groups[0]["lr"] == 1e-3  # nothing changed by a refused load
     other.load_state_dict(good)
     assert other.state["step"] == 2 and torch.equal(other.state["exp_avg"].fc.weight, opt.state["exp_avg"].fc.weight)
+
+
+def test_step_hooks_global_hooks_and_the_profiler_see_every_step():
+    t = ttorch.Tensor(params())
+    opt = topt.SGD(t, lr=0.1)
+    seen = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: seen.append(("pre", o.state["step"])))
+    handle = register_optimizer_step_post_hook(
+        lambda o, args, kwargs: seen.append(("global post", o.state["step"])))
+    try:
+        opt.step(ttorch.Tensor(grads(0)))
+    finally:
+        handle.remove()
+    opt.step(ttorch.Tensor(grads(1)))  # the global hook is gone, the pre hook stays
+    assert seen == [("pre", 0), ("global post", 1), ("pre", 1)]
+    plain = topt.Adam(ttorch.Tensor(params()))
+    with torch.autograd.profiler.profile() as prof:
+        plain.step(ttorch.Tensor(grads(0)))
+    assert any(e.name == "Optimizer.step#Adam.step" for e in prof.function_events)
+    assert plain.state["step"] == 1

@@ -28,9 +28,11 @@ torch.optim's own rule, which is also how torch.optim loads ours: build it over
 ``[named[n] for n in sd["param_groups"][0]["param_names"]]``.
 """
 import contextlib
+import functools
 import re
 
 import torch
+import torch.optim.optimizer as _torch_optimizer
 
 from . import _C
 from .torch import Tensor, tree_flatten, zeros_like
@@ -61,6 +63,34 @@ def _errors_named(name):
         if not renamed:
             raise
         raise type(e)(text) from None
+
+
+def _hooks_or_profiler(opt):
+    """Whether a step must go through torch.optim's hook and profiler wrapper: a step hook of
+    the optimizer or a global one, or the autograd profiler on (unknown: yes)."""
+    global_hooks = (getattr(_torch_optimizer, "_global_optimizer_pre_hooks", None),
+                    getattr(_torch_optimizer, "_global_optimizer_post_hooks", None))
+    profiling = getattr(torch.autograd, "_profiler_enabled", None)
+    if None in global_hooks or profiling is None:
+        return True
+    return bool(opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks or
+                global_hooks[0] or global_hooks[1] or profiling())
+
+
+def _step_entry(step):
+    """torch.optim.Optimizer's step wrapper (pre/post hooks, a record_function named as
+    torch's) when something would see it; else the step alone: the wrapper's record_function
+    costs ~40 us per step here, 2% of a small model's training step."""
+    wrapped = torch.optim.Optimizer.profile_hook_step(step)
+
+    @functools.wraps(step)
+    def entry(self, *args, **kwargs):
+        if _hooks_or_profiler(self):
+            return wrapped(self, *args, **kwargs)
+        return step(self, *args, **kwargs)
+
+    entry.hooked = True  # torch.optim.Optimizer.__init__ then wraps it no further
+    return entry
 
 
 def _paths(spec):
@@ -276,6 +306,7 @@ class Adam(_TreeOptimizer):
         elif not self._options()["amsgrad"]:
             self.state.pop("max_exp_avg_sq", None)
 
+    @_step_entry
     def step(self, grads=None):
         """One step with `grads` (a tree of the parameters' structure; default: their .grad)."""
         grads = self._grads(grads)
@@ -323,6 +354,7 @@ class SGD(_TreeOptimizer):
     def _step_of(st):  # a momentum buffer means a step was taken (the first one sets it)
         return 1
 
+    @_step_entry
     def step(self, grads=None):
         """One step with `grads` (a tree of the parameters' structure; default: their .grad)."""
         grads = self._grads(grads)
