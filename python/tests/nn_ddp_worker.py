@@ -88,6 +88,20 @@ def check_mismatches_are_refused(rank):
             raise AssertionError(f"rank {rank}: no error for {message}")
         check(all(torch.equal(a, b) for a, b in zip(ttorch.tree_flatten(t)[0], before)),
               f"{message}: a refused all_reduce changed the tree")
+    nested = {"a": {"b": torch.ones(2)}} if rank == 0 else {"a.b": torch.ones(2)}
+    try:
+        tdist.all_reduce(ttorch.Tensor(nested))
+    except ValueError as e:
+        check("rank 1 has a leaf at '['a.b']' that rank 0 lacks" in str(e), f"dotted key vs nested: {e}")
+    else:
+        raise AssertionError(f"rank {rank}: no error for a dotted key against a nested one")
+    try:  # one rank's bad argument: it raises its own error, the peer names it
+        tdist.all_reduce(ttorch.Tensor(rank_tree(rank)), bucket_cap_mb=0 if rank == 1 else 25)
+    except ValueError as e:
+        want = "must be a positive number, got 0" if rank == 1 else "rank 1 refused the call (ValueError"
+        check(want in str(e), f"bucket_cap_mb=0 on rank 1: {e}")
+    else:
+        raise AssertionError(f"rank {rank}: no error for bucket_cap_mb=0 on rank 1")
     t = ttorch.Tensor(rank_tree(rank))
     tdist.all_reduce(t)  # the group is still usable
     check(bool((t == ttorch.Tensor(rank_tree(0)) + ttorch.Tensor(rank_tree(1))).all()),

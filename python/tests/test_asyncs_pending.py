@@ -275,6 +275,7 @@ def test_reductions_with_dim_are_pending_and_equal_torch_per_leaf(name, args, kw
     ("sum", (), {"dim": 0, "dtype": torch.float64}), ("all", ((0, 1),), {}),
     ("std", (0,), {"correction": 0}), ("mean", ((),), {}),
     ("mean", (), {"dim": 1, "keepdim": False, "dtype": torch.float64}),
+    ("std", (0, False), {}), ("std", (0, True, True), {}),  # std's second argument: unbiased
 ])
 def test_reductions_torch_takes_otherwise_still_run_per_leaf(name, args, kwargs):
     """Arguments the C++ form does not take go to torch per leaf, with torch's meaning."""

@@ -296,3 +296,81 @@ def test_step_hooks_global_hooks_and_the_profiler_see_every_step():
         plain.step(ttorch.Tensor(grads(0)))
     assert any(e.name == "Optimizer.step#Adam.step" for e in prof.function_events)
     assert plain.state["step"] == 1
+
+
+def test_copies_and_pickles_step_as_the_original():
+    import copy
+    import pickle
+    t = ttorch.Tensor(params()).consolidate()
+    opt = topt.Adam(t, lr=1e-2)
+    run_steps(opt, range(2))
+    for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        before = [x.clone() for x in ttorch.tree_flatten(t)[0]]
+        clone.step(ttorch.Tensor(grads(2)))
+        assert all(torch.equal(a, b) for a, b in zip(ttorch.tree_flatten(t)[0], before)), "original moved"
+        assert clone.state["step"] == 3 and opt.state["step"] == 2
+        assert clone.param_groups[0]["params"][0] is ttorch.tree_flatten(clone.params)[0][0]
+        reference = copy.deepcopy(opt)
+        reference.step(ttorch.Tensor(grads(2)))
+        for a, b in zip(ttorch.tree_flatten(clone.params)[0], ttorch.tree_flatten(reference.params)[0]):
+            assert torch.equal(a, b)
+
+
+def test_a_scheduler_resumes_after_a_load():
+    opt = topt.AdamW(ttorch.Tensor(params()), lr=0.1)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    for step in range(3):
+        run_steps(opt, [step])
+        sched.step()
+    other = topt.AdamW(ttorch.Tensor(params()), lr=0.1)
+    other.load_state_dict(opt.state_dict())
+    resumed = torch.optim.lr_scheduler.CosineAnnealingLR(other, T_max=10, last_epoch=2)
+    resumed.load_state_dict(sched.state_dict())
+    sched.step()
+    resumed.step()
+    assert other.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    assert other.param_groups[0]["initial_lr"] == 0.1
+
+
+def test_loads_that_would_fail_half_way_are_refused_first():
+    t = ttorch.Tensor(params())
+    opt = topt.Adam(t)
+    run_steps(opt, range(2))
+    good = saved_and_loaded(opt.state_dict())
+    other = topt.Adam(ttorch.Tensor(params()))
+    cases = [
+        (lambda sd: sd["state"][1].update(exp_avg_sq=torch.empty(10, device="meta")), r"parameter 1 \('fc.bias'\) is a torch.strided tensor on meta"),
+        (lambda sd: sd["state"][2].update(exp_avg=torch.zeros(10, 8).to_sparse()), r"parameter 2 \('fc.weight'\) is a torch.sparse_coo tensor"),
+        (lambda sd: sd["state"][0].update(step=torch.tensor(float("nan"))), r"step of parameter 0 \('conv'\) is nan"),
+        (lambda sd: sd["state"][0].update(step=torch.tensor(2.5)), r"step of parameter 0 \('conv'\) is 2.5"),
+        (lambda sd: sd["state"][0].update(step="two"), r"step of parameter 0 \('conv'\) is two"),
+    ]
+    for edit, message in cases:
+        sd = saved_and_loaded(good)
+        sd["param_groups"][0]["lr"] = 5.0
+        edit(sd)
+        with pytest.raises(ValueError, match=message):
+            other.load_state_dict(sd)
+        assert other.param_groups[0]["lr"] == 1e-3 and other.state["step"] == 0
+        assert float(other.state["exp_avg"].abs().sum()) == 0.0
+
+
+def test_integer_parameters_are_refused_at_construction():
+    tree = ttorch.Tensor({"a": torch.zeros(3), "z": torch.zeros(3, dtype=torch.long)})
+    for opt in (topt.Adam, topt.AdamW, topt.SGD):
+        with pytest.raises(TypeError, match="parameter at 'z' is torch.int64; treetensor.optim steps floating"):
+            opt(tree)
+
+
+def test_state_dict_hooks_run_as_on_torch_optim():
+    opt = topt.SGD(ttorch.Tensor(params()), lr=0.1, momentum=0.9)
+    run_steps(opt, range(1))
+    calls = []
+    opt.register_state_dict_pre_hook(lambda o: calls.append("save pre"))
+    opt.register_state_dict_post_hook(lambda o, sd: dict(sd, extra=1))
+    opt.register_load_state_dict_pre_hook(lambda o, sd: calls.append("load pre"))
+    opt.register_load_state_dict_post_hook(lambda o: calls.append("load post"))
+    sd = opt.state_dict()
+    assert sd["extra"] == 1
+    opt.load_state_dict(sd)
+    assert calls == ["save pre", "load pre", "load post"]

@@ -92,15 +92,21 @@ def _fingerprint(op, spec, leaves, views):
     return _digest(f"{_op_name(op)}|{_paths_digest(spec)}|{shapes}|{calls}")
 
 
+def _describe(path):  # a key with a dot in it is bracketed: 'a.b' is not ['a.b']
+    return ".".join(k if k and "." not in k else f"[{k!r}]" for k in path) or "<root>"
+
+
 def _signature(op, spec, leaves, views):
     """The fingerprint's contents in words, exchanged only when fingerprints differ."""
-    return {"op": _op_name(op), "leaves": [(".".join(p) or "<root>", str(x.dtype).replace("torch.", ""),
+    return {"op": _op_name(op), "leaves": [(_describe(p), str(x.dtype).replace("torch.", ""),
                                             list(x.shape)) for p, x in zip(spec.paths(), leaves)],
             "calls": [v.numel() for v in views]}
 
 
 def _difference(mine, theirs, rank, other):
     """The first thing rank `other`'s signature has otherwise than ours, in words."""
+    if "refused" in theirs:
+        return f"rank {other} refused the call ({theirs['refused']})"
     if mine["op"] != theirs["op"]:
         return f"rank {rank} reduces by {mine['op']}, rank {other} by {theirs['op']}"
     ours = {p: (d, s) for p, d, s in mine["leaves"]}
@@ -118,24 +124,47 @@ def _difference(mine, theirs, rank, other):
             f"another bucket_cap_mb)")
 
 
-def _agree(op, spec, leaves, views, group):
-    """One all_reduce (MAX of the fingerprint and of its negation: equal on every rank iff all
-    agree); on a difference, the signatures themselves, and ValueError on every rank (nothing
-    has moved yet)."""
+def _exchange(fingerprint, signature, device, group):
+    """One all_reduce (MAX of the fingerprint and of its negation: unchanged on every rank iff
+    all ranks have it): None when they agree, else every rank's ``signature()``."""
     import torch.distributed as dist
-    fingerprint = _fingerprint(op, spec, leaves, views)
-    device = leaves[0].device if leaves else _torch.device("cpu")
     both = _torch.tensor([fingerprint, -fingerprint], dtype=_torch.int64, device=device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
     if both.tolist() == [fingerprint, -fingerprint]:
-        return
-    signature = _signature(op, spec, leaves, views)
+        return None
     signatures = [None] * dist.get_world_size(group)
-    dist.all_gather_object(signatures, signature, group=group)
+    dist.all_gather_object(signatures, signature(), group=group)
+    return signatures
+
+
+def _agree(op, spec, leaves, views, group):
+    """Every rank about to make the same calls, or ValueError on every rank naming the first
+    difference (nothing has moved yet)."""
+    import torch.distributed as dist
+    device = leaves[0].device if leaves else _torch.device("cpu")
+    signatures = _exchange(_fingerprint(op, spec, leaves, views),
+                           lambda: _signature(op, spec, leaves, views), device, group)
+    if signatures is None:
+        return
     rank = dist.get_rank(group)
-    other = next(r for r in range(len(signatures)) if signatures[r] != signature)
-    raise ValueError(f"treetensor.distributed.all_reduce: the ranks' trees differ: "
-                     f"{_difference(signature, signatures[other], rank, other)}")
+    other = next((r for r, s in enumerate(signatures) if s != signatures[rank]), None)
+    what = ("their fingerprints differ" if other is None else
+            _difference(signatures[rank], signatures[other], rank, other))
+    raise ValueError(f"treetensor.distributed.all_reduce: the ranks' trees differ: {what}")
+
+
+def _refuse(problem, group):
+    """Raises `problem` (this rank's bad argument) after taking part in the agreement, so the
+    peers raise too, naming it, instead of pairing their next call with ours."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        text = f"{type(problem).__name__}: {problem}"
+        try:
+            _exchange(_digest("refused|" + text), lambda: {"refused": text},
+                      _torch.device("cpu"), group)
+        except Exception:  # noqa: BLE001  the group's own failure: this rank's error says more
+            pass
+    raise problem
 
 
 def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
@@ -147,15 +176,17 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     of ``Work`` objects (wait for each before reading the tree).
 
     Raises TypeError if ``tree`` is not a ``treetensor.torch.Tensor``, ValueError for a
-    non-positive ``bucket_cap_mb`` and, on every rank, when the ranks' trees or ops differ
+    non-positive ``bucket_cap_mb`` (after the agreement, so every peer raises ValueError
+    naming this rank's refusal) and, on every rank, when the ranks' trees or ops differ
     (module docstring: the agreement is one blocking all_reduce, also with ``async_op``);
     ``torch.distributed``'s errors (no process group, a timeout) pass through."""
     import torch.distributed as dist
     if not isinstance(tree, Tensor):
-        raise TypeError(f"treetensor.distributed.all_reduce: expected a treetensor.torch.Tensor, "
-                        f"got {type(tree).__name__}")
-    if bucket_cap_mb <= 0:
-        raise ValueError(f"treetensor.distributed.all_reduce: bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        _refuse(TypeError(f"treetensor.distributed.all_reduce: expected a "
+                          f"treetensor.torch.Tensor, got {type(tree).__name__}"), group)
+    if not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
+        _refuse(ValueError(f"treetensor.distributed.all_reduce: bucket_cap_mb must be a positive "
+                           f"number, got {bucket_cap_mb!r}"), group)
     leaves, spec = tree_flatten(tree)
     if tree.is_consolidated():
         cap = bucket_cap_mb * _MiB

@@ -121,10 +121,21 @@ class _TreeOptimizer(torch.optim.Optimizer):
                                 f"'{_paths(spec)[i]}' is complex ({p.dtype}); "
                                 f"treetensor.optim steps real dtypes only (torch.view_as_real "
                                 f"gives a real view to optimise)")
+            if not p.is_floating_point():  # a step would fail on it after others had moved
+                raise TypeError(f"{type(self).__name__}: the parameter at '{_paths(spec)[i]}' "
+                                f"is {p.dtype}; treetensor.optim steps floating dtypes only")
         super().__init__(leaves, defaults)
         self.params = params
         self._leaf_paths = _paths(spec)
         self.state = {"step": 0}
+
+    def __getstate__(self):  # torch.optim keeps three attributes; a tree optimizer needs all
+        hooks = {k for k in self.__dict__ if k.startswith("_optimizer_") and k.endswith("_hooks")}
+        return {k: v for k, v in self.__dict__.items() if k not in hooks}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)  # torch.optim's: empty hook tables
+        self.param_groups[0]["params"] = tree_flatten(self.params)[0]
 
     def add_param_group(self, param_group):
         if self.param_groups:  # torch.optim.Optimizer.__init__ adds the tree's own group
@@ -141,6 +152,8 @@ class _TreeOptimizer(torch.optim.Optimizer):
         float32 scalar tensor) and moments (the leaves of ``opt.state``'s trees, not copies);
         none before the first step, as torch.optim. ``param_groups``: the options, ``params``
         the indices."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
         group = {k: v for k, v in self._options().items() if k != "params"}
         group.update(self._torch_options())
         group["param_names"] = list(self._leaf_paths)  # torch.optim's, from named_parameters()
@@ -152,18 +165,26 @@ class _TreeOptimizer(torch.optim.Optimizer):
                 leaf_state = self._leaf_state({k: v[i] for k, v in trees.items()})
                 if leaf_state:
                     state[i] = leaf_state
-        return {"state": state, "param_groups": [group]}
+        state_dict = {"state": state, "param_groups": [group]}
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
+        return state_dict
 
     def _leaf_state(self, moments):
         return {"step": torch.tensor(float(self.state["step"])), **moments}
 
     def load_state_dict(self, state_dict):
-        """Loads torch.optim's format (from ``state_dict()`` here or there): the group's options
-        replace ours as torch.optim's do; each parameter's moments are copied into ``opt.state``'s
-        trees (consolidation kept), cast to the parameter's dtype. Raises ValueError naming the
-        parameter's index and path when the group's size, an option these kernels do not
-        implement, a moment's shape or a step differs, or only some parameters have state."""
+        """Loads torch.optim's format (from ``state_dict()`` here or there): the saved group
+        replaces ours as torch.optim's does (a scheduler's ``initial_lr`` too); each parameter's
+        moments are copied into ``opt.state``'s trees (consolidation kept), cast to the
+        parameter's dtype. torch.optim's load_state_dict pre and post hooks run. Raises
+        ValueError naming the parameter's index and path when the group's size or names, an
+        option these kernels do not implement, a moment (not a dense tensor of the parameter's
+        shape) or a step (not a whole number, or not every parameter's) differs, or only some
+        parameters have state; everything is checked before anything changes."""
         name = f"{type(self).__name__}.load_state_dict"
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
         groups = state_dict["param_groups"]
         if len(groups) != 1:
             raise ValueError(f"{name}: loaded state dict has {len(groups)} parameter groups; a "
@@ -183,18 +204,42 @@ class _TreeOptimizer(torch.optim.Optimizer):
             missing = next(i for i in range(n) if not per_leaf[i])
             raise ValueError(f"{name}: parameter {missing} ('{self._leaf_paths[missing]}') has no "
                              f"state while others do; a tree steps all its leaves together")
-        options = {**self._options(), **{k: v for k, v in group.items() if k in self.defaults}}
+        options = {**self._options(),
+                   **{k: v for k, v in group.items() if k not in ("params", "param_names")}}
         keys = self._state_keys(options)
         step = self._checked_step(name, per_leaf, keys) if have else 0
-        # Checked in full before anything changes: a refused load leaves the optimizer as it was.
+        moments = self._converted(name, per_leaf, keys) if have else None
+        # Checked and converted in full first: a refused load leaves the optimizer as it was.
         self._load_options(options)
         for k in keys:
             for i, target in enumerate(tree_flatten(self.state[k])[0]):
-                if have:
-                    target.copy_(per_leaf[i][k])
-                else:
+                if moments is None:
                     target.zero_()
+                else:
+                    target.copy_(moments[k][i])
         self.state["step"] = step
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+
+    def _converted(self, name, per_leaf, keys):
+        """Each loaded moment as its target's dtype and device (a copy_ that cannot fail)."""
+        out = {}
+        for k in keys:
+            # A moment this load adds (amsgrad turned on) takes the parameters' dtype and device.
+            targets = tree_flatten(self.state.get(k, self.params))[0]
+            out[k] = []
+            for i, target in enumerate(targets):
+                value = per_leaf[i][k]
+                where = f"'{k}' of parameter {i} ('{self._leaf_paths[i]}')"
+                if value.layout != torch.strided or value.device.type == "meta":
+                    raise ValueError(f"{name}: {where} is a {value.layout} tensor on "
+                                     f"{value.device}; expected a dense one with data")
+                try:
+                    out[k].append(value.to(device=target.device, dtype=target.dtype))
+                except (RuntimeError, TypeError) as e:
+                    raise ValueError(f"{name}: {where} cannot become {target.dtype} on "
+                                     f"{target.device}: {e}") from None
+        return out
 
     def _loaded_ids(self, name, group):
         """The loaded group's parameter id for each of our leaves: by ``param_names`` where the
@@ -232,7 +277,17 @@ class _TreeOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"{name}: '{k}' of parameter {i} ('{self._leaf_paths[i]}') "
                                      f"has shape {list(st[k].shape)}; the parameter has "
                                      f"{list(leaves[i].shape)}")
-        steps = {self._step_of(st) for st in per_leaf}
+        steps = set()
+        for i, st in enumerate(per_leaf):
+            try:
+                step = self._step_of(st)
+            except (TypeError, ValueError, RuntimeError):
+                step = st.get("step")
+            if not (isinstance(step, (int, float)) and step == step and step >= 0
+                    and float(step).is_integer()):
+                raise ValueError(f"{name}: the step of parameter {i} ('{self._leaf_paths[i]}') is "
+                                 f"{step}; expected a whole number >= 0")
+            steps.add(int(step))
         if len(steps) > 1:
             raise ValueError(f"{name}: the parameters' steps differ ({sorted(steps)}); a tree "
                              f"steps all its leaves together")
@@ -240,7 +295,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _step_of(st):
-        return int(st["step"])
+        return float(st["step"])
 
     def _grads(self, grads):
         if grads is not None:

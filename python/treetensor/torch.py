@@ -431,7 +431,9 @@ def _native_dim(name, args, kwargs):
     """(dim, keepdim) when a call's arguments are only those, in a form the C++ per-leaf
     reduction takes with torch's meaning (sum/mean/std: an int or a non-empty sequence of ints;
     all/any: one int), else None."""
-    if len(args) > 2 or set(kwargs) - {"dim", "keepdim"} or ("dim" in kwargs and args):
+    # std's second positional argument is unbiased, not keepdim (torch.Tensor.std).
+    if (len(args) > (1 if name == "std" else 2) or set(kwargs) - {"dim", "keepdim"}
+            or ("dim" in kwargs and args)):
         return None
     dim = args[0] if args else kwargs.get("dim")
     keepdim = args[1] if len(args) > 1 else kwargs.get("keepdim", False)
