@@ -65,16 +65,20 @@ def _errors_named(name):
         raise type(e)(text) from None
 
 
+# torch.optim's global step hook tables (registration fills them in place) and the profiler's
+# switch, looked up once: a step asks them every time. A torch without them: always wrap.
+_GLOBAL_HOOKS = (getattr(_torch_optimizer, "_global_optimizer_pre_hooks", None),
+                 getattr(_torch_optimizer, "_global_optimizer_post_hooks", None))
+_PROFILING = getattr(torch.autograd, "_profiler_enabled", None)
+
+
 def _hooks_or_profiler(opt):
     """Whether a step must go through torch.optim's hook and profiler wrapper: a step hook of
     the optimizer or a global one, or the autograd profiler on (unknown: yes)."""
-    global_hooks = (getattr(_torch_optimizer, "_global_optimizer_pre_hooks", None),
-                    getattr(_torch_optimizer, "_global_optimizer_post_hooks", None))
-    profiling = getattr(torch.autograd, "_profiler_enabled", None)
-    if None in global_hooks or profiling is None:
+    if None in _GLOBAL_HOOKS or _PROFILING is None:
         return True
     return bool(opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks or
-                global_hooks[0] or global_hooks[1] or profiling())
+                _GLOBAL_HOOKS[0] or _GLOBAL_HOOKS[1] or _PROFILING())
 
 
 def _step_entry(step):

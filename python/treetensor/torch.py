@@ -494,14 +494,14 @@ _torch_norm = _torch_method("norm")
 
 
 def _only_p(args, kwargs):
-    """p as a float when a norm call's one argument is p (a number, or 'fro' meaning 2), else
-    None (dim, keepdim, dtype, or no argument at all but those: torch's own call)."""
+    """p as a float when a norm call has no argument but p (a number, or 'fro' meaning 2),
+    else None (dim, keepdim, dtype or another p: torch's own call per leaf)."""
     if len(args) + len(kwargs) > 1 or set(kwargs) - {"p"}:
         return None
     p = args[0] if args else kwargs.get("p", "fro")
     if isinstance(p, str) and p == "fro":
         return 2.0
-    return float(p) if isinstance(p, (int, float)) and not isinstance(p, bool) else None
+    return float(p) if _is_int(p) or isinstance(p, float) else None
 
 
 def _norm(self, *args, **kwargs):
