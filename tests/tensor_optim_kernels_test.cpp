@@ -11,6 +11,7 @@
 // that bound of the float64 value, so within twice it of each other. The factor 1.01 covers
 // the second-order terms first-order analysis drops (relative size ~u).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/optim.h>
 
@@ -331,6 +332,36 @@ TEST_P(OptimKernels, ErrorsAreClear) {
                std::invalid_argument);
   TreeTensor other{{"a", at::zeros({0})}};
   EXPECT_THROW(tt::adam_step_single_pass(p, other, m, v, 1), tt::tree::StructureError);
+}
+
+// In the default mode a step over consolidated buffers runs on as many lanes as the caller has
+// intra-op threads (as an ATen kernel would): the bits do not depend on their number. Leaves
+// past one piece (2^18 elements), with a tail, beside small ones.
+TEST(OptimKernelsThreads, IntraOpThreadCountsComputeTheSameBits) {
+  const int threads_before = at::get_num_threads();
+  at::manual_seed(3);
+  const TreeTensor p0{{"big", at::randn({600001})},
+                      {"mid", at::randn({40000, 3})},
+                      {"small", at::randn({7})}};
+  const auto grads = grads_trees(p0, 3);
+  auto buffer = [](const TreeTensor& t) { return tt::consolidate(t.clone()); };
+  auto run = [&](int threads) {
+    at::set_num_threads(threads);
+    TreeTensor p = buffer(p0), m = buffer(p0 * 0), v = buffer(p0 * 0), x = buffer(p0 * 0),
+               q = buffer(p0), b = buffer(p0 * 0);
+    const auto adam = tt::AdamOptions().lr(1e-2).weight_decay(0.1).amsgrad(true);
+    const auto sgd = tt::SgdOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01);
+    for (int s = 1; s <= 3; ++s) {
+      const TreeTensor g = buffer(grads[s - 1]);
+      tt::adam_step_single_pass(p, g, m, v, s, adam, &x);
+      tt::sgd_step_single_pass(q, g, b, s, sgd);
+    }
+    EXPECT_TRUE(tt::is_consolidated(p) && tt::is_consolidated(q));
+    return std::vector<TreeTensor>{p, m, v, x, q, b};
+  };
+  const auto one = run(1), four = run(4);
+  at::set_num_threads(threads_before);
+  for (std::size_t k = 0; k < one.size(); ++k) expect_same(four[k], one[k]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, OptimKernels, ::testing::ValuesIn(strategies()),

@@ -2,16 +2,21 @@
 #include "treetensor/tensor/optim.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "tensor/optim_kernels.hpp"
 #include "treetensor/asyncs/operands.hpp"
+#include "treetensor/asyncs/thread.hpp"
 #include "treetensor/runtime/dispatch.hpp"
+#include "treetensor/runtime/stream.hpp"
 #include "treetensor/tensor/consolidate.hpp"
 #include "treetensor/tensor/dispatch.hpp"
 #include "treetensor/tensor/dtype.hpp"
@@ -190,8 +195,23 @@ std::vector<std::vector<ConsolidatedGroup>> common_layout(
   return out;
 }
 
+// Under the default (linear) mode an ATen kernel runs on the caller and ATen's intra-op
+// threads, and so does torch's fused Adam; a single-pass step takes the same share: over more
+// than one piece of work it runs on as many lanes as the caller has intra-op threads. Inside a
+// lane or a pinned asyncs worker that is one (DESIGN.md §6, §10): the caller alone; a step
+// queued from a pending asyncs scope runs as its worker's ATen kernels would, so it is left
+// alone too. Another mode (stream(M), automatic) is the user's choice and is left as it is.
+void share_intra_op_threads(std::optional<runtime::StreamGuard>& guard, int64_t elements) {
+  if (elements <= kPiece || runtime::current_stream_mode() != runtime::StreamMode{} ||
+      asyncs::pending_target())
+    return;
+  const auto lanes = std::min<std::size_t>(std::size_t(at::get_num_threads()), runtime::max_lanes);
+  if (lanes > 1) guard.emplace(lanes);
+}
+
 // Runs kernel(group, begin, end) over every leaf range of the consolidated groups, in pieces
-// of at most kPiece elements, through runtime::run (so the stream mode spreads them).
+// of at most kPiece elements, through runtime::run (so the stream mode spreads them; the
+// default mode as share_intra_op_threads says).
 void run_over_buffers(std::string_view op, const std::vector<ConsolidatedGroup>& groups,
                       double bytes_per_element,
                       const std::function<void(std::size_t, int64_t, int64_t)>& kernel) {
@@ -200,10 +220,13 @@ void run_over_buffers(std::string_view op, const std::vector<ConsolidatedGroup>&
     int64_t begin, end;
   };
   std::vector<Piece> pieces;
+  int64_t elements = 0;
   for (std::size_t g = 0; g < groups.size(); ++g)
-    for (const auto& [offset, n] : groups[g].ranges)
+    for (const auto& [offset, n] : groups[g].ranges) {
+      elements += n;
       for (int64_t b = offset; b < offset + n; b += kPiece)
         pieces.push_back({g, b, std::min(b + kPiece, offset + n)});
+    }
   runtime::LeafCall call;
   call.op = op;
   call.leaves = pieces.size();
@@ -223,6 +246,8 @@ void run_over_buffers(std::string_view op, const std::vector<ConsolidatedGroup>&
     call.device = groups[0].buffer.device();
     call.dtype = groups[0].buffer.scalar_type();
   }
+  std::optional<runtime::StreamGuard> share;
+  share_intra_op_threads(share, elements);
   runtime::run(call);
 }
 
