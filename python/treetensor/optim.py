@@ -101,6 +101,24 @@ def _paths(spec):
     return [".".join(p) or "<root>" for p in spec.paths()]
 
 
+def _moment(name, where, value, param, target):
+    """A loaded moment checked against its parameter (a dense tensor of its shape) and
+    converted to its target's dtype and device; ValueError naming ``where`` otherwise."""
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name}: {where} is a {type(value).__name__}, not a tensor")
+    if tuple(value.shape) != tuple(param.shape):
+        raise ValueError(f"{name}: {where} has shape {list(value.shape)}; the parameter has "
+                         f"{list(param.shape)}")
+    if value.layout != torch.strided or value.device.type == "meta":
+        raise ValueError(f"{name}: {where} is a {value.layout} tensor on {value.device}; "
+                         f"expected a dense one with data")
+    try:
+        return value.to(device=target.device, dtype=target.dtype)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{name}: {where} cannot become {target.dtype} on {target.device}: "
+                         f"{e}") from None
+
+
 class _TreeOptimizer(torch.optim.Optimizer):
     # torch.optim's options beyond ours, as state_dict() reports them; a loaded group that
     # differs in one of _must_match would be stepped another way than it asks, so is refused.
@@ -211,8 +229,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
         options = {**self._options(),
                    **{k: v for k, v in group.items() if k not in ("params", "param_names")}}
         keys = self._state_keys(options)
-        step = self._checked_step(name, per_leaf, keys) if have else 0
-        moments = self._converted(name, per_leaf, keys) if have else None
+        step, moments = self._validated(name, per_leaf, keys) if have else (0, None)
         # Checked and converted in full first: a refused load leaves the optimizer as it was.
         self._load_options(options)
         for k in keys:
@@ -224,26 +241,6 @@ class _TreeOptimizer(torch.optim.Optimizer):
         self.state["step"] = step
         for hook in self._optimizer_load_state_dict_post_hooks.values():
             hook(self)
-
-    def _converted(self, name, per_leaf, keys):
-        """Each loaded moment as its target's dtype and device (a copy_ that cannot fail)."""
-        out = {}
-        for k in keys:
-            # A moment this load adds (amsgrad turned on) takes the parameters' dtype and device.
-            targets = tree_flatten(self.state.get(k, self.params))[0]
-            out[k] = []
-            for i, target in enumerate(targets):
-                value = per_leaf[i][k]
-                where = f"'{k}' of parameter {i} ('{self._leaf_paths[i]}')"
-                if value.layout != torch.strided or value.device.type == "meta":
-                    raise ValueError(f"{name}: {where} is a {value.layout} tensor on "
-                                     f"{value.device}; expected a dense one with data")
-                try:
-                    out[k].append(value.to(device=target.device, dtype=target.dtype))
-                except (RuntimeError, TypeError) as e:
-                    raise ValueError(f"{name}: {where} cannot become {target.dtype} on "
-                                     f"{target.device}: {e}") from None
-        return out
 
     def _loaded_ids(self, name, group):
         """The loaded group's parameter id for each of our leaves: by ``param_names`` where the
@@ -266,36 +263,35 @@ class _TreeOptimizer(torch.optim.Optimizer):
     def _load_options(self, options):
         self._options().update(options)
 
-    def _checked_step(self, name, per_leaf, keys):
-        """The one step of every parameter's loaded state, after checking its moments."""
+    def _validated(self, name, per_leaf, keys):
+        """The loaded state checked whole: the one step of every parameter, and its moments as
+        their targets' dtype and device (so the copy_ that loads them cannot fail)."""
         leaves = tree_flatten(self.params)[0]
+        # A moment this load adds (amsgrad turned on) takes the parameters' dtype and device.
+        targets = {k: tree_flatten(self.state.get(k, self.params))[0] for k in keys}
+        moments, steps = {k: [] for k in keys}, set()
         for i, st in enumerate(per_leaf):
+            at = f"parameter {i} ('{self._leaf_paths[i]}')"
             for k in self._scalar_keys + keys:
                 if k not in st:
-                    raise ValueError(f"{name}: parameter {i} ('{self._leaf_paths[i]}') has no '{k}'")
+                    raise ValueError(f"{name}: {at} has no '{k}'")
             for k in keys:
-                if not isinstance(st[k], torch.Tensor):
-                    raise ValueError(f"{name}: '{k}' of parameter {i} ('{self._leaf_paths[i]}') "
-                                     f"is a {type(st[k]).__name__}, not a tensor")
-                if tuple(st[k].shape) != tuple(leaves[i].shape):
-                    raise ValueError(f"{name}: '{k}' of parameter {i} ('{self._leaf_paths[i]}') "
-                                     f"has shape {list(st[k].shape)}; the parameter has "
-                                     f"{list(leaves[i].shape)}")
-        steps = set()
-        for i, st in enumerate(per_leaf):
-            try:
-                step = self._step_of(st)
-            except (TypeError, ValueError, RuntimeError):
-                step = st.get("step")
-            if not (isinstance(step, (int, float)) and step == step and step >= 0
-                    and float(step).is_integer()):
-                raise ValueError(f"{name}: the step of parameter {i} ('{self._leaf_paths[i]}') is "
-                                 f"{step}; expected a whole number >= 0")
-            steps.add(int(step))
+                moments[k].append(_moment(name, f"'{k}' of {at}", st[k], leaves[i], targets[k][i]))
+            steps.add(self._whole_step(name, at, st))
         if len(steps) > 1:
             raise ValueError(f"{name}: the parameters' steps differ ({sorted(steps)}); a tree "
                              f"steps all its leaves together")
-        return steps.pop()
+        return steps.pop(), moments
+
+    def _whole_step(self, name, at, st):
+        try:
+            step = self._step_of(st)
+        except (TypeError, ValueError, RuntimeError):
+            step = st.get("step")
+        if not (isinstance(step, (int, float)) and step == step and step >= 0
+                and float(step).is_integer()):
+            raise ValueError(f"{name}: the step of {at} is {step}; expected a whole number >= 0")
+        return int(step)
 
     @staticmethod
     def _step_of(st):
