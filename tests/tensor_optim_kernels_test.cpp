@@ -334,9 +334,9 @@ TEST_P(OptimKernels, ErrorsAreClear) {
   EXPECT_THROW(tt::adam_step_single_pass(p, other, m, v, 1), tt::tree::StructureError);
 }
 
-// In the default mode a step over consolidated buffers runs on as many lanes as the caller has
-// intra-op threads (as an ATen kernel would): the bits do not depend on their number. Leaves
-// past one piece (2^18 elements), with a tail, beside small ones.
+// In the default mode a CPU step runs on as many lanes as the caller has intra-op threads (as
+// an ATen kernel would), over consolidated buffers and per leaf: the bits do not depend on
+// their number. Leaves past one piece (2^18 elements), with a tail, beside small ones.
 TEST(OptimKernelsThreads, IntraOpThreadCountsComputeTheSameBits) {
   const int threads_before = at::get_num_threads();
   at::manual_seed(3);
@@ -349,15 +349,18 @@ TEST(OptimKernelsThreads, IntraOpThreadCountsComputeTheSameBits) {
     at::set_num_threads(threads);
     TreeTensor p = buffer(p0), m = buffer(p0 * 0), v = buffer(p0 * 0), x = buffer(p0 * 0),
                q = buffer(p0), b = buffer(p0 * 0);
+    TreeTensor r = p0.clone(), rm = tt::zeros_like(p0), rv = tt::zeros_like(p0);  // per leaf
     const auto adam = tt::AdamOptions().lr(1e-2).weight_decay(0.1).amsgrad(true);
+    const auto plain = tt::AdamOptions().lr(1e-2).weight_decay(0.1);
     const auto sgd = tt::SgdOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01);
     for (int s = 1; s <= 3; ++s) {
       const TreeTensor g = buffer(grads[s - 1]);
       tt::adam_step_single_pass(p, g, m, v, s, adam, &x);
       tt::sgd_step_single_pass(q, g, b, s, sgd);
+      tt::adam_step_single_pass(r, grads[s - 1], rm, rv, s, plain);
     }
-    EXPECT_TRUE(tt::is_consolidated(p) && tt::is_consolidated(q));
-    return std::vector<TreeTensor>{p, m, v, x, q, b};
+    EXPECT_TRUE(tt::is_consolidated(p) && tt::is_consolidated(q) && !tt::is_consolidated(r));
+    return std::vector<TreeTensor>{p, m, v, x, q, b, r, rm, rv};
   };
   const auto one = run(1), four = run(4);
   at::set_num_threads(threads_before);

@@ -196,8 +196,9 @@ std::vector<std::vector<ConsolidatedGroup>> common_layout(
 }
 
 // Under the default (linear) mode an ATen kernel runs on the caller and ATen's intra-op
-// threads, and so does torch's fused Adam; a single-pass step takes the same share: over more
-// than one piece of work it runs on as many lanes as the caller has intra-op threads. Inside a
+// threads, and so does torch's fused Adam; a single-pass step over CPU tensors takes the same
+// share: over more than one piece of work it runs on as many lanes as the caller has intra-op
+// threads (its pieces over buffers, its leaves per leaf). Inside a
 // lane or a pinned asyncs worker that is one (DESIGN.md §6, §10): the caller alone; a step
 // queued from a pending asyncs scope runs as its worker's ATen kernels would, so it is left
 // alone too. Another mode (stream(M), automatic) is the user's choice and is left as it is.
@@ -207,6 +208,17 @@ void share_intra_op_threads(std::optional<runtime::StreamGuard>& guard, int64_t 
     return;
   const auto lanes = std::min<std::size_t>(std::size_t(at::get_num_threads()), runtime::max_lanes);
   if (lanes > 1) guard.emplace(lanes);
+}
+
+// The elements of a tree's leaves when all are on the CPU, else 0 (a CUDA step keeps the
+// caller's stream: lanes would move it onto theirs, DESIGN.md §7).
+int64_t cpu_elements(const TensorTree& t) {
+  int64_t n = 0;
+  for (const at::Tensor* x : tree::flatten_refs(t).leaves) {
+    if (!x->defined() || !x->device().is_cpu()) return 0;
+    n += x->numel();
+  }
+  return n;
 }
 
 // Runs kernel(group, begin, end) over every leaf range of the consolidated groups, in pieces
@@ -316,6 +328,8 @@ void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grad
   call.check = check;
   call.written = 4;
   const Operand args[] = {params, exp_avg, exp_avg_sq, vmax, grads};
+  std::optional<runtime::StreamGuard> share;
+  share_intra_op_threads(share, cpu_elements(params));
   detail::update_leaves(call, args, leaf);
 }
 
@@ -384,6 +398,8 @@ void sgd_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTenso
   call.check = check;
   call.written = momentum ? 2 : 1;
   const Operand args[] = {params, buf, grads};
+  std::optional<runtime::StreamGuard> share;
+  share_intra_op_threads(share, cpu_elements(params));
   detail::update_leaves(call, args, leaf);
 }
 

@@ -111,11 +111,12 @@ void adam_step(TreeTensor& params, const TensorTree& grads, TreeTensor& exp_avg,
 // difference by a running error analysis). float32/float64; float16/bfloat16 in float32.
 //
 // When every tree is consolidated (consolidate.hpp) the kernel runs over each buffer, split
-// into pieces of about 256 Ki elements that the current stream mode spreads over lanes (the
-// default, linear mode: over as many lanes as the caller has ATen intra-op threads, the share
-// an ATen kernel or torch's fused Adam takes; one inside a lane, an asyncs job or a pending
-// asyncs scope); otherwise one leaf job per parameter, each one kernel call (leaves that are not contiguous,
-// or of another dtype, take the at:: ops instead). Runs under at::NoGradGuard and bumps the
+// into pieces of about 256 Ki elements that the current stream mode spreads over lanes;
+// otherwise one leaf job per parameter, each one kernel call (leaves that are not contiguous,
+// or of another dtype, take the at:: ops instead). In the default (linear) mode a step over
+// CPU tensors of more than one piece runs on as many lanes as the caller has ATen intra-op
+// threads: the share an ATen kernel or torch's fused Adam takes (one inside a lane, an asyncs
+// job or a pending asyncs scope). Runs under at::NoGradGuard and bumps the
 // version counter of every tensor it writes, as in-place ATen ops do.
 // The trees must have the same structure (tree::StructureError naming the op, the path and
 // the arguments by name otherwise) and every leaf its parameter's dtype, device and shape
