@@ -340,9 +340,8 @@ TEST_P(OptimKernels, ErrorsAreClear) {
 TEST(OptimKernelsThreads, IntraOpThreadCountsComputeTheSameBits) {
   const int threads_before = at::get_num_threads();
   at::manual_seed(3);
-  const TreeTensor p0{{"big", at::randn({600001})},
-                      {"mid", at::randn({40000, 3})},
-                      {"small", at::randn({7})}};
+  const TreeTensor p0{
+      {"big", at::randn({600001})}, {"mid", at::randn({40000, 3})}, {"small", at::randn({7})}};
   const auto grads = grads_trees(p0, 3);
   auto buffer = [](const TreeTensor& t) { return tt::consolidate(t.clone()); };
   auto run = [&](int threads) {

@@ -375,7 +375,7 @@ def test_state_dict_hooks_run_as_on_torch_optim():
     assert calls == ["save pre", "load pre", "load post"]
 
 
-def test_a_large_step_takes_the_intra_op_threads_with_the_same_bits():
+def test_a_large_step_has_the_same_bits_on_any_thread_count_and_steps_after_a_fork():
     """A consolidated step over more than one piece (2^18 elements) runs on as many lanes as
     torch.get_num_threads(), as Adam(fused=True) takes the intra-op threads: bitwise the
     one-thread step. A forked child, whose lanes have no threads, still steps (the caller runs

@@ -196,19 +196,25 @@ std::vector<std::vector<ConsolidatedGroup>> common_layout(
 }
 
 // Under the default (linear) mode an ATen kernel runs on the caller and ATen's intra-op
-// threads, and so does torch's fused Adam; a single-pass step over CPU tensors takes the same
-// share: over more than one piece of work it runs on as many lanes as the caller has intra-op
-// threads (its pieces over buffers, its leaves per leaf). Inside a
-// lane or a pinned asyncs worker that is one (DESIGN.md §6, §10): the caller alone; a step
-// queued from a pending asyncs scope runs as its worker's ATen kernels would, so it is left
-// alone too. Another mode (stream(M), automatic) is the user's choice and is left as it is.
-void share_intra_op_threads(std::optional<runtime::StreamGuard>& guard, int64_t elements) {
-  if (elements <= kPiece || runtime::current_stream_mode() != runtime::StreamMode{} ||
-      asyncs::pending_target())
-    return;
-  const auto lanes = std::min<std::size_t>(std::size_t(at::get_num_threads()), runtime::max_lanes);
-  if (lanes > 1) guard.emplace(lanes);
-}
+// threads, and so does torch's fused Adam. A single-pass step over CPU tensors takes the same
+// share while this lives: over more than one piece of work, as many lanes as the caller has
+// intra-op threads (its pieces over buffers, its leaves per leaf). Inside a lane or a pinned
+// asyncs worker that is one (DESIGN.md §6, §10); a step queued from a pending asyncs scope runs
+// as its worker's kernels would; another mode (stream(M), automatic) is the user's choice.
+// `elements()` is asked only when the share could apply.
+class IntraOpShare {
+ public:
+  template <class Elements>
+  explicit IntraOpShare(const Elements& elements) {
+    if (runtime::current_stream_mode() != runtime::StreamMode{} || asyncs::pending_target()) return;
+    const auto lanes =
+        std::min<std::size_t>(std::size_t(at::get_num_threads()), runtime::max_lanes);
+    if (lanes > 1 && elements() > kPiece) guard_.emplace(lanes);
+  }
+
+ private:
+  std::optional<runtime::StreamGuard> guard_;
+};
 
 // The elements of a tree's leaves when all are on the CPU, else 0 (a CUDA step keeps the
 // caller's stream: lanes would move it onto theirs, DESIGN.md §7).
@@ -223,7 +229,7 @@ int64_t cpu_elements(const TensorTree& t) {
 
 // Runs kernel(group, begin, end) over every leaf range of the consolidated groups, in pieces
 // of at most kPiece elements, through runtime::run (so the stream mode spreads them; the
-// default mode as share_intra_op_threads says).
+// default mode as IntraOpShare says).
 void run_over_buffers(std::string_view op, const std::vector<ConsolidatedGroup>& groups,
                       double bytes_per_element,
                       const std::function<void(std::size_t, int64_t, int64_t)>& kernel) {
@@ -258,8 +264,7 @@ void run_over_buffers(std::string_view op, const std::vector<ConsolidatedGroup>&
     call.device = groups[0].buffer.device();
     call.dtype = groups[0].buffer.scalar_type();
   }
-  std::optional<runtime::StreamGuard> share;
-  share_intra_op_threads(share, elements);
+  const IntraOpShare share([&] { return elements; });
   runtime::run(call);
 }
 
@@ -328,8 +333,7 @@ void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grad
   call.check = check;
   call.written = 4;
   const Operand args[] = {params, exp_avg, exp_avg_sq, vmax, grads};
-  std::optional<runtime::StreamGuard> share;
-  share_intra_op_threads(share, cpu_elements(params));
+  const IntraOpShare share([&] { return cpu_elements(params); });
   detail::update_leaves(call, args, leaf);
 }
 
@@ -398,8 +402,7 @@ void sgd_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTenso
   call.check = check;
   call.written = momentum ? 2 : 1;
   const Operand args[] = {params, buf, grads};
-  std::optional<runtime::StreamGuard> share;
-  share_intra_op_threads(share, cpu_elements(params));
+  const IntraOpShare share([&] { return cpu_elements(params); });
   detail::update_leaves(call, args, leaf);
 }
 
