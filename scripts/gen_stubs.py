@@ -123,12 +123,18 @@ def member(name, attr):
     return []
 
 
+# Members a class has that its __dict__ lacks: the tensor tree's treevalue methods, which its
+# __getattr__ binds after the keys (treetensor/_treevalue.py). Filled by render().
+EXTRA = {}
+
+
 def class_stub(name, cls, private):
     bases = [b.__name__ for b in cls.__bases__ if b.__name__ not in ("object", "pybind11_object")]
     head = "class %s%s: ..." % (name, "(%s)" % ", ".join(bases) if bases else "")
-    keep = [n for n in sorted(cls.__dict__) if n not in SKIP
+    attrs = {**cls.__dict__, **EXTRA.get(cls, {})}
+    keep = [n for n in sorted(attrs) if n not in SKIP
             and (private or not n.startswith("_") or n.endswith("__"))]
-    body = [ln for n in keep for ln in member(n, cls.__dict__[n])]
+    body = [ln for n in keep for ln in member(n, attrs[n])]
     doc = cls.__dict__.get("__doc__") or ""
     if not body:
         return with_doc(head, doc, "")
@@ -158,8 +164,9 @@ def module_stub(module, names, prelude=""):
 
 def render():
     import treetensor  # noqa: F401  (imports treetensor.torch, which adds Tensor's Python methods)
-    from treetensor import _C, asyncs, common, numpy, torch
+    from treetensor import _C, _treevalue, asyncs, common, numpy, torch
 
+    EXTRA[_C.Tensor] = {**_treevalue.METHODS, "torch": property(_treevalue.TorchProxy)}
     return {
         "_C.pyi": module_stub(_C, [n for n in dir(_C) if not n.startswith("__")],
                               "\n_Number = bool | int | float | torch.Tensor  # python/src/common.hpp\n"),

@@ -354,3 +354,86 @@ def test_ditengine_idioms():
     back = theirs.recv()
     assert isinstance(back, ttorch.Tensor)
     dicts_equal(back, d)
+
+
+# ---- treevalue's tree methods (DI-treetensor's trees are FastTreeValues) ------------------------
+def test_walk_reduce_filter_mask_over_the_hand_written_loop():
+    d = sample()
+    t = ttorch.Tensor(d)
+    walked = dict(t.walk())
+    assert sorted(walked) == [(), ("a",), ("b",), ("b", "x"), ("b", "y")]
+    assert walked[("b", "x")] is d["b"]["x"] and walked[()]._same_root(t)
+    walked[("b",)].z = torch.ones(1)  # a walked node is a view of the tree
+    assert torch.equal(t.b.z, torch.ones(1))
+    del t.b.z
+    total = t.reduce(lambda **kw: sum(v.sum() for v in kw.values()))
+    assert torch.equal(total, d["a"].sum() + (d["b"]["x"].sum() + d["b"]["y"].sum()))
+    big = t.filter(lambda x: x.numel() > 4)
+    assert big.keys() == ["a", "b"] and big.b.keys() == ["y"] and big.b.y is d["b"]["y"]
+    assert t.filter(lambda x: x.numel() > 100).keys() == []
+    assert t.filter(lambda x: x.numel() > 100, remove_empty=False).b.keys() == []
+    assert t.filter(lambda x, path: path[-1] == "x").b.keys() == ["x"]
+    masked = t.mask(tc.Object({"a": False, "b": {"x": True, "y": torch.tensor(False)}}))
+    assert masked.keys() == ["b"] and masked.b.keys() == ["x"] and masked.b.x is d["b"]["x"]
+    assert t.mask(tc.Object({"a": True, "b": False})).keys() == ["a"]  # a mask leaf covers a subtree
+    with pytest.raises(KeyError, match="no key 'y' at 'b'"):
+        t.mask({"a": True, "b": {"x": True}})
+
+
+def test_tree_methods_come_after_keys_and_type_keeps_torchs_form():
+    t = ttorch.Tensor({"mask": torch.ones(1), "filter": torch.zeros(1), "a": torch.ones(2)})
+    assert torch.equal(t.mask, torch.ones(1)) and torch.equal(t.filter, torch.zeros(1))
+    assert callable(ttorch.Tensor(sample()).mask) and "walk" in dir(ttorch.Tensor)
+    d = sample()
+    o = ttorch.Tensor(d).type(tc.Object)
+    assert type(o) is tc.Object and o.b.x is d["b"]["x"]  # leaves shared
+    dicts_equal(ttorch.Tensor(d).type(torch.float64), dmap(lambda x: x.type(torch.float64), d))
+    dicts_equal(ttorch.Tensor(d).torch.view(-1), dmap(lambda x: x.view(-1), d))
+    dicts_equal(ttorch.Tensor.torch.neg(ttorch.Tensor(d)), dmap(torch.neg, d))
+
+
+def test_unpack_popitem_clear_union_subside_rise_func():
+    d = sample()
+    t = ttorch.Tensor(d)
+    a, b = t.unpack("a", "b")
+    assert a is d["a"] and b.x is d["b"]["x"] and t.unpack("zz", default=None) == (None,)
+    with pytest.raises(KeyError, match="no key 'zz'"):
+        t.unpack("zz")
+    key, value = t.popitem()  # the last key in sorted order, deterministically
+    assert key == "b" and value.x is d["b"]["x"] and t.keys() == ["a"]
+    t.clear()
+    assert len(t) == 0
+    with pytest.raises(KeyError, match="empty"):
+        t.popitem()
+    u = ttorch.Tensor.union(ttorch.Tensor(d), 3)
+    assert type(u) is tc.Object and u.b.x == (d["b"]["x"], 3)
+    with pytest.raises(ValueError, match="differ at '<root>'"):
+        ttorch.Tensor.union(ttorch.Tensor(d), ttorch.Tensor({"a": torch.ones(1)}))
+    e = dmap(lambda x: x * 2, d)
+    s = ttorch.Tensor.subside([ttorch.Tensor(d), (ttorch.Tensor(e), 5)])
+    assert type(s) is tc.Object and s.b.y[0] is d["b"]["y"] and s.b.y[1] == (e["b"]["y"], 5)
+    first, (second, five) = s.rise()
+    assert type(first) is ttorch.Tensor and first.a is d["a"] and second.b.x is e["b"]["x"]
+    assert type(five) is tc.Object and five.b.x == 5
+    with pytest.raises(TypeError, match="dict leaves"):
+        ttorch.Tensor.subside({"p": ttorch.Tensor(d)})
+    f = ttorch.Tensor.func(subside=True)(lambda xs, k: xs[0] * k - xs[1])
+    dicts_equal(f([ttorch.Tensor(d), ttorch.Tensor(e)], 3), dmap(lambda x, y: x * 3 - y, d, e))
+    with pytest.raises(ValueError, match="'strict' mode"):
+        ttorch.Tensor.func(mode="outer")
+
+
+def test_object_map_clone_and_dict_methods():
+    o = tc.Object({"a": [1], "b": {"c": 2}})
+    assert o.map(lambda x, p: p).b.c == ("b", "c") and o.map(lambda: 0).a == 0
+    shallow, deep = o.clone(), o.clone(copy_value=True)
+    shallow.a.append(5)
+    assert o.a == [1, 5] and deep.a == [1] and type(deep) is tc.Object
+    assert o.pop("a") == [1, 5] and o.pop("a", 7) == 7 and o.keys() == ["b"]
+    assert o.setdefault("z", 9) == 9 and o.setdefault("z", 0) == 9
+    o.update({"k": tc.Object({"m": 1})}, n=2)
+    o["q"] = 3
+    del o["z"]
+    assert o.json() == {"b": {"c": 2}, "k": {"m": 1}, "n": 2, "q": 3}
+    assert o.reduce(lambda **kw: sum(kw.values())) == 8
+    assert o.filter(lambda x: x > 1).json() == {"b": {"c": 2}, "n": 2, "q": 3}

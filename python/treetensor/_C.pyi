@@ -216,6 +216,8 @@ class Tensor:
         pair, a leaf bound broadcasting into a subtree; DI-treetensor)."""
     def clamp_(self, min=..., max=...):
         """In place: every leaf clamped to [min, max] (see clamp); returns the tree."""
+    def clear(self):
+        """Removes every child (dict.clear)."""
     def clone(self) -> Any:
         """clone(): a copy of x with its own storage, on every leaf."""
     def consolidate(self) -> Any:
@@ -287,6 +289,9 @@ class Tensor:
     def expm1_(self) -> Any:
         """expm1_(): e^x - 1, exact for small x, in place on every leaf (the same tensors); returns self."""
     def fill_(self, arg0: _Number) -> Any: ...
+    def filter(self, func, remove_empty=...):
+        """The tree of the leaves for which ``func(leaf)`` (or ``func(leaf, path)``) is true; nodes
+        left empty are removed unless ``remove_empty=False`` (treevalue's ``filter``)."""
     def flatten(self, start_dim: typing.SupportsInt | typing.SupportsIndex = ..., end_dim: typing.SupportsInt | typing.SupportsIndex = ...) -> Any: ...
     def float(self): ...
     def floor(self) -> Any:
@@ -304,6 +309,13 @@ class Tensor:
         """frac(): fractional part x - trunc(x), on every leaf."""
     def frac_(self) -> Any:
         """frac_(): fractional part x - trunc(x), in place on every leaf (the same tensors); returns self."""
+    @classmethod
+    def func(cls, mode=..., inherit=..., missing=..., delayed=..., subside=..., rise=...):
+        """A decorator making fn leaf-wise over trees (treevalue's ``func``): results are trees of
+        their kind (cls when it can hold them); ``subside=True`` zips lists of trees, ``rise=True``
+        lifts tuple results.
+        @raises ValueError for a mode other than 'strict', ``inherit=False``, ``missing`` or
+                ``delayed`` (treevalue's other zips: not supported here)."""
     def ge(self, other: Any) -> Any:
         """ge(b): a >= b (bool), leaf-wise (b: a tree, tensor or number)."""
     def ge_(self, *args, **kwargs):
@@ -379,6 +391,11 @@ class Tensor:
         lt_(b): a < b (bool), in place on every leaf; returns self."""
     def map(self, fn: collections.abc.Callable) -> Any:
         """fn(leaf) on every leaf, on the calling thread with the GIL held (see ttorch.apply for the leaf-parallel form)."""
+    def mask(self, mask_, remove_empty=...):
+        """The tree of the leaves whose place in ``mask_`` (a tree of bools or bool tensors; a mask
+        leaf facing a subtree covers all of it) is true; nodes left empty removed unless
+        ``remove_empty=False`` (treevalue's ``mask``).
+        @raises KeyError naming the path when ``mask_`` lacks a key of this tree."""
     def masked_select(self, mask, reduce=...):
         """The selected elements of every leaf in one tensor (DI-treetensor; ``reduce=False``: a tree
         of per-leaf torch.masked_select)."""
@@ -427,6 +444,10 @@ class Tensor:
     def pop(self, key, *default):
         """Removes the child `key` and returns it (a tensor or a tree); `default` when there is none
         (dict.pop; KeyError without a default)."""
+    def popitem(self):
+        """Removes and returns the (key, child) pair of the last key in sorted order (treevalue's
+        ``popitem``).
+        @raises KeyError when the tree is empty."""
     def pow(self, other: Any) -> Any:
         """pow(b): a^b, leaf-wise (b: a tree, tensor or number)."""
     def pow_(self, *args, **kwargs):
@@ -437,6 +458,9 @@ class Tensor:
         """reciprocal(): 1 / x, on every leaf."""
     def reciprocal_(self) -> Any:
         """reciprocal_(): 1 / x, in place on every leaf (the same tensors); returns self."""
+    def reduce(self, func):
+        """``func(**children)`` bottom up: each node's children (leaves, or their nodes' results) as
+        keyword arguments named by their keys; the root's result (treevalue's ``reduce``)."""
     def relu(self) -> Any:
         """relu(): max(x, 0), on every leaf."""
     def relu_(self) -> Any:
@@ -451,6 +475,11 @@ class Tensor:
     def requires_grad(self) -> Any: ...
     def requires_grad_(self, requires_grad: builtins.bool = ...) -> Any: ...
     def reshape(self, *args) -> Any: ...
+    def rise(self, dict_=..., list_=..., tuple_=..., template=...):
+        """Lists and tuples that every leaf holds, of one type and length, rise above the tree: a
+        list (tuple) of trees, recursively (treevalue's ``rise``); ``template`` (a list or tuple of
+        sub-templates, None for 'as found') fixes how far. Leaves are never dicts here, so
+        ``dict_`` has nothing to rise."""
     def round(self) -> Any:
         """round(): nearest integer, halves to even, on every leaf."""
     def round_(self) -> Any:
@@ -499,6 +528,12 @@ class Tensor:
     def sub(self, other: Any, *, alpha: _Number = ...) -> Any: ...
     def sub_(self, *args, **kwargs):
         """sub_(self: object, other: object, *, alpha: number = 1) -> object"""
+    @classmethod
+    def subside(cls, value, dict_=..., list_=..., tuple_=..., return_type=..., **kwargs):
+        """The trees inside lists and tuples (nested) sink to the leaves: a tree whose leaves are
+        those lists and tuples (treevalue's ``subside``; the same zip as every leaf-wise call).
+        @raises TypeError for a dict holding trees (leaves here are never dicts: DESIGN.md §15);
+                ValueError naming the path when the trees' key sets differ."""
     def sum(self, *args, reduce=..., **kwargs):
         """``sum(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.sum of each leaf, a tree); with arguments (``dim=``...), torch.sum of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
     def tan(self) -> Any:
@@ -516,12 +551,28 @@ class Tensor:
         """A nested dict of torch.Tensor sharing the leaves (the same Python tensor objects)."""
     def tolist(self):
         """The leaves' ``tolist()`` (an Object; DI-treetensor)."""
+    @property
+    def torch(self) -> Any: ...
     def transpose(self, arg0: typing.SupportsInt | typing.SupportsIndex, arg1: typing.SupportsInt | typing.SupportsIndex) -> Any: ...
     def trunc(self) -> Any:
         """trunc(): integer part, rounded towards zero, on every leaf."""
     def trunc_(self) -> Any:
         """trunc_(): integer part, rounded towards zero, in place on every leaf (the same tensors); returns self."""
+    def type(self, clazz=..., *args, **kwargs):
+        """``t.type(Object)``: the same tree as another tree class (treevalue's ``type``; leaves
+        shared; as ``Tensor(dict)``, a Tensor converts other leaves with torch.as_tensor); any other
+        argument is torch.Tensor.type leaf-wise (``t.type(torch.float64)``, an extension: treevalue
+        raises TypeError there)."""
     def unbind(self, dim: typing.SupportsInt | typing.SupportsIndex = ...) -> Any: ...
+    @classmethod
+    def union(cls, *trees, return_type=..., **kwargs):
+        """A tree of tuples, one element from each tree (non-tree arguments broadcast), zipped by key
+        (treevalue's ``union``). Its leaves are tuples, so it is an Object (or ``return_type``).
+        @raises ValueError naming the path when key sets differ."""
+    def unpack(self, *keys, default=...):
+        """The children named by keys, as a tuple (``a, b = t.unpack('a', 'b')``); ``default`` for a
+        missing key when given (treevalue's ``unpack``).
+        @raises KeyError naming the key when it is missing and no default is given."""
     def unsqueeze(self, dim: typing.SupportsInt | typing.SupportsIndex) -> Any: ...
     def unsqueeze_(*args, **kwargs):
         """``unsqueeze_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.unsqueeze_ on every leaf; without a tree argument, the function itself."""
@@ -530,6 +581,9 @@ class Tensor:
     def values(self) -> builtins.list:
         """The children of this node in key order: tensors for leaves, trees for subtrees."""
     def view(self, *args) -> Any: ...
+    def walk(self):
+        """(path, value) pairs of every node and leaf, the root first as ``()``, then depth first in
+        key order; a node's value is the tree (a view), a leaf's the leaf (treevalue's ``walk``)."""
     def where(*args, **kwargs):
         """where(self: treetensor._C.Tensor, arg0: object, arg1: object) -> object"""
     def zero_(self) -> Any: ...

@@ -128,3 +128,10 @@ def _leaves(d):
         else:
             out.append(v)
     return out
+
+
+# treevalue's tree methods (walk, reduce, filter, mask, map, union, subside, ...): defined beside
+# the Tensor tree's in treetensor._treevalue, which needs the leaf-wise rules built on Object.
+from . import _treevalue  # noqa: E402
+
+_treevalue.install_object(Object)

@@ -17,6 +17,9 @@ core.
   (DI-treetensor's fallback: ``t.argmax(-1)``, ``ttorch.log_softmax(t, -1)``, ``t.is_cuda``;
   rules in treetensor.common); dtypes and plain values (``ttorch.float32``) are torch's.
   Keys come before these names; a leaf facing a subtree broadcasts into it.
+- treevalue's tree methods, as DI-treetensor's trees have them (``t.walk()``, ``t.reduce(fn)``,
+  ``t.filter(fn)``, ``t.mask(m)``, ``t.unpack(...)``, ``t.rise()``, ``t.type(Object)``,
+  ``t.torch.<method>``; ``Tensor.union/subside/func``): treetensor._treevalue, after the keys.
 - Construction from trees of shapes: ``ttorch.randn({'a': (2, 3)})``, zeros/ones/full/empty/
   rand/randint, the ``*_like`` forms, ``tensor`` / ``as_tensor``.
 - ``ttorch.stream(n)`` / ``ttorch.stream('auto')``: the execution mode of tree calls; called,
@@ -36,7 +39,7 @@ import warnings as _warnings
 
 import torch as _torch
 
-from . import _C, _leafwise, _ops
+from . import _C, _leafwise, _ops, _treevalue
 from .common import Object
 
 Tensor = _C.Tensor
@@ -243,13 +246,17 @@ def _torch_method(name):
     return _leafwise.treelized(attr, name, inplace=name.endswith("_"))
 
 
-_attr_methods = {}  # name -> leaf-wise method, bound by Tensor.__getattr__ in C++
+# name -> method bound by Tensor.__getattr__ in C++ after the keys: treevalue's tree methods
+# (DI-treetensor parity: a key 'mask' is t.mask), then torch's leaf-wise as first used.
+_attr_methods = dict(_treevalue.METHODS)
 _no_attr = set()  # names torch.Tensor lacks
 _nothing = object()
 
 
 def _attr_fallback(tree, name):
     # The first access of a name (later ones of a method stay in C++: _attr_methods).
+    if name == "torch":
+        return _treevalue.TorchProxy(tree, _torch_method)
     if name in _no_attr:
         return None
     f = _torch_method(name)
@@ -269,6 +276,8 @@ def _class_attr(cls, name):
     # ``ttorch.Tensor.<name>`` (the metaclass's __getattr__): the leaf-wise function that
     # instances bind, so ``hasattr(ttorch.Tensor, 'arctanh')`` and ``ttorch.Tensor.arctanh(t)``
     # work as in DI-treetensor; torch.Tensor's data attributes stay instance-only.
+    if name == "torch":
+        return _treevalue.TorchProxy(None, _torch_method)
     f = _attr_methods.get(name)
     if f is None:
         f = _torch_method(name)
@@ -279,6 +288,10 @@ def _class_attr(cls, name):
 
 
 type(Tensor).__getattr__ = _class_attr
+# dir(ttorch.Tensor) lists treevalue's methods, which live in _attr_methods (after the keys).
+type(Tensor).__dir__ = lambda cls: sorted(set(type.__dir__(cls)) | set(_treevalue.METHODS) | {"torch"})
+for _name, _fn in _treevalue.CLASS_METHODS.items():
+    setattr(Tensor, _name, classmethod(_fn))
 
 
 def __getattr__(name):

@@ -218,6 +218,7 @@ class Object:
     ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout.
     ``Object(non_dict)`` is the value itself (DI-treetensor)."""
     def __contains__(self, k): ...
+    def __delitem__(self, key): ...
     def __eq__(self, other): ...
     def __getattr__(self, k): ...
     def __getitem__(self, k): ...
@@ -228,18 +229,83 @@ class Object:
     def __new__(cls, data=...): ...
     def __reduce__(self): ...
     def __repr__(self): ...
+    def __setitem__(self, key, value): ...
     def all(self):
         """Whether every leaf is true (``builtins.all``; DI-treetensor's ``Object.all``)."""
     def any(self):
         """Whether some leaf is true (``builtins.any``)."""
+    def clear(self):
+        """Removes every child (dict.clear)."""
+    def clone(self, copy_value=...):
+        """A new tree of the same structure; leaves shared unless ``copy_value`` is True (deep copies)
+        or a function (applied to each leaf) (treevalue's ``clone``)."""
+    def filter(self, func, remove_empty=...):
+        """The tree of the leaves for which ``func(leaf)`` (or ``func(leaf, path)``) is true; nodes
+        left empty are removed unless ``remove_empty=False`` (treevalue's ``filter``)."""
+    @classmethod
+    def func(cls, mode=..., inherit=..., missing=..., delayed=..., subside=..., rise=...):
+        """A decorator making fn leaf-wise over trees (treevalue's ``func``): results are trees of
+        their kind (cls when it can hold them); ``subside=True`` zips lists of trees, ``rise=True``
+        lifts tuple results.
+        @raises ValueError for a mode other than 'strict', ``inherit=False``, ``missing`` or
+                ``delayed`` (treevalue's other zips: not supported here)."""
     def get(self, k, default=...): ...
     def items(self): ...
     def json(self): ...
     def keys(self): ...
     def leaves(self):
         """The leaf values in sorted-path order."""
+    def map(self, mapper, delayed=...):
+        """``mapper(leaf)`` (or ``mapper(leaf, path)``, or ``mapper()``) on every leaf: a tree of the
+        same class (treevalue's ``map``; ``Tensor`` trees' ``map`` makes tensor trees)."""
+    def mask(self, mask_, remove_empty=...):
+        """The tree of the leaves whose place in ``mask_`` (a tree of bools or bool tensors; a mask
+        leaf facing a subtree covers all of it) is true; nodes left empty removed unless
+        ``remove_empty=False`` (treevalue's ``mask``).
+        @raises KeyError naming the path when ``mask_`` lacks a key of this tree."""
+    def pop(self, key, *default):
+        """Removes the child ``key`` and returns it; ``default`` when there is none (dict.pop)."""
+    def popitem(self):
+        """Removes and returns the (key, child) pair of the last key in sorted order (treevalue's
+        ``popitem``).
+        @raises KeyError when the tree is empty."""
+    def reduce(self, func):
+        """``func(**children)`` bottom up: each node's children (leaves, or their nodes' results) as
+        keyword arguments named by their keys; the root's result (treevalue's ``reduce``)."""
+    def rise(self, dict_=..., list_=..., tuple_=..., template=...):
+        """Lists and tuples that every leaf holds, of one type and length, rise above the tree: a
+        list (tuple) of trees, recursively (treevalue's ``rise``); ``template`` (a list or tuple of
+        sub-templates, None for 'as found') fixes how far. Leaves are never dicts here, so
+        ``dict_`` has nothing to rise."""
+    def setdefault(self, key, default=...):
+        """The child ``key``; set to ``default`` first when there is none (dict.setdefault)."""
+    @classmethod
+    def subside(cls, value, dict_=..., list_=..., tuple_=..., return_type=..., **kwargs):
+        """The trees inside lists and tuples (nested) sink to the leaves: a tree whose leaves are
+        those lists and tuples (treevalue's ``subside``; the same zip as every leaf-wise call).
+        @raises TypeError for a dict holding trees (leaves here are never dicts: DESIGN.md §15);
+                ValueError naming the path when the trees' key sets differ."""
     def to_dict(self): ...
+    def type(self, clazz=..., *args, **kwargs):
+        """``t.type(Object)``: the same tree as another tree class (treevalue's ``type``; leaves
+        shared; as ``Tensor(dict)``, a Tensor converts other leaves with torch.as_tensor); any other
+        argument is torch.Tensor.type leaf-wise (``t.type(torch.float64)``, an extension: treevalue
+        raises TypeError there)."""
+    @classmethod
+    def union(cls, *trees, return_type=..., **kwargs):
+        """A tree of tuples, one element from each tree (non-tree arguments broadcast), zipped by key
+        (treevalue's ``union``). Its leaves are tuples, so it is an Object (or ``return_type``).
+        @raises ValueError naming the path when key sets differ."""
+    def unpack(self, *keys, default=...):
+        """The children named by keys, as a tuple (``a, b = t.unpack('a', 'b')``); ``default`` for a
+        missing key when given (treevalue's ``unpack``).
+        @raises KeyError naming the key when it is missing and no default is given."""
+    def update(self, other=..., **kwargs):
+        """Sets each child of ``other`` (a dict, tree or pairs) and of kwargs (dict.update)."""
     def values(self): ...
+    def walk(self):
+        """(path, value) pairs of every node and leaf, the root first as ``()``, then depth first in
+        key order; a node's value is the tree (a view), a leaf's the leaf (treevalue's ``walk``)."""
 
 class Size(Object):
     """A tree of ``torch.Size`` (``t.shape``); also accepted as a tree of shapes by the

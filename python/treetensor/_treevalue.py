@@ -1,0 +1,356 @@
+"""treevalue's tree methods on treetensor's tree classes (DI-treetensor parity: its ``Tensor``
+and ``Object`` are treevalue ``FastTreeValue`` s and so have them): ``walk``, ``reduce``,
+``filter``, ``mask``, ``unpack``, ``rise``, ``type``, ``clear``, ``popitem`` and the class
+methods ``union``, ``subside``, ``func``; on ``Object`` also ``map``, ``clone``, ``pop``,
+``setdefault``, ``update``. Keys are visited sorted (DESIGN.md §1).
+
+Where a tree here cannot hold what treevalue's would (DESIGN.md §15): a ``Tensor`` tree's leaves
+are tensors, so a result whose leaves are other values (``union``'s tuples, ``subside``'s lists)
+is an ``Object``; no tree holds a dict as a leaf, so ``subside`` of a dict holding trees is a
+TypeError (lists and tuples subside); ``func`` is treevalue's ``strict`` mode with ``inherit``.
+"""
+import copy as _copy
+import inspect as _inspect
+import types as _types
+
+from . import _C, _leafwise
+from .common import Object
+
+_Tree = _C.Tensor
+_MISSING = object()
+
+
+def _is_tree(x):
+    return isinstance(x, (_Tree, Object))
+
+
+def _as_dict(tree):
+    return tree.to_dict() if isinstance(tree, _Tree) else tree._d
+
+
+def _positional(fn):
+    """How many positional arguments fn takes, 0 to 2 (treevalue calls fn(value) or
+    fn(value, path) by what fn accepts)."""
+    try:
+        params = _inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: one argument
+        return 1
+    n = 0
+    for p in params:
+        if p.kind is p.VAR_POSITIONAL:
+            return 2
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty:
+            n += 1
+    return min(n, 2)
+
+
+def _path_caller(fn):
+    n = _positional(fn)
+    return (lambda v, p: fn()) if n == 0 else (lambda v, p: fn(v)) if n == 1 else fn
+
+
+def _describe(path):
+    return ".".join(path) if path else "<root>"
+
+
+# ---- instance methods ----------------------------------------------------------------------
+def walk(self):
+    """(path, value) pairs of every node and leaf, the root first as ``()``, then depth first in
+    key order; a node's value is the tree (a view), a leaf's the leaf (treevalue's ``walk``)."""
+    def go(node, path):
+        yield path, node
+        for k in node.keys():
+            child = node[k]
+            if _is_tree(child):
+                yield from go(child, path + (k,))
+            else:
+                yield path + (k,), child
+
+    return go(self, ())
+
+
+def reduce(self, func):
+    """``func(**children)`` bottom up: each node's children (leaves, or their nodes' results) as
+    keyword arguments named by their keys; the root's result (treevalue's ``reduce``)."""
+    def go(node):
+        return func(**{k: go(v) if _is_tree(v) else v for k, v in ((k, node[k]) for k in node.keys())})
+
+    return go(self)
+
+
+def _pruned(d, keep, remove_empty, path=()):
+    out = {}
+    for k in sorted(d, key=str):
+        v = d[k]
+        if type(v) is dict:
+            sub = _pruned(v, keep, remove_empty, path + (k,))
+            if sub or not remove_empty:
+                out[k] = sub
+        elif keep(v, path + (k,)):
+            out[k] = v
+    return out
+
+
+def filter(self, func, remove_empty=True):  # noqa: A001  (treevalue's name)
+    """The tree of the leaves for which ``func(leaf)`` (or ``func(leaf, path)``) is true; nodes
+    left empty are removed unless ``remove_empty=False`` (treevalue's ``filter``)."""
+    call = _path_caller(func)
+    return type(self)(_pruned(_as_dict(self), lambda v, p: bool(call(v, p)), remove_empty))
+
+
+def mask(self, mask_, remove_empty=True):
+    """The tree of the leaves whose place in ``mask_`` (a tree of bools or bool tensors; a mask
+    leaf facing a subtree covers all of it) is true; nodes left empty removed unless
+    ``remove_empty=False`` (treevalue's ``mask``).
+    @raises KeyError naming the path when ``mask_`` lacks a key of this tree."""
+    m = _as_dict(mask_) if _is_tree(mask_) else mask_
+
+    def at(path):
+        node = m
+        for i, k in enumerate(path):
+            if type(node) is not dict:
+                break
+            if k not in node:
+                raise KeyError(f"treetensor: mask: the mask has no key '{k}' at '{_describe(path[:i])}'")
+            node = node[k]
+        return bool(node)
+
+    return type(self)(_pruned(_as_dict(self), lambda v, p: at(p), remove_empty))
+
+
+def unpack(self, *keys, default=_MISSING):
+    """The children named by keys, as a tuple (``a, b = t.unpack('a', 'b')``); ``default`` for a
+    missing key when given (treevalue's ``unpack``).
+    @raises KeyError naming the key when it is missing and no default is given."""
+    out = []
+    for k in keys:
+        if k in self:
+            out.append(self[k])
+        elif default is _MISSING:
+            raise KeyError(f"treetensor: no key '{k}' at '{self._path or '<root>'}'"
+                           if isinstance(self, _Tree) else f"treetensor: no key '{k}'")
+        else:
+            out.append(default)
+    return tuple(out)
+
+
+def _split(d, i):
+    return {k: _split(v, i) for k, v in d.items()} if type(d) is dict else d[i]
+
+
+def _risen(d, kinds, template):
+    leaves = _leafwise._leaves(d)
+    if template is None and leaves:
+        first = leaves[0]
+        if type(first) in kinds and all(type(x) is type(first) and len(x) == len(first) for x in leaves):
+            template = type(first)([_MISSING] * len(first))
+    if isinstance(template, (list, tuple)):
+        return type(template)(_risen(_split(d, i), kinds, None if t is _MISSING else t)
+                              for i, t in enumerate(template))
+    return _leafwise.wrap(d)
+
+
+def rise(self, dict_=True, list_=True, tuple_=True, template=None):
+    """Lists and tuples that every leaf holds, of one type and length, rise above the tree: a
+    list (tuple) of trees, recursively (treevalue's ``rise``); ``template`` (a list or tuple of
+    sub-templates, None for 'as found') fixes how far. Leaves are never dicts here, so
+    ``dict_`` has nothing to rise."""
+    kinds = tuple(t for t, on in ((list, list_), (tuple, tuple_)) if on)
+    return _risen(_as_dict(self), kinds, template)
+
+
+_rise_tree = rise  # (func's argument `rise` hides the name)
+
+
+def type_(self, clazz=None, *args, **kwargs):
+    """``t.type(Object)``: the same tree as another tree class (treevalue's ``type``; leaves
+    shared; as ``Tensor(dict)``, a Tensor converts other leaves with torch.as_tensor); any other
+    argument is torch.Tensor.type leaf-wise (``t.type(torch.float64)``, an extension: treevalue
+    raises TypeError there)."""
+    if isinstance(clazz, type) and issubclass(clazz, (_Tree, Object)):
+        return clazz(_as_dict(self))
+    if isinstance(self, _Tree):
+        import torch as _torch
+
+        return _leafwise.wrap(self._leaf_call(_torch.Tensor.type, (() if clazz is None else (clazz,)) + args,
+                                              kwargs, "type"))
+    raise TypeError(f"treetensor: {type(self).__name__}.type takes a tree class, not {clazz!r}")
+
+
+def clear(self):
+    """Removes every child (dict.clear)."""
+    for k in list(self.keys()):
+        del self[k]
+
+
+def popitem(self):
+    """Removes and returns the (key, child) pair of the last key in sorted order (treevalue's
+    ``popitem``).
+    @raises KeyError when the tree is empty."""
+    keys = list(self.keys())
+    if not keys:
+        raise KeyError(f"popitem(): {type(self).__name__} is empty")
+    k = keys[-1]
+    return k, self.pop(k)
+
+
+# ---- class methods -------------------------------------------------------------------------
+def _result(cls, d):
+    """A nested dict of results as cls when cls can hold its leaves, else the kind they make."""
+    r = _leafwise.wrap(d)
+    if isinstance(r, Object) and issubclass(cls, Object) and type(r) is not cls:
+        return cls(_as_dict(r))
+    return r
+
+
+def union(cls, *trees, return_type=None, **kwargs):
+    """A tree of tuples, one element from each tree (non-tree arguments broadcast), zipped by key
+    (treevalue's ``union``). Its leaves are tuples, so it is an Object (or ``return_type``).
+    @raises ValueError naming the path when key sets differ."""
+    d, is_tree = _leafwise.call(lambda *xs: xs, trees, {}, "union")
+    out = return_type or (cls if issubclass(cls, Object) else Object)
+    return out(d) if is_tree else d
+
+
+def subside(cls, value, dict_=True, list_=True, tuple_=True, return_type=None, **kwargs):
+    """The trees inside lists and tuples (nested) sink to the leaves: a tree whose leaves are
+    those lists and tuples (treevalue's ``subside``; the same zip as every leaf-wise call).
+    @raises TypeError for a dict holding trees (leaves here are never dicts: DESIGN.md §15);
+            ValueError naming the path when the trees' key sets differ."""
+    def has_tree(x):
+        if _is_tree(x):
+            return True
+        if type(x) in (list, tuple):
+            return any(has_tree(v) for v in x)
+        if type(x) is dict:
+            return any(has_tree(v) for v in x.values())
+        return False
+
+    if type(value) is dict and has_tree(value):
+        raise TypeError("treetensor: subside: a dict holding trees would make dict leaves, which a "
+                        "tree here cannot hold (DESIGN.md §15); pass a list or tuple of trees")
+    d, is_tree = _leafwise.call(lambda v: v, (value,), {}, "subside", subside=True)
+    if not is_tree:
+        return value
+    if return_type is not None:
+        return return_type(d)
+    leaves = _leafwise._leaves(d)
+    # lists and tuples as leaves: an Object (wrap would rise them straight back)
+    return Object(d) if leaves and type(leaves[0]) in (list, tuple) else _result(cls, d)
+
+
+def func(cls, mode="strict", inherit=True, missing=_MISSING, delayed=False, subside=None, rise=None):
+    """A decorator making fn leaf-wise over trees (treevalue's ``func``): results are trees of
+    their kind (cls when it can hold them); ``subside=True`` zips lists of trees, ``rise=True``
+    lifts tuple results.
+    @raises ValueError for a mode other than 'strict', ``inherit=False``, ``missing`` or
+            ``delayed`` (treevalue's other zips: not supported here)."""
+    if mode != "strict" or not inherit or missing is not _MISSING or delayed:
+        raise ValueError("treetensor: func supports treevalue's 'strict' mode with inherit=True only "
+                         "(no missing=, no delayed=)")
+
+    def decorate(fn):
+        def f(*args, **kwargs):
+            d, is_tree = _leafwise.call(fn, args, kwargs, getattr(fn, "__name__", "func"), bool(subside))
+            if not is_tree:
+                return d
+            r = _result(cls, d)
+            if rise and _is_tree(r):
+                return _rise_tree(r, **(rise if isinstance(rise, dict) else {}))
+            return r
+
+        f.__name__ = getattr(fn, "__name__", "func")
+        f.__doc__ = fn.__doc__
+        f.__wrapped__ = fn
+        return f
+
+    return decorate
+
+
+# ---- Object only (Tensor has them in treetensor.torch) ---------------------------------------
+def _map(self, mapper, delayed=False):
+    """``mapper(leaf)`` (or ``mapper(leaf, path)``, or ``mapper()``) on every leaf: a tree of the
+    same class (treevalue's ``map``; ``Tensor`` trees' ``map`` makes tensor trees)."""
+    call = _path_caller(mapper)
+
+    def go(d, path):
+        return {k: go(v, path + (k,)) if type(v) is dict else call(v, path + (k,)) for k, v in d.items()}
+
+    return type(self)(go(self._d, ()))
+
+
+def _clone(self, copy_value=None):
+    """A new tree of the same structure; leaves shared unless ``copy_value`` is True (deep copies)
+    or a function (applied to each leaf) (treevalue's ``clone``)."""
+    copy = _copy.deepcopy if copy_value is True else copy_value if callable(copy_value) else (lambda v: v)
+
+    def go(d):
+        return {k: go(v) if type(v) is dict else copy(v) for k, v in d.items()}
+
+    return type(self)(go(self._d))
+
+
+def _pop(self, key, *default):
+    """Removes the child ``key`` and returns it; ``default`` when there is none (dict.pop)."""
+    if key not in self._d and default:
+        return default[0]
+    return self._wrap(self._d.pop(key))
+
+
+def _setdefault(self, key, default=None):
+    """The child ``key``; set to ``default`` first when there is none (dict.setdefault)."""
+    if key not in self._d:
+        self._d[key] = default.to_dict() if isinstance(default, Object) else default
+    return self[key]
+
+
+def _update(self, other=(), **kwargs):
+    """Sets each child of ``other`` (a dict, tree or pairs) and of kwargs (dict.update)."""
+    items = other.items() if hasattr(other, "items") else other
+    for k, v in list(items) + list(kwargs.items()):
+        self._d[k] = _as_dict(v) if _is_tree(v) else v
+
+
+def _setitem(self, key, value):
+    self._d[key] = _as_dict(value) if _is_tree(value) else value
+
+
+def _delitem(self, key):
+    del self._d[key]
+
+
+class TorchProxy:
+    """``t.torch.<name>``: torch.Tensor's method ``name`` leaf-wise, bound to the tree, even
+    where a key or a tree method has that name (DI-treetensor's ``Tensor.torch``);
+    ``ttorch.Tensor.torch.<name>`` is the unbound leaf-wise function."""
+    __slots__ = ("_tree", "_method")
+
+    def __init__(self, tree, method):
+        self._tree, self._method = tree, method  # method: treetensor.torch's _torch_method
+
+    def __getattr__(self, name):
+        f = self._method(name)
+        if f is None or (self._tree is None and not _inspect.isfunction(f)):
+            raise AttributeError(f"torch.Tensor has no method '{name}'")
+        if not _inspect.isfunction(f):  # a data attribute (is_cuda): its tree of values
+            return f(self._tree)
+        return f if self._tree is None else _types.MethodType(f, self._tree)
+
+
+#: The instance methods, by name. Tensor trees look them up after their keys (as DI-treetensor
+#: does: a key 'mask' is ``t.mask``); Object has them as plain methods.
+METHODS = {"walk": walk, "reduce": reduce, "filter": filter, "mask": mask, "unpack": unpack,
+           "rise": rise, "type": type_, "clear": clear, "popitem": popitem}
+#: The class methods (``ttorch.Tensor.union(a, b)``), by name.
+CLASS_METHODS = {"union": union, "subside": subside, "func": func}
+
+
+def install_object(cls):
+    """The methods above on Object (its subclasses inherit them)."""
+    for name, fn in METHODS.items():
+        setattr(cls, name, fn)
+    for name, fn in CLASS_METHODS.items():
+        setattr(cls, name, classmethod(fn))
+    for name, fn in (("map", _map), ("clone", _clone), ("pop", _pop), ("setdefault", _setdefault),
+                     ("update", _update), ("__setitem__", _setitem), ("__delitem__", _delitem)):
+        setattr(cls, name, fn)
