@@ -36,12 +36,13 @@ grep "treetensor:" <<<"$configured"  # PyTorch's version, CUDA and NCCL compiled
 case "$sanitize" in
   thread)
     # The concurrency tests: the runtime (lanes, dispatch), the asyncs threads, deferred trees
-    # and the distributed layer (its tests start distributed_worker, built under TSan too).
+    # the distributed layer (its tests start distributed_worker, built under TSan too) and the
+    # tree layer's per-thread node cache.
     targets=$(ninja -C "$build" -t targets all |
-              sed -n 's/^\(\(runtime\|asyncs\|distributed\|tree_deferred\)_[a-z0-9_]*\(test\|worker\)\): .*/\1/p' | sort -u)
+              sed -n 's/^\(\(runtime\|asyncs\|distributed\|tree_deferred\|tree_node_allocator\)_[a-z0-9_]*\(test\|worker\)\): .*/\1/p' | sort -u)
     [ -n "$targets" ] || { echo "test.sh: no runtime/asyncs/distributed test targets found" >&2; exit 1; }
     cmake --build "$build" -j"$jobs" --target $targets
-    ctest_args+=(-L '^(runtime|asyncs|distributed|tree_deferred)')
+    ctest_args+=(-L '^(runtime|asyncs|distributed|tree_deferred|tree_node_allocator)')
     export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
     # LibTorch's intra-op threads are GNU OpenMP's (the wheel's libgomp, not built with TSan):
     # their barriers are invisible to TSan, which reports the kernel's own threads as racing.

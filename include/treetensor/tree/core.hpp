@@ -19,6 +19,7 @@
 #include <variant>
 #include <vector>
 
+#include "treetensor/tree/node_allocator.hpp"
 #include "treetensor/tree/path.hpp"
 
 namespace treetensor::tree {
@@ -100,7 +101,9 @@ class Tree {
  public:
   using value_type = T;
   using Entry = std::pair<std::string, Tree>;
-  using Children = std::vector<Entry>;
+  /// A node's children, sorted by key; their array comes from a per-thread cache of freed
+  /// arrays (detail::NodeAllocator), so building and dropping trees stays in the process.
+  using Children = std::vector<Entry, detail::NodeAllocator<Entry>>;
 
   /// What a deferred tree is made from (see deferred()): make() builds the tree on first
   /// access. make() may throw: the exception leaves that access (accessors of a deferred tree

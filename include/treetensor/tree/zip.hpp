@@ -131,7 +131,7 @@ const typename C::leaf_t& leaf_of(const C& c, std::optional<typename C::leaf_t>&
 }
 
 template <class C>
-const std::vector<typename Tree<typename C::leaf_t>::Entry>* children_of(const C& c) {
+const typename Tree<typename C::leaf_t>::Children* children_of(const C& c) {
   if constexpr (C::is_tree) {
     if (c.node && !c.node->is_leaf()) return &c.node->children();
   }
