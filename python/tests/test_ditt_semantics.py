@@ -421,6 +421,10 @@ def test_unpack_popitem_clear_union_subside_rise_func():
     dicts_equal(f([ttorch.Tensor(d), ttorch.Tensor(e)], 3), dmap(lambda x, y: x * 3 - y, d, e))
     with pytest.raises(ValueError, match="'strict' mode"):
         ttorch.Tensor.func(mode="outer")
+    with pytest.raises(ValueError, match="'strict' mode"):
+        ttorch.Tensor.union(ttorch.Tensor(d), ttorch.Tensor(d), mode="inner")
+    with pytest.raises(ValueError, match="list_=False"):
+        ttorch.Tensor.subside([ttorch.Tensor(d)], list_=False)
 
 
 def test_object_map_clone_and_dict_methods():

@@ -529,11 +529,13 @@ class Tensor:
     def sub_(self, *args, **kwargs):
         """sub_(self: object, other: object, *, alpha: number = 1) -> object"""
     @classmethod
-    def subside(cls, value, dict_=..., list_=..., tuple_=..., return_type=..., **kwargs):
+    def subside(cls, value, dict_=..., list_=..., tuple_=..., return_type=..., **options):
         """The trees inside lists and tuples (nested) sink to the leaves: a tree whose leaves are
         those lists and tuples (treevalue's ``subside``; the same zip as every leaf-wise call).
         @raises TypeError for a dict holding trees (leaves here are never dicts: DESIGN.md §15);
-                ValueError naming the path when the trees' key sets differ."""
+                ValueError naming the path when the trees' key sets differ, for ``list_=False`` or
+                ``tuple_=False`` (both always subside) and for zip options other than treevalue's
+                defaults."""
     def sum(self, *args, reduce=..., **kwargs):
         """``sum(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.sum of each leaf, a tree); with arguments (``dim=``...), torch.sum of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
     def tan(self) -> Any:
@@ -565,10 +567,11 @@ class Tensor:
         raises TypeError there)."""
     def unbind(self, dim: typing.SupportsInt | typing.SupportsIndex = ...) -> Any: ...
     @classmethod
-    def union(cls, *trees, return_type=..., **kwargs):
+    def union(cls, *trees, return_type=..., **options):
         """A tree of tuples, one element from each tree (non-tree arguments broadcast), zipped by key
         (treevalue's ``union``). Its leaves are tuples, so it is an Object (or ``return_type``).
-        @raises ValueError naming the path when key sets differ."""
+        @raises ValueError naming the path when key sets differ; for zip options other than
+                treevalue's defaults (``mode='strict'``, ``inherit=True``)."""
     def unpack(self, *keys, default=...):
         """The children named by keys, as a tuple (``a, b = t.unpack('a', 'b')``); ``default`` for a
         missing key when given (treevalue's ``unpack``).

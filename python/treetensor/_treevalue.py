@@ -203,20 +203,36 @@ def _result(cls, d):
     return r
 
 
-def union(cls, *trees, return_type=None, **kwargs):
+def _strict_zip(op, mode="strict", inherit=True, missing=_MISSING, delayed=False):
+    """Refuses treevalue's zip options other than its defaults: the leaf-wise rules here are its
+    ``strict`` mode with ``inherit`` (treetensor.common)."""
+    if mode != "strict" or not inherit or missing is not _MISSING or delayed:
+        raise ValueError(f"treetensor: {op} supports treevalue's 'strict' mode with inherit=True only "
+                         f"(no missing=, no delayed=)")
+
+
+def union(cls, *trees, return_type=None, **options):
     """A tree of tuples, one element from each tree (non-tree arguments broadcast), zipped by key
     (treevalue's ``union``). Its leaves are tuples, so it is an Object (or ``return_type``).
-    @raises ValueError naming the path when key sets differ."""
+    @raises ValueError naming the path when key sets differ; for zip options other than
+            treevalue's defaults (``mode='strict'``, ``inherit=True``)."""
+    _strict_zip("union", **options)
     d, is_tree = _leafwise.call(lambda *xs: xs, trees, {}, "union")
     out = return_type or (cls if issubclass(cls, Object) else Object)
     return out(d) if is_tree else d
 
 
-def subside(cls, value, dict_=True, list_=True, tuple_=True, return_type=None, **kwargs):
+def subside(cls, value, dict_=True, list_=True, tuple_=True, return_type=None, **options):
     """The trees inside lists and tuples (nested) sink to the leaves: a tree whose leaves are
     those lists and tuples (treevalue's ``subside``; the same zip as every leaf-wise call).
     @raises TypeError for a dict holding trees (leaves here are never dicts: DESIGN.md §15);
-            ValueError naming the path when the trees' key sets differ."""
+            ValueError naming the path when the trees' key sets differ, for ``list_=False`` or
+            ``tuple_=False`` (both always subside) and for zip options other than treevalue's
+            defaults."""
+    _strict_zip("subside", **options)
+    if not (list_ and tuple_):
+        raise ValueError("treetensor: subside: lists and tuples always subside (list_=False and "
+                         "tuple_=False are not supported)")
     def has_tree(x):
         if _is_tree(x):
             return True
@@ -245,9 +261,7 @@ def func(cls, mode="strict", inherit=True, missing=_MISSING, delayed=False, subs
     lifts tuple results.
     @raises ValueError for a mode other than 'strict', ``inherit=False``, ``missing`` or
             ``delayed`` (treevalue's other zips: not supported here)."""
-    if mode != "strict" or not inherit or missing is not _MISSING or delayed:
-        raise ValueError("treetensor: func supports treevalue's 'strict' mode with inherit=True only "
-                         "(no missing=, no delayed=)")
+    _strict_zip("func", mode, inherit, missing, delayed)
 
     def decorate(fn):
         def f(*args, **kwargs):
@@ -267,10 +281,11 @@ def func(cls, mode="strict", inherit=True, missing=_MISSING, delayed=False, subs
     return decorate
 
 
-# ---- Object only (Tensor has them in treetensor.torch) ---------------------------------------
+# ---- Object's own (a tensor tree has these in treetensor.torch and its C++ map) ---------------
 def _map(self, mapper, delayed=False):
     """``mapper(leaf)`` (or ``mapper(leaf, path)``, or ``mapper()``) on every leaf: a tree of the
-    same class (treevalue's ``map``; ``Tensor`` trees' ``map`` makes tensor trees)."""
+    same class (treevalue's ``map``; ``Tensor`` trees' ``map`` makes tensor trees). Computed at
+    once: ``delayed=True`` (treevalue's lazy values) gives the same tree."""
     call = _path_caller(mapper)
 
     def go(d, path):

@@ -257,7 +257,8 @@ class Object:
         """The leaf values in sorted-path order."""
     def map(self, mapper, delayed=...):
         """``mapper(leaf)`` (or ``mapper(leaf, path)``, or ``mapper()``) on every leaf: a tree of the
-        same class (treevalue's ``map``; ``Tensor`` trees' ``map`` makes tensor trees)."""
+        same class (treevalue's ``map``; ``Tensor`` trees' ``map`` makes tensor trees). Computed at
+        once: ``delayed=True`` (treevalue's lazy values) gives the same tree."""
     def mask(self, mask_, remove_empty=...):
         """The tree of the leaves whose place in ``mask_`` (a tree of bools or bool tensors; a mask
         leaf facing a subtree covers all of it) is true; nodes left empty removed unless
@@ -280,11 +281,13 @@ class Object:
     def setdefault(self, key, default=...):
         """The child ``key``; set to ``default`` first when there is none (dict.setdefault)."""
     @classmethod
-    def subside(cls, value, dict_=..., list_=..., tuple_=..., return_type=..., **kwargs):
+    def subside(cls, value, dict_=..., list_=..., tuple_=..., return_type=..., **options):
         """The trees inside lists and tuples (nested) sink to the leaves: a tree whose leaves are
         those lists and tuples (treevalue's ``subside``; the same zip as every leaf-wise call).
         @raises TypeError for a dict holding trees (leaves here are never dicts: DESIGN.md §15);
-                ValueError naming the path when the trees' key sets differ."""
+                ValueError naming the path when the trees' key sets differ, for ``list_=False`` or
+                ``tuple_=False`` (both always subside) and for zip options other than treevalue's
+                defaults."""
     def to_dict(self): ...
     def type(self, clazz=..., *args, **kwargs):
         """``t.type(Object)``: the same tree as another tree class (treevalue's ``type``; leaves
@@ -292,10 +295,11 @@ class Object:
         argument is torch.Tensor.type leaf-wise (``t.type(torch.float64)``, an extension: treevalue
         raises TypeError there)."""
     @classmethod
-    def union(cls, *trees, return_type=..., **kwargs):
+    def union(cls, *trees, return_type=..., **options):
         """A tree of tuples, one element from each tree (non-tree arguments broadcast), zipped by key
         (treevalue's ``union``). Its leaves are tuples, so it is an Object (or ``return_type``).
-        @raises ValueError naming the path when key sets differ."""
+        @raises ValueError naming the path when key sets differ; for zip options other than
+                treevalue's defaults (``mode='strict'``, ``inherit=True``)."""
     def unpack(self, *keys, default=...):
         """The children named by keys, as a tuple (``a, b = t.unpack('a', 'b')``); ``default`` for a
         missing key when given (treevalue's ``unpack``).
