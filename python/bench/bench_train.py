@@ -7,10 +7,13 @@ Sides (each starts from one saved state dict):
   torch          eager (DistributedDataParallel on 2 ranks), Adam(fused=True),
                  zero_grad(set_to_none=True), metrics computed and written inline
   torch best     its strongest settings: zero_grad(set_to_none=False) (gradients stay allocated),
-                 gradient_as_bucket_view=True, the metrics on a Python thread
+                 gradient_as_bucket_view=True, the metrics on a Python thread beside the
+                 optimizer step
   ours           treetensor.nn.consolidate_module (gradient buckets averaged during backward on
                  2 ranks), treetensor.optim.Adam (one single-pass kernel per buffer),
-                 zero_grad as one fill per buffer, metrics on an asyncs thread beside the step
+                 zero_grad (one fill per buffer; on ResNet-50 set_to_none=True: the
+                 gradients copied into the buffer during backward), metrics on an asyncs
+                 thread beside the optimizer step
   ours -flat     ablation: torch's fused Adam instead of the flat step
   ours -async    ablation: metrics inline
   ours -overlap  ablation (2 ranks): each gradient buffer averaged after backward
@@ -178,8 +181,7 @@ def compute_metrics(out, loss, grads):
     # Per-leaf norms with one foreach call on every side: treetensor's per-leaf tree call
     # (grads.norm()) measured 2.6x slower here on the policy's 22 leaves (149 vs 57 us).
     if not isinstance(grads, list):
-        from treetensor.torch import tree_flatten
-        grads = tree_flatten(grads)[0]
+        grads = tree_leaves(grads)
     write_metrics(out, loss, torch.stack(torch._foreach_norm(grads)))
 
 
@@ -192,14 +194,14 @@ def write_metrics(out, loss, norms):
 
 class Metrics:
     """Where the metrics run. "inline": computed and written in the step. "thread" (PyTorch's
-    best, a Python thread) and "asyncs" (ours, a treetensor asyncs thread): the job computes
-    and writes them from a snapshot of the gradients taken after backward, so it runs beside
-    the next step; the snapshot lies in tensors kept between steps (torch's: a copy per
-    tensor; ours: the gradient tree's layout, one flat copy per buffer). One job in flight: a
-    submit waits for the previous one first."""
+    best, a Python thread) and "asyncs" (ours, a treetensor asyncs thread): a job computes and
+    writes them from the gradients themselves, beside the optimizer step (which reads the
+    gradients too and writes only the parameters); the next step waits for it (wait()) before
+    zero_grad writes them. A snapshot instead (a copy of every gradient, 100 MB on ResNet-50)
+    cost more on the 2 cores than the norms it moved off the step."""
 
     def __init__(self, mode, path):
-        self.mode, self.file, self.pending, self.snapshot = mode, open(path, "w"), None, None
+        self.mode, self.file, self.pending, self.leaves = mode, open(path, "w"), None, None
         if mode == "thread":
             self.pool = concurrent.futures.ThreadPoolExecutor(1)
         elif mode == "asyncs":
@@ -211,24 +213,9 @@ class Metrics:
         if self.mode == "inline":
             compute_metrics(self.file, loss, grads)
             return
-        self.wait()
-        if self.snapshot is None:
-            self.snapshot = self._snapshot_like(grads)
-        if self.mode == "asyncs":
-            self.snapshot[0].copy_(grads)
-            leaves = self.snapshot[1]
-        else:
-            for s, g in zip(self.snapshot, grads):
-                s.copy_(g)
-            leaves = self.snapshot
-        self.pending = self.pool.submit(compute_metrics, self.file, loss, leaves)
-
-    def _snapshot_like(self, grads):
-        if self.mode == "thread":
-            return [torch.empty_like(g) for g in grads]
-        import treetensor.torch as ttorch
-        tree = ttorch.zeros_like(grads).consolidate()
-        return tree, ttorch.tree_flatten(tree)[0]
+        if self.leaves is None:  # the gradients' leaves stay the same tensors between steps
+            self.leaves = grads if isinstance(grads, list) else tree_leaves(grads)
+        self.pending = self.pool.submit(compute_metrics, self.file, loss, self.leaves)
 
     def wait(self):
         if self.pending is not None:
@@ -244,8 +231,18 @@ class Metrics:
         self.file.close()
 
 
+def tree_leaves(tree):
+    from treetensor.torch import tree_flatten
+    return tree_flatten(tree)[0]
+
+
 # ---- sides ---------------------------------------------------------------------------------
 
+# Our zero_grad per model: set_to_none=True where its copy in backward beats the fill and the
+# accumulating add (ResNet-50: 161 tensors, 100 MB of gradients: zero_grad + backward 111 ->
+# 106 ms), the fill where the parameters are many and small (the policy: 28 tensors, 47 K
+# parameters: 736 -> 860 us, each copy a Python hook's); 1 process, AMD EPYC.
+OURS_SET_TO_NONE = {"policy": False, "resnet50": True}
 YARDSTICK = "torch for-loop"  # torch.optim.Adam's for-loop step: verification only, not timed
 SIDES_1 = ["torch", "torch best", "ours", "ours -flat", "ours -async"]
 SIDES_2 = SIDES_1 + ["ours -overlap"]
@@ -254,7 +251,7 @@ SIDES_2 = SIDES_1 + ["ours -overlap"]
 class Run:
     """One side's model, optimizer and metrics; step() is one timed training step."""
 
-    def __init__(self, side, make, state, loss_fn, group, tmp):
+    def __init__(self, side, make, state, loss_fn, group, tmp, set_to_none=False):
         import treetensor.nn as tnn
         import treetensor.optim as topt
         self.model = make()
@@ -274,7 +271,7 @@ class Run:
             else:
                 self.opt = topt.Adam(self.tree.params, lr=LR)
                 self.opt_step = lambda: self.opt.step(self.tree.grads)
-            self.zero_grad = self.tree.zero_grad
+            self.zero_grad = lambda: self.tree.zero_grad(set_to_none=set_to_none)
             self.forward = self.model
         else:
             self.forward = self.model if group is None else torch.nn.parallel.DistributedDataParallel(
@@ -292,6 +289,7 @@ class Run:
             dist.all_reduce(b, group=self.group)
 
     def step(self, x, target):
+        self.metrics.wait()
         self.zero_grad()
         loss = self.loss_fn(self.forward(x), target)
         loss.backward()
@@ -354,7 +352,8 @@ def measure(cfg, rank, group, args):
     runs, losses, first, times = {}, {}, {}, {s: [] for s in sides}
     with tempfile.TemporaryDirectory() as tmp:
         for s in sides:
-            runs[s] = Run(s, make, state, loss_fn, group, os.path.join(tmp, s.replace(" ", "")))
+            runs[s] = Run(s, make, state, loss_fn, group, os.path.join(tmp, s.replace(" ", "")),
+                          set_to_none=OURS_SET_TO_NONE[model])
             losses[s] = [runs[s].step(*inputs)]
             first[s] = [p.detach().clone() for p in runs[s].model.parameters()]
             losses[s] += [runs[s].step(*inputs) for _ in range(warmup - 1)]

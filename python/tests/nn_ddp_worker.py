@@ -3,7 +3,8 @@ treetensor.nn.consolidate_module(process_group=WORLD), from one state dict, on e
 batch; run by test_nn.py under a timeout. Exit status 0 and "ok" when, on both ranks, the
 parameters were broadcast from rank 0, every averaged gradient is bitwise DDP's (2 ranks: DDP
 and we both divide by 2 and add the two halves), a parameter unused by the step gets the zero
-gradient, buckets are launched before backward ends, and the losses of 3 Adam steps agree to 1e-6 relative;
+gradient, buckets are launched before backward ends (also after zero_grad(set_to_none=True)), and
+the losses of 3 Adam steps agree to 1e-6 relative;
 that treetensor.distributed.all_reduce sums plain and consolidated trees (one call per leaf,
 per buffer, per bucket) to exactly the two ranks' sum; that a layer one rank skips, with
 torch.optim's zero_grad, gets DDP's averaged gradients on both ranks; and that BatchNorm
@@ -192,9 +193,14 @@ def run(rank, init_file):
         opt_ref.zero_grad()
         loss_ref = torch.nn.functional.mse_loss(ddp(x), y)
         loss_ref.backward()
-        tree.zero_grad()
+        tree.zero_grad(set_to_none=step == 1)  # step 1: the hooks copy the gradients in
         loss = torch.nn.functional.mse_loss(ours(x), y)
         loss.backward()
+        if step == 1:
+            import treetensor.torch as ttorch
+            for p, g in zip(ttorch.tree_flatten(tree.params)[0], ttorch.tree_flatten(tree.grads)[0]):
+                check(p.grad is g, "zero_grad(set_to_none=True): a .grad is not its view after backward")
+            check(torch.count_nonzero(ours.aux.weight.grad) == 0, "set_to_none: unused aux.weight nonzero")
         if step == 0:
             named = dict(ours.named_parameters())
             for name, p in ref.named_parameters():

@@ -156,6 +156,41 @@ def test_zero_grad_is_one_fill_per_buffer_padding_included():
     assert all(torch.count_nonzero(b) == 0 for b in tree.grad_buffers)
 
 
+def test_zero_grad_set_to_none_copies_the_gradients_in_backward():
+    """zero_grad(set_to_none=True) writes nothing and leaves .grad None; `grads` refuses the
+    stale buffer naming a path until backward ends; backward copies each gradient into its
+    view (equal to the fill path's) and zero-fills one it did not reach; training matches
+    the fill path bitwise."""
+    _, a = pair()
+    _, b = pair()
+    ta, tb = tnn.consolidate_module(a), tnn.consolidate_module(b)
+    x = batch()
+    b(x).sum().backward()
+    stale = [buf.clone() for buf in tb.grad_buffers]
+    tb.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in leaves(tb.params))
+    assert all(torch.equal(buf, old) for buf, old in zip(tb.grad_buffers, stale))
+    with pytest.raises(RuntimeError, match=r"the \.grad of 'bn\.bias' is None .*holds the previous gradients"):
+        tb.grads
+    opt_a, opt_b = topt.Adam(ta.params, lr=1e-2), topt.Adam(tb.params, lr=1e-2)
+    for _ in range(3):
+        ta.zero_grad()
+        tb.zero_grad(set_to_none=True)
+        a(x).square().mean().backward()
+        b(x).square().mean().backward()
+        for p, g, want in zip(leaves(tb.params), leaves(tb.grads), leaves(ta.grads)):
+            assert p.grad is g and torch.equal(g, want)
+        opt_a.step(ta.grads)
+        opt_b.step(tb.grads)
+    assert all(torch.equal(p, q) for p, q in zip(leaves(ta.params), leaves(tb.params)))
+    tb.zero_grad(set_to_none=True)
+    b.out(torch.ones(2, 24)).sum().backward()  # reaches out.* only
+    assert torch.count_nonzero(tb.grads.fc.weight) == 0 and b.fc.weight.grad is tb.grads.fc.weight
+    b.fc.bias.grad = torch.zeros(24)
+    with pytest.raises(RuntimeError, match=r"'fc\.bias' is another tensor than its view"):
+        tb.grads
+
+
 @pytest.mark.parametrize("move", ["to-double", "load_state_dict-assign"])
 def test_a_moved_model_is_refused_naming_the_path(move):
     ref, m = pair()

@@ -37,11 +37,14 @@ Paths are the ``state_dict``'s names split at the dots (``layer1.0.conv1.weight`
 - checkpoints: ``torch.save`` / ``treetensor.torch.save`` of ``state_dict()`` and
   ``load_state_dict`` of ``torch.load`` / ``treetensor.torch.load`` work as before;
   ``load_state_dict`` (without ``assign=True``) copies into the views;
-- ``model.zero_grad()`` / ``torch.optim``'s ``zero_grad`` (``.grad`` set to None): the next
-  backward's new gradient is copied into its view and the view put back as ``.grad``; a
-  parameter that backward did not reach gets a zero gradient (never an older one; unlike
-  PyTorch's None, torch.optim's momentum and Adam then still move it). So ``torch.optim``'s
-  ``zero_grad`` costs a copy per parameter: use ``zero_grad()`` here;
+- ``.grad`` set to None (``zero_grad(set_to_none=True)`` here, ``model.zero_grad()``,
+  ``torch.optim``'s ``zero_grad``): the next backward's new gradient is copied into its view
+  and the view put back as ``.grad``; a parameter that backward did not reach gets a zero
+  gradient (never an older one; unlike PyTorch's None, torch.optim's momentum and Adam then
+  still move it). Until that backward ends, ``grads`` raises instead of handing out the
+  previous step's values. A copy per parameter replaces the fill and the accumulating add:
+  cheaper on large gradients (one pass over them instead of two), dearer on many small ones
+  (a Python hook's copy each);
 - a backward that raised half way: the next one starts clean;
 - ``model.share_memory()`` (the storage stays, its memory moves); ``copy.deepcopy(model)``,
   ``pickle`` and ``torch.save(model)``: the copy is an ordinary module (no hooks of ours);
@@ -187,8 +190,8 @@ class ModuleTree:
         self.buffers, _ = _consolidate_in_place(buffers)
         self._leaves = [trainable[n] for n in self._order]
         self.param_buffers = _buffers_of(self._leaves)
-        self.grads = zeros_like(self.params).consolidate() if self._leaves else Tensor({})
-        self._grad_leaves = tree_flatten(self.grads)[0]
+        self._grads = zeros_like(self.params).consolidate() if self._leaves else Tensor({})
+        self._grad_leaves = tree_flatten(self._grads)[0]
         self.grad_buffers = _buffers_of(self._grad_leaves)
         self._module_buffers = _buffers_of(tree_flatten(self.buffers)[0])
         with _torch.no_grad():
@@ -225,8 +228,37 @@ class ModuleTree:
         for buf in buffers:
             dist.broadcast(buf, src=src, group=self._group)
 
-    def zero_grad(self):
-        """Zeroes every gradient: one fill per gradient buffer (padding included)."""
+    @property
+    def grads(self):
+        """The gradient tree, consolidated like ``params``: leaf ``p`` is ``params`` leaf
+        ``p``'s ``.grad``. Raises RuntimeError, naming the first parameter's path, while some
+        ``.grad`` is not its view (None after ``zero_grad(set_to_none=True)`` or
+        ``model.zero_grad()``, until the next ``backward()`` ends): the buffer would still hold
+        the previous gradients."""
+        for i, (p, g) in enumerate(zip(self._leaves, self._grad_leaves)):
+            if p.grad is not g:
+                self._refuse_stale(i, p)
+        return self._grads
+
+    def _refuse_stale(self, i, p):
+        what = ("is None (zero_grad(set_to_none=True) or model.zero_grad() cleared it)"
+                if p.grad is None else "is another tensor than its view (assigned by hand)")
+        raise RuntimeError(
+            f"treetensor.nn: the .grad of '{self._order[i]}' {what} and no backward() has "
+            f"written the gradient buffer since: it holds the previous gradients; run "
+            f"backward() first")
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes every gradient: one fill per gradient buffer (padding included).
+        ``set_to_none=True`` (torch's ``zero_grad(set_to_none=True)``): writes nothing and sets
+        every parameter's ``.grad`` to None; the next ``backward()`` copies each new gradient
+        into its view (one pass where the fill and autograd's accumulating add take two) and
+        zero-fills the views it did not reach; ``grads`` raises until then. Default False: the
+        one fill, cheaper when the parameters are many and small (each copy is a hook's)."""
+        if set_to_none:
+            for p in self._leaves:
+                p.grad = None
+            return
         for buf in self.grad_buffers:
             buf.zero_()
 
