@@ -13,15 +13,29 @@ namespace {
 
 using tree::TreeSpec;
 
-py::tuple path_tuple(const tree::Path& p) {
-  py::tuple out(p.size());
-  for (std::size_t i = 0; i < p.size(); ++i) out[i] = py::str(std::string(p[i]));
-  return out;
-}
-
+// The leaf paths as tuples of str. Consecutive paths in flatten order share the keys of their
+// common ancestors, so each node's key becomes one str, shared by the tuples below it: a
+// 19-deep chain makes 19 strs where a str per path element made 190 (peers: keys() of the
+// nested 19 leaves).
 py::list spec_paths(const TreeSpec& spec) {
-  py::list out;
-  for (const auto& p : spec.paths()) out.append(path_tuple(p));
+  const std::vector<tree::Path> paths = spec.paths();
+  py::list out(paths.size());
+  std::vector<py::object> keys;  // the previous path's strs
+  const tree::Path* prev = nullptr;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const tree::Path& p = paths[i];
+    std::size_t shared = 0;
+    while (prev && shared < p.size() && shared < prev->size() && p[shared] == (*prev)[shared])
+      ++shared;
+    keys.resize(shared);
+    for (std::size_t k = shared; k < p.size(); ++k) keys.emplace_back(py::str(p[k]));
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(p.size()));
+    if (!t) throw py::error_already_set();
+    for (std::size_t k = 0; k < p.size(); ++k)
+      PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(k), keys[k].inc_ref().ptr());
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), t);
+    prev = &p;
+  }
   return out;
 }
 

@@ -226,6 +226,18 @@ def _walk(d, prefix=()):
             yield prefix + (k,), d[k]
 
 
+def test_spec_paths_where_branches_repeat_keys():
+    """Paths share their ancestors' key strs: same names under different parents, a deep chain,
+    a leaf after a deeper branch and the empty tree still give the hand-written flatten's."""
+    d = {"a": {"xx": {"k": torch.ones(1)}, "y": torch.ones(1)}, "b": {"xx": {"k": torch.ones(1), "m": torch.ones(1)}},
+         "c": torch.ones(1), "xx": {"xx": {"xx": {"xx": torch.ones(1)}}}}
+    paths = ttorch.tree_flatten(ttorch.Tensor(d))[1].paths()
+    assert paths == [p for p, _ in _walk(d)]
+    # (one-character strs are CPython's singletons: "xx" shows which strs are shared)
+    assert paths[0][1] is not paths[2][1] and paths[2][1] is paths[3][1]  # a.xx vs b.xx; b.xx shared
+    assert ttorch.tree_flatten(ttorch.Tensor({}))[1].paths() == []
+
+
 def test_tree_flatten_and_unflatten():
     d = {"z": torch.ones(1), "b": {"y": torch.zeros(2), "x": torch.arange(3)}, "a": torch.tensor(5.0)}
     t = ttorch.Tensor(d)
