@@ -489,7 +489,8 @@ class Tensor:
     def rsqrt_(self) -> Any:
         """rsqrt_(): reciprocal square root 1 / sqrt(x), in place on every leaf (the same tensors); returns self."""
     def setdefault(self, key, default=...):
-        """The child `key`; set to `default` first when there is none (dict.setdefault)."""
+        """The child ``key`` (a leaf or a tree); set to ``default`` first when there is none
+        (dict.setdefault). Tensor and Object trees alike."""
     @property
     def shape(self) -> Any: ...
     def short(self): ...
@@ -580,7 +581,8 @@ class Tensor:
     def unsqueeze_(*args, **kwargs):
         """``unsqueeze_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.unsqueeze_ on every leaf; without a tree argument, the function itself."""
     def update(self, other=..., **kwargs):
-        """Sets each child of `other` (a dict, a tree or (key, value) pairs) and of kwargs (dict.update)."""
+        """Sets each child of ``other`` (a dict, a tree or (key, value) pairs) and of kwargs
+        (dict.update). Tensor and Object trees alike."""
     def values(self) -> builtins.list:
         """The children of this node in key order: tensors for leaves, trees for subtrees."""
     def view(self, *args) -> Any: ...

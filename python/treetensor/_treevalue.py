@@ -13,6 +13,8 @@ import copy as _copy
 import inspect as _inspect
 import types as _types
 
+import torch as _torch
+
 from . import _C, _leafwise
 from .common import Object
 
@@ -170,8 +172,6 @@ def type_(self, clazz=None, *args, **kwargs):
     if isinstance(clazz, type) and issubclass(clazz, (_Tree, Object)):
         return clazz(_as_dict(self))
     if isinstance(self, _Tree):
-        import torch as _torch
-
         return _leafwise.wrap(self._leaf_call(_torch.Tensor.type, (() if clazz is None else (clazz,)) + args,
                                               kwargs, "type"))
     raise TypeError(f"treetensor: {type(self).__name__}.type takes a tree class, not {clazz!r}")
@@ -312,18 +312,20 @@ def _pop(self, key, *default):
     return self._wrap(self._d.pop(key))
 
 
-def _setdefault(self, key, default=None):
-    """The child ``key``; set to ``default`` first when there is none (dict.setdefault)."""
-    if key not in self._d:
-        self._d[key] = default.to_dict() if isinstance(default, Object) else default
+def setdefault(self, key, default=None):
+    """The child ``key`` (a leaf or a tree); set to ``default`` first when there is none
+    (dict.setdefault). Tensor and Object trees alike."""
+    if key not in self:
+        self[key] = default
     return self[key]
 
 
-def _update(self, other=(), **kwargs):
-    """Sets each child of ``other`` (a dict, tree or pairs) and of kwargs (dict.update)."""
+def update(self, other=(), **kwargs):
+    """Sets each child of ``other`` (a dict, a tree or (key, value) pairs) and of kwargs
+    (dict.update). Tensor and Object trees alike."""
     items = other.items() if hasattr(other, "items") else other
     for k, v in list(items) + list(kwargs.items()):
-        self._d[k] = _as_dict(v) if _is_tree(v) else v
+        self[k] = v
 
 
 def _setitem(self, key, value):
@@ -366,6 +368,6 @@ def install_object(cls):
         setattr(cls, name, fn)
     for name, fn in CLASS_METHODS.items():
         setattr(cls, name, classmethod(fn))
-    for name, fn in (("map", _map), ("clone", _clone), ("pop", _pop), ("setdefault", _setdefault),
-                     ("update", _update), ("__setitem__", _setitem), ("__delitem__", _delitem)):
+    for name, fn in (("map", _map), ("clone", _clone), ("pop", _pop), ("setdefault", setdefault),
+                     ("update", update), ("__setitem__", _setitem), ("__delitem__", _delitem)):
         setattr(cls, name, fn)

@@ -78,7 +78,8 @@ class Object:
         sub-templates, None for 'as found') fixes how far. Leaves are never dicts here, so
         ``dict_`` has nothing to rise."""
     def setdefault(self, key, default=...):
-        """The child ``key``; set to ``default`` first when there is none (dict.setdefault)."""
+        """The child ``key`` (a leaf or a tree); set to ``default`` first when there is none
+        (dict.setdefault). Tensor and Object trees alike."""
     @classmethod
     def subside(cls, value, dict_=..., list_=..., tuple_=..., return_type=..., **options):
         """The trees inside lists and tuples (nested) sink to the leaves: a tree whose leaves are
@@ -104,7 +105,8 @@ class Object:
         missing key when given (treevalue's ``unpack``).
         @raises KeyError naming the key when it is missing and no default is given."""
     def update(self, other=..., **kwargs):
-        """Sets each child of ``other`` (a dict, tree or pairs) and of kwargs (dict.update)."""
+        """Sets each child of ``other`` (a dict, a tree or (key, value) pairs) and of kwargs
+        (dict.update). Tensor and Object trees alike."""
     def values(self): ...
     def walk(self):
         """(path, value) pairs of every node and leaf, the root first as ``()``, then depth first in

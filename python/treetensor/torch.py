@@ -544,23 +544,9 @@ def _pop(self, key, *default):
     return value
 
 
-def _update(self, other=(), **kwargs):
-    """Sets each child of `other` (a dict, a tree or (key, value) pairs) and of kwargs (dict.update)."""
-    items = other.items() if hasattr(other, "items") else other
-    for k, v in list(items) + list(kwargs.items()):
-        self[k] = v
-
-
-def _setdefault(self, key, default=None):
-    """The child `key`; set to `default` first when there is none (dict.setdefault)."""
-    if key not in self:
-        self[key] = default
-    return self[key]
-
-
 Tensor.pop = _pop
-Tensor.update = _update
-Tensor.setdefault = _setdefault
+Tensor.update = _treevalue.update
+Tensor.setdefault = _treevalue.setdefault
 Tensor.json = lambda self: self.to_dict()
 Tensor.json.__doc__ = "The nested dict of the leaf tensors (DI-treetensor's json())."
 
