@@ -304,11 +304,18 @@ void bind_runtime(py::module_& m) {
         auto leaf = [&](const detail::LeafArgs& x) -> std::vector<at::Tensor> {
           py::gil_scoped_acquire gil;
           try {
+            // The C API call: pybind11's fn(*call, **kwargs) copies both into new containers
+            // on every leaf.
             py::tuple call(slot.size());
             for (std::size_t i = 0; i < slot.size(); ++i)
-              call[i] = slot[i] < 0 ? py::reinterpret_borrow<py::object>(args[i])
-                                    : wrap_tensor(x.t(slot[i]));
-            py::object r = fn(*call, **kwargs);
+              PyTuple_SET_ITEM(call.ptr(), static_cast<Py_ssize_t>(i),
+                               (slot[i] < 0 ? py::reinterpret_borrow<py::object>(args[i])
+                                            : wrap_tensor(x.t(slot[i])))
+                                   .release()
+                                   .ptr());
+            auto r = py::reinterpret_steal<py::object>(
+                PyObject_Call(fn.ptr(), call.ptr(), kwargs.empty() ? nullptr : kwargs.ptr()));
+            if (!r) throw py::error_already_set();
             std::vector<at::Tensor> out;
             int kind = 1;
             if (is_tensor(r)) {
