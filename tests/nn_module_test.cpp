@@ -11,6 +11,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
@@ -179,6 +180,28 @@ TEST(NnModule, ZeroGradIsOneFillAndModuleZeroGradIsRepaired) {
     EXPECT_TRUE(want.defined() ? at::equal(g, want) : at::count_nonzero(g).item<int64_t>() == 0)
         << item.key();  // an unreached parameter gets a zero gradient, never an older one
   }
+}
+
+struct Bag : torch::nn::Module {
+  Bag()
+      : emb(register_module(
+            "emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 3).sparse(true)))) {}
+  torch::nn::Embedding emb;
+};
+
+TEST(NnModule, SparseGradientsBecomeDense) {
+  Bag m;
+  auto tree = tt::nn::consolidate_module(m);
+  const at::Tensor ids = at::tensor({1, 4, 4}, at::kLong);
+  m.zero_grad();  // undefined: autograd makes a sparse gradient
+  m.emb->forward(ids).sum().backward();
+  ASSERT_TRUE(m.emb->weight.grad().is_sparse());
+  const at::Tensor g = leaf_at(tree.grads(), "emb.weight");
+  EXPECT_EQ(m.emb->weight.grad().unsafeGetTensorImpl(), g.unsafeGetTensorImpl());
+  at::Tensor want = at::zeros({10, 3});
+  want[1].fill_(1);
+  want[4].fill_(2);
+  EXPECT_TRUE(at::equal(g, want));
 }
 
 TEST(NnModule, AMovedModelIsRefusedNamingThePath) {

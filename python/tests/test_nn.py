@@ -191,6 +191,25 @@ def test_zero_grad_set_to_none_copies_the_gradients_in_backward():
         tb.grads
 
 
+def test_set_to_none_then_fill_and_sparse_gradients():
+    """The fill zero_grad() after set_to_none puts every view back as .grad (grads works again,
+    zeroed); after set_to_none a sparse gradient is copied into its view dense."""
+    _, m = pair()
+    tree = tnn.consolidate_module(m)
+    m(batch()).sum().backward()
+    tree.zero_grad(set_to_none=True)
+    tree.zero_grad()
+    assert all(p.grad is g for p, g in zip(leaves(tree.params), leaves(tree.grads)))
+    assert all(torch.count_nonzero(b) == 0 for b in tree.grad_buffers)
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    t = tnn.consolidate_module(emb)
+    t.zero_grad(set_to_none=True)
+    emb(torch.tensor([1, 4, 4])).sum().backward()
+    want = torch.zeros(10, 3)
+    want[1], want[4] = 1, 2
+    assert emb.weight.grad is t.grads.weight and torch.equal(t.grads.weight, want)
+
+
 @pytest.mark.parametrize("move", ["to-double", "load_state_dict-assign"])
 def test_a_moved_model_is_refused_naming_the_path(move):
     ref, m = pair()

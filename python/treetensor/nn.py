@@ -233,8 +233,8 @@ class ModuleTree:
         """The gradient tree, consolidated like ``params``: leaf ``p`` is ``params`` leaf
         ``p``'s ``.grad``. Raises RuntimeError, naming the first parameter's path, while some
         ``.grad`` is not its view (None after ``zero_grad(set_to_none=True)`` or
-        ``model.zero_grad()``, until the next ``backward()`` ends): the buffer would still hold
-        the previous gradients."""
+        ``model.zero_grad()``, until a ``backward()`` that reaches the tree's parameters ends,
+        or the fill ``zero_grad()``): the buffer would still hold the previous gradients."""
         for i, (p, g) in enumerate(zip(self._leaves, self._grad_leaves)):
             if p.grad is not g:
                 self._refuse_stale(i, p)
@@ -249,7 +249,8 @@ class ModuleTree:
             f"backward() first")
 
     def zero_grad(self, set_to_none=False):
-        """Zeroes every gradient: one fill per gradient buffer (padding included).
+        """Zeroes every gradient: one fill per gradient buffer (padding included); a ``.grad``
+        cleared or replaced since is its view again.
         ``set_to_none=True`` (torch's ``zero_grad(set_to_none=True)``): writes nothing and sets
         every parameter's ``.grad`` to None; the next ``backward()`` copies each new gradient
         into its view (one pass where the fill and autograd's accumulating add take two) and
@@ -259,6 +260,10 @@ class ModuleTree:
             for p in self._leaves:
                 p.grad = None
             return
+        for i, (p, g) in enumerate(zip(self._leaves, self._grad_leaves)):
+            if p.grad is not g:  # cleared or replaced since: its view again (module moved: refused)
+                self._check_data(i, p)
+                p.grad = g
         for buf in self.grad_buffers:
             buf.zero_()
 
@@ -322,8 +327,8 @@ class ModuleTree:
                     f"treetensor.nn: the gradient of '{self._order[i]}' has a graph "
                     f"(backward(create_graph=True)); a consolidated gradient buffer cannot hold "
                     f"one: close() the ModuleTree for double backward, or use torch.autograd.grad")
-            else:
-                g.copy_(p.grad)  # .grad was set to None and autograd made a new one
+            else:  # .grad was set to None and autograd made a new one (sparse: made dense)
+                g.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
             p.grad = g
 
 
@@ -412,8 +417,8 @@ def consolidate_module(module, *, process_group=None, bucket_cap_mb=25, first_bu
                        broadcast_buffers=True):
     """Consolidates ``module``'s parameters, gradients and buffers in place and returns their
     trees (:class:`ModuleTree`; semantics, handled cases and errors in this module's docstring).
-    A module consolidated before gets a new tree (its values copied once more) and its previous
-    tree is closed.
+    A module consolidated before gets a new tree over the same buffers (consolidate()
+    recognises their layout: nothing is copied) and its previous tree is closed.
 
     ``process_group``: None (one process: no reduction) or a ``torch.distributed`` group
     (``torch.distributed.group.WORLD`` under torchrun) whose ranks all call this with the same

@@ -104,7 +104,7 @@ const TreeTensor& ModuleTree::grads() {
     if (g.defined() && g.unsafeGetTensorImpl() == grad_leaves_[i].unsafeGetTensorImpl()) continue;
     // module->zero_grad() left it undefined, or autograd or the user put another tensor there.
     if (g.defined())
-      grad_leaves_[i].copy_(g);
+      grad_leaves_[i].copy_(g.is_sparse() ? g.to_dense() : g);
     else
       grad_leaves_[i].zero_();
     g = grad_leaves_[i];
@@ -113,10 +113,8 @@ const TreeTensor& ModuleTree::grads() {
 }
 
 void ModuleTree::zero_grad() {
-  for (std::size_t i = 0; i < leaves_.size(); ++i) {
-    check(i);
-    leaves_[i].mutable_grad() = grad_leaves_[i];
-  }
+  for (std::size_t i = 0; i < leaves_.size(); ++i) check(i);  // all before anything changes
+  for (std::size_t i = 0; i < leaves_.size(); ++i) leaves_[i].mutable_grad() = grad_leaves_[i];
   for (auto& b : grad_buffers) b.zero_();
 }
 

@@ -26,7 +26,7 @@
 //  - module->zero_grad() (LibTorch's default: grad() undefined) and a grad() replaced by
 //    another tensor: grads() copies each new gradient into its view and makes the view grad()
 //    again (an undefined one becomes a zero view), so the tree never hands out an older
-//    gradient.
+//    gradient; a sparse gradient (Embedding with sparse(true)) becomes dense there.
 // Refused with std::invalid_argument naming the parameter: a parameter or buffer on the meta
 // device and two whose memory overlaps (consolidation would separate them), at
 // consolidate_module; with std::runtime_error, a parameter moved or converted after it
@@ -75,7 +75,7 @@ class ModuleTree {
 
   /// Zeroes every gradient: one fill per gradient buffer (padding included); grad() of each
   /// parameter is its view again.
-  /// @throws std::runtime_error as grads() does.
+  /// @throws std::runtime_error as grads() does, before anything is changed.
   void zero_grad();
 
  private:
@@ -90,7 +90,9 @@ class ModuleTree {
 /// Consolidates `module`'s parameters and buffers in place (values copied once into the new
 /// buffers, then each tensor's data set to its view: the tensors themselves stay the module's)
 /// and lays out a zero gradient buffer whose views become the parameters' grad().
-/// Consolidate after moving the model to its device and dtype.
+/// Consolidate after moving the model to its device and dtype. Consolidating a module again
+/// gives a tree over the same buffers (nothing copied); use only the newest tree then, since
+/// each tree's grads() and zero_grad() point grad() at its own gradient buffer.
 /// @throws std::invalid_argument naming the tensor(s) for a parameter or buffer on the meta
 ///         device and for two different ones whose memory overlaps.
 ModuleTree consolidate_module(torch::nn::Module& module);
