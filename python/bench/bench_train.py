@@ -204,7 +204,7 @@ class Metrics:
     the norms it moved off the step."""
 
     def __init__(self, mode, path):
-        self.mode, self.file, self.pending, self.leaves = mode, open(path, "w"), None, None
+        self.mode, self.file, self.pending = mode, open(path, "w"), None
         self.read = threading.Event()
         self.read.set()
         if mode == "thread":
@@ -219,10 +219,15 @@ class Metrics:
             compute_metrics(self.file, loss, grads)
             return
         self.wait()
-        if self.leaves is None:  # the gradients' leaves stay the same tensors between steps
-            self.leaves = grads if isinstance(grads, list) else tree_leaves(grads)
+        # This step's gradients: DDP points .grad at new bucket views when it rebuilds its
+        # buckets after the first step.
+        leaves = grads if isinstance(grads, list) else tree_leaves(grads)
         self.read.clear()
-        self.pending = self.pool.submit(self._job, loss, self.leaves)
+        try:
+            self.pending = self.pool.submit(self._job, loss, leaves)
+        except BaseException:
+            self.read.set()  # no job will: the next step must not wait for it
+            raise
 
     def _job(self, loss, leaves):
         try:
@@ -284,10 +289,10 @@ class Run:
             self.after_backward = self._reduce_buffers if group is not None and not overlap else None
             if side == "ours -flat":
                 self.opt = torch.optim.Adam(self.params, lr=LR, fused=True)
-                self.opt_step = self.opt.step
+                self.opt_step = lambda grads: self.opt.step()
             else:
                 self.opt = topt.Adam(self.tree.params, lr=LR)
-                self.opt_step = lambda: self.opt.step(self.tree.grads)
+                self.opt_step = self.opt.step
             self.zero_grad = lambda: self.tree.zero_grad(set_to_none=set_to_none)
             self.forward = self.model
         else:
@@ -296,7 +301,7 @@ class Run:
             self.params = list(self.model.parameters())
             forloop = side == YARDSTICK
             self.opt = torch.optim.Adam(self.params, lr=LR, fused=not forloop, foreach=False if forloop else None)
-            self.opt_step = self.opt.step
+            self.opt_step = lambda grads: self.opt.step()
             self.zero_grad = lambda: self.opt.zero_grad(set_to_none=(side != "torch best"))
             self.after_backward = None
 
@@ -312,8 +317,9 @@ class Run:
         loss.backward()
         if self.after_backward is not None:
             self.after_backward()
-        self.metrics.submit(loss, self.tree.grads if self.tree is not None else [p.grad for p in self.params])
-        self.opt_step()
+        grads = self.tree.grads if self.tree is not None else [p.grad for p in self.params]
+        self.metrics.submit(loss, grads)
+        self.opt_step(grads)
         return loss.item()
 
     def close(self):
