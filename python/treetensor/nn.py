@@ -38,13 +38,16 @@ Paths are the ``state_dict``'s names split at the dots (``layer1.0.conv1.weight`
   ``load_state_dict`` of ``torch.load`` / ``treetensor.torch.load`` work as before;
   ``load_state_dict`` (without ``assign=True``) copies into the views;
 - ``.grad`` set to None (``zero_grad(set_to_none=True)`` here, ``model.zero_grad()``,
-  ``torch.optim``'s ``zero_grad``): the next backward's new gradient is copied into its view
-  and the view put back as ``.grad``; a parameter that backward did not reach gets a zero
-  gradient (never an older one; unlike PyTorch's None, torch.optim's momentum and Adam then
-  still move it). Until that backward ends, ``grads`` raises instead of handing out the
-  previous step's values. A copy per parameter replaces the fill and the accumulating add:
-  cheaper on large gradients (one pass over them instead of two), dearer on many small ones
-  (a Python hook's copy each);
+  ``torch.optim``'s ``zero_grad``) or to another tensor: the new gradient autograd makes is
+  copied into its view and the view put back as ``.grad``, by backward's hooks where they are
+  installed (with a process group, before its bucket goes), else by ``grads``; a parameter
+  no backward reached since
+  gets a zero gradient (never an older one; unlike PyTorch's None, torch.optim's momentum and
+  Adam then still move it). A copy per parameter replaces the fill and the accumulating add:
+  cheaper on large gradients (one pass over them instead of two), dearer on many small ones;
+- one process (no group): backward runs no hook of ours until ``zero_grad(set_to_none=True)``
+  is first called; ``grads`` and ``zero_grad()`` check and repair, so read the gradients
+  through ``grads`` (``opt.step(tree.grads)``);
 - a backward that raised half way: the next one starts clean;
 - ``model.share_memory()`` (the storage stays, its memory moves); ``copy.deepcopy(model)``,
   ``pickle`` and ``torch.save(model)``: the copy is an ordinary module (no hooks of ours);
@@ -55,7 +58,8 @@ overlaps (one a slice of another: consolidation would separate them) and meta te
 ``consolidate_module``; a parameter moved or converted after it (``model.to(dtype)``,
 ``.cuda()``, ``.half()``: its data no longer lies in the buffer, so the optimizer would train a
 copy), and ``backward(create_graph=True)`` (a gradient with a graph cannot live in the buffer),
-at the next ``backward()`` that reaches it; parameters replaced by
+at the next backward that reaches it where the hooks are installed, else at the next
+``grads`` or ``zero_grad()``; parameters replaced by
 ``load_state_dict(assign=True)`` on the module or a submodule, by that call. Consolidate after
 moving the model. Not detected: a parameter attribute assigned a new ``Parameter`` by hand.
 Sparse gradients (``Embedding(sparse=True)``) become dense.
@@ -205,9 +209,19 @@ class ModuleTree:
             self._broadcast(self.param_buffers + _buffers_of(tree_flatten(self.frozen)[0]) +
                             self._module_buffers)
         self._buckets = _Buckets(self, bucket_cap_mb * _MiB, first_bucket_cap_mb * _MiB)
-        self._hooks = [p.register_post_accumulate_grad_hook(_Hook(self._buckets.hook(i)))
-                       for i, p in enumerate(self._leaves)]
-        self._hooks += self._load_hooks(module)
+        self._hooks = self._load_hooks(module)
+        self._hooked = False
+        # Without a group the parameters' hooks would only check and repair, which `grads` and
+        # zero_grad() do too: a backward then calls no Python per parameter (the policy's 28
+        # hooks took 75 us of its 1.4 ms step) until zero_grad(set_to_none=True) asks for them.
+        if process_group is not None:
+            self._hook_parameters()
+
+    def _hook_parameters(self):
+        if not self._hooked:
+            self._hooked = True
+            self._hooks += [p.register_post_accumulate_grad_hook(_Hook(self._buckets.hook(i)))
+                            for i, p in enumerate(self._leaves)]
 
     def _load_hooks(self, module):
         # load_state_dict (on the module or any submodule) runs the post hooks of each module
@@ -231,38 +245,41 @@ class ModuleTree:
     @property
     def grads(self):
         """The gradient tree, consolidated like ``params``: leaf ``p`` is ``params`` leaf
-        ``p``'s ``.grad``. Raises RuntimeError, naming the first parameter's path, while some
-        ``.grad`` is not its view (None after ``zero_grad(set_to_none=True)`` or
-        ``model.zero_grad()``, until a ``backward()`` that reaches the tree's parameters ends,
-        or the fill ``zero_grad()``): the buffer would still hold the previous gradients."""
+        ``p``'s ``.grad``. Before returning it, every ``.grad`` that is not its view is put
+        back: a gradient autograd made after ``.grad`` was cleared (or one assigned by hand) is
+        copied into its view (a sparse one made dense), a None one (cleared, and no backward
+        reached it since) becomes a zero view; so the buffer never holds an older gradient.
+        Raises RuntimeError naming the parameter's path for a module moved or converted after
+        consolidation and for a gradient with a graph (``backward(create_graph=True)``)."""
+        ptrs = self._ptrs
         for i, (p, g) in enumerate(zip(self._leaves, self._grad_leaves)):
+            if p.data_ptr() != ptrs[i]:
+                self._check_data(i, p)
             if p.grad is not g:
-                self._refuse_stale(i, p)
+                self._check_grad(i, p)
         return self._grads
-
-    def _refuse_stale(self, i, p):
-        what = ("is None (zero_grad(set_to_none=True) or model.zero_grad() cleared it)"
-                if p.grad is None else "is another tensor than its view (assigned by hand)")
-        raise RuntimeError(
-            f"treetensor.nn: the .grad of '{self._order[i]}' {what} and no backward() has "
-            f"written the gradient buffer since: it holds the previous gradients; run "
-            f"backward() first")
 
     def zero_grad(self, set_to_none=False):
         """Zeroes every gradient: one fill per gradient buffer (padding included); a ``.grad``
-        cleared or replaced since is its view again.
-        ``set_to_none=True`` (torch's ``zero_grad(set_to_none=True)``): writes nothing and sets
-        every parameter's ``.grad`` to None; the next ``backward()`` copies each new gradient
-        into its view (one pass where the fill and autograd's accumulating add take two) and
-        zero-fills the views it did not reach; ``grads`` raises until then. Default False: the
-        one fill, cheaper when the parameters are many and small (each copy is a hook's)."""
+        cleared or replaced since is its view again. Raises as ``grads`` does for a moved
+        module. ``set_to_none=True`` (torch's ``zero_grad(set_to_none=True)``): writes nothing
+        and sets every parameter's ``.grad`` to None; autograd then makes each new gradient
+        and backward's hooks (installed by the first such call) copy it into its view:
+        one pass over the gradients where the fill and autograd's accumulating add take two,
+        cheaper on large parameters (ResNet-50), dearer on many small ones (the policy).
+        Default False: the fill."""
         if set_to_none:
+            # Backward's hooks copy each new gradient while it is still in cache: on ResNet-50
+            # a step took 180 ms so and 197 ms with the copies left to `grads` (100 MB cold).
+            self._hook_parameters()
             for p in self._leaves:
                 p.grad = None
             return
+        ptrs = self._ptrs
         for i, (p, g) in enumerate(zip(self._leaves, self._grad_leaves)):
-            if p.grad is not g:  # cleared or replaced since: its view again (module moved: refused)
+            if p.data_ptr() != ptrs[i]:
                 self._check_data(i, p)
+            if p.grad is not g:  # cleared or replaced since: its view again
                 p.grad = g
         for buf in self.grad_buffers:
             buf.zero_()
