@@ -87,8 +87,7 @@ int train(int steps) {
   pending.wait();
   const tt::TreeTensor all = dist::all_gather(group, tree.params);
   bool same = true;
-  for (const auto& leaf : tt::tree::flatten(all).leaves)
-    same = same && at::equal(leaf[0], leaf[1]);
+  for (const auto& leaf : tt::tree::flatten(all).leaves) same = same && at::equal(leaf[0], leaf[1]);
   std::cout << "rank " << rank << ": loss " << first_loss << " -> " << last_loss
             << (same ? ", parameters equal on every rank" : ", PARAMETERS DIFFER") << std::endl;
   return same && last_loss < 0.5 * first_loss ? 0 : 1;

@@ -67,6 +67,17 @@ const at::Tensor& leaf_at(const tt::TensorTree& t, const std::string& dotted) {
   return t.at(dotted).leaf();
 }
 
+// Expects `fn` to throw an E whose message contains `text`.
+template <class E, class F>
+void expect_error(F&& fn, const std::string& text) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one containing: " << text;
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
 TEST(NnModule, LeavesAreTheModuleTensorsInOneBuffer) {
   auto [ref, m] = pair();
   auto tree = tt::nn::consolidate_module(*m);
@@ -208,30 +219,17 @@ TEST(NnModule, AMovedModelIsRefusedNamingThePath) {
   auto [ref, m] = pair();
   auto tree = tt::nn::consolidate_module(*m);
   m->to(torch::kDouble);
-  try {
-    tree.grads();
-    FAIL() << "no error for a converted model";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("parameter 'bn.bias' no longer lies in its consolidated "
-                                         "buffer"),
-              std::string::npos)
-        << e.what();
-  }
-  EXPECT_THROW(tree.zero_grad(), std::runtime_error);
+  const std::string moved = "parameter 'bn.bias' no longer lies in its consolidated buffer";
+  expect_error<std::runtime_error>([&] { tree.grads(); }, moved);
+  expect_error<std::runtime_error>([&] { tree.zero_grad(); }, moved);
 }
 
 TEST(NnModule, CreateGraphGradientsAreRefused) {
   auto [ref, m] = pair();
   auto tree = tt::nn::consolidate_module(*m);
   m->forward(batch()).square().sum().backward({}, /*retain_graph=*/true, /*create_graph=*/true);
-  try {
-    tree.grads();
-    FAIL() << "no error for a gradient with a graph";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("has a graph (backward with create_graph)"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_error<std::runtime_error>([&] { tree.grads(); },
+                                   "has a graph (backward with create_graph)");
   for (const auto& p : m->parameters()) p.mutable_grad() = at::Tensor();  // break the cycles
 }
 
@@ -248,21 +246,11 @@ struct OnMeta : torch::nn::Module {
 
 TEST(NnModule, OverlappingAndMetaTensorsAreRefused) {
   Overlapping overlapping(at::zeros({6}));
-  try {
-    tt::nn::consolidate_module(overlapping);
-    FAIL() << "no error for overlapping parameters";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("parameters 'a' and 'b' share memory"), std::string::npos)
-        << e.what();
-  }
+  expect_error<std::invalid_argument>([&] { tt::nn::consolidate_module(overlapping); },
+                                      "parameters 'a' and 'b' share memory");
   OnMeta meta;
-  try {
-    tt::nn::consolidate_module(meta);
-    FAIL() << "no error for a meta parameter";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("parameter 'w' is on the meta device"), std::string::npos)
-        << e.what();
-  }
+  expect_error<std::invalid_argument>([&] { tt::nn::consolidate_module(meta); },
+                                      "parameter 'w' is on the meta device");
 }
 
 }  // namespace

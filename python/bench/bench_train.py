@@ -181,9 +181,11 @@ def check_resnet50_names():
 def compute_metrics(out, loss, grads):
     # Per-leaf norms with one foreach call on every side: treetensor's per-leaf tree call
     # (grads.norm()) measured 2.6x slower here on the policy's 22 leaves (149 vs 57 us).
-    if not isinstance(grads, list):
-        grads = tree_leaves(grads)
-    write_metrics(out, loss, torch.stack(torch._foreach_norm(grads)))
+    write_metrics(out, loss, grad_norms(grads if isinstance(grads, list) else tree_leaves(grads)))
+
+
+def grad_norms(leaves):
+    return torch.stack(torch._foreach_norm(leaves))
 
 
 def write_metrics(out, loss, norms):
@@ -231,7 +233,7 @@ class Metrics:
 
     def _job(self, loss, leaves):
         try:
-            norms = torch.stack(torch._foreach_norm(leaves))
+            norms = grad_norms(leaves)
         finally:
             self.read.set()
         write_metrics(self.file, loss, norms)
