@@ -129,7 +129,9 @@ EXTRA = {}
 
 
 def class_stub(name, cls, private):
-    bases = [b.__name__ for b in cls.__bases__ if b.__name__ not in ("object", "pybind11_object")]
+    # A base from torch by its qualified name (torch.Tensor): every stub imports torch.
+    bases = ["torch." + b.__qualname__ if b.__module__ == "torch" else b.__name__
+             for b in cls.__bases__ if b.__name__ not in ("object", "pybind11_object")]
     head = "class %s%s: ..." % (name, "(%s)" % ", ".join(bases) if bases else "")
     attrs = {**cls.__dict__, **EXTRA.get(cls, {})}
     keep = [n for n in sorted(attrs) if n not in SKIP

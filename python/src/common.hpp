@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -232,10 +233,31 @@ decltype(auto) nogil(F&& f) {
 /// raised unchanged. Needs the GIL.
 [[noreturn]] void reraise(py::object exc, const std::string& message);
 
+/// The tree-level reductions (reduce.hpp) that go pending inside a pending asyncs scope.
+enum class TreeLevel { sum, mean, all, any, min, max, std, norm };
+using TreeLevelFn = std::function<at::Tensor(const TensorTree&)>;
+/// f(n), a tree-level reduction (one tensor). Inside a pending asyncs scope (DESIGN.md §10) it
+/// is queued on the scope's thread and the result is a treetensor.asyncs.PendingTensor over a
+/// preallocated 0-d tensor the job writes, which waits for the job on every read; a pending
+/// operand is waited for first (its dtypes decide the result's), and a call autograd records
+/// runs here as outside a scope. Needs the GIL.
+py::object tree_level(TreeLevel op, const char* name, const TensorTree& n, TreeLevelFn f);
+/// Whether `o` is exactly a treetensor.asyncs.PendingTensor. No Python call.
+bool is_pending_tensor(PyObject* o) noexcept;
+/// Waits for the job of a PendingTensor (GIL released); raises its error. Needs the GIL.
+void wait_pending(py::handle tensor);
+/// A torch.Tensor argument of a tree call as its at::Tensor: a PendingTensor is waited for
+/// first (a tree call reads the tensor without Python's __torch_function__). Needs the GIL.
+inline at::Tensor unpack_tensor(py::handle h) {
+  if (is_pending_tensor(h.ptr())) wait_pending(h);
+  return THPVariable_Unpack(h.ptr());
+}
+
 void bind_ops(py::module_& m, py::class_<PyTree>& cls);
 void bind_runtime(py::module_& m);
 void bind_io(py::module_& m);
 void bind_structure(py::module_& m);
 void bind_optim(py::module_& m);
+void bind_pending(py::module_& m);
 
 }  // namespace treetensor::python

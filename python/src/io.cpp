@@ -171,7 +171,7 @@ class FromPython {
     if (THPDevice_Check(o)) return to_device(h);
     if (is_tensor(h)) {
       if (py::isinstance(h, parameter_class())) object_.parameters.insert(path_);
-      return at::Tensor(THPVariable_Unpack(o));
+      return unpack_tensor(h);
     }
     refuse(path_, "a value of type '" + std::string(Py_TYPE(o)->tp_name) + "'" +
                       " (what torch.load(weights_only=True) reads: dicts with str or int keys, "

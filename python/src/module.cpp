@@ -98,7 +98,7 @@ TensorTree map_py(const TensorTree& t, const py::function& fn, const char* op, t
     if (!is_tensor(r))
       throw_type(std::string(op) + " at leaf '" + where.describe() +
                  "': the leaf function must return a torch.Tensor");
-    return TensorTree(at::Tensor(THPVariable_Unpack(r.ptr())));
+    return TensorTree(unpack_tensor(r));
   }
   TensorTree::Children ch;
   ch.reserve(t.size());
@@ -177,7 +177,7 @@ py::object leaf_call(const PyTree& self, py::handle fn, const py::tuple& args,
   }
   if (tensors) {
     std::vector<at::Tensor> ts(n);
-    for (std::size_t i = 0; i < n; ++i) ts[i] = THPVariable_Unpack(out[i].ptr());
+    for (std::size_t i = 0; i < n; ++i) ts[i] = unpack_tensor(out[i]);
     return wrap(TreeTensor(tree::unflatten(flat.spec, std::move(ts))));
   }
   const auto paths = flat.spec.paths();
@@ -317,7 +317,7 @@ struct DictWalk {
   TensorTree value(py::handle h) {
     if (is_tree(h)) return as_tree(h).node();
     if (PyDict_Check(h.ptr())) return dict(h);
-    if (is_tensor(h)) return TensorTree(at::Tensor(THPVariable_Unpack(h.ptr())));
+    if (is_tensor(h)) return TensorTree(unpack_tensor(h));
     py::object t;
     try {
       t = py::module_::import("torch").attr("as_tensor")(h);
@@ -325,7 +325,7 @@ struct DictWalk {
       throw_type("treetensor: the value at '" + where.describe() + "' (" + repr_of(h) +
                  ") is not a tensor, a dict or a value torch.as_tensor accepts: " + e.what());
     }
-    return TensorTree(at::Tensor(THPVariable_Unpack(t.ptr())));
+    return TensorTree(unpack_tensor(t));
   }
 };
 }  // namespace
@@ -353,7 +353,7 @@ Operand Args::add(py::handle h) {
     return ops_.emplace_back(as_tree(h).operand());
   }
   if (THPVariable_CheckExact(o) || THPVariable_Check(o))
-    return ops_.emplace_back(tensors_.emplace_back(THPVariable_Unpack(o)));
+    return ops_.emplace_back(tensors_.emplace_back(unpack_tensor(h)));
   if (PyBool_Check(o)) return ops_.emplace_back(at::Scalar(o == Py_True));
   if (PyLong_Check(o)) {
     int overflow = 0;
@@ -638,6 +638,7 @@ released while leaf work runs.)");
 
   bind_ops(m, cls);
   bind_runtime(m);
+  bind_pending(m);
   bind_io(m);
   bind_structure(m);
   bind_optim(m);

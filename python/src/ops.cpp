@@ -382,12 +382,14 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   });
 
   // ---- reductions: tree-level without dim (one tensor), per-leaf with dim (a tree) ------
-  auto reduce = [&](const char* name, auto tree_level, auto per_leaf) {
+  // Tree-level results go pending inside a pending asyncs scope (tree_level, common.hpp).
+  auto reduce = [&](const char* name, TreeLevel op, at::Tensor (*whole)(const TensorTree&),
+                    auto per_leaf) {
     cls.def(
         name,
-        [tree_level, per_leaf](const PyTree& s, py::handle dim, bool keepdim) -> py::object {
+        [name, op, whole, per_leaf](const PyTree& s, py::handle dim, bool keepdim) -> py::object {
           const TensorTree& n = s.operand();
-          if (dim.is_none()) return wrap_tensor(nogil([&] { return tree_level(n); }));
+          if (dim.is_none()) return tree_level(op, name, n, whole);
           const auto d = int_list(dim);
           return wrap(nogil([&] { return per_leaf(n, d, keepdim); }));
         },
@@ -396,29 +398,31 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   using D = const std::vector<int64_t>&;
   using T = const TensorTree&;
   reduce(
-      "sum", [](T n) { return treetensor::sum(n); },
+      "sum", TreeLevel::sum, [](T n) { return treetensor::sum(n); },
       [](T n, D d, bool k) { return treetensor::leaf_sum(n, d, k); });
   reduce(
-      "mean", [](T n) { return treetensor::mean(n); },
+      "mean", TreeLevel::mean, [](T n) { return treetensor::mean(n); },
       [](T n, D d, bool k) { return treetensor::leaf_mean(n, d, k); });
   reduce(
-      "all", [](T n) { return treetensor::all(n); },
+      "all", TreeLevel::all, [](T n) { return treetensor::all(n); },
       [](T n, D d, bool k) { return treetensor::leaf_all(n, d.at(0), k); });
   reduce(
-      "any", [](T n) { return treetensor::any(n); },
+      "any", TreeLevel::any, [](T n) { return treetensor::any(n); },
       [](T n, D d, bool k) { return treetensor::leaf_any(n, d.at(0), k); });
   reduce(
-      "std", [](T n) { return treetensor::std(n); },
+      "std", TreeLevel::std, [](T n) { return treetensor::std(n); },
       [](T n, D d, bool k) { return treetensor::leaf_std(n, d, true, k); });
   for (const char* name : {"min", "max"}) {
     const bool is_min = name[1] == 'i';
     cls.def(
         name,
-        [is_min](const PyTree& s, py::handle dim, bool keepdim) -> py::object {
+        [is_min, name](const PyTree& s, py::handle dim, bool keepdim) -> py::object {
           const TensorTree& n = s.operand();
           if (dim.is_none())
-            return wrap_tensor(
-                nogil([&] { return is_min ? treetensor::min(n) : treetensor::max(n); }));
+            return is_min
+                       ? tree_level(TreeLevel::min, name, n, [](T t) { return treetensor::min(t); })
+                       : tree_level(TreeLevel::max, name, n,
+                                    [](T t) { return treetensor::max(t); });
           const int64_t d = dim.cast<int64_t>();
           auto [v, i] = nogil([&] {
             return is_min ? treetensor::leaf_min(n, d, keepdim)
@@ -431,8 +435,8 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def(
       "norm",
       [](const PyTree& s, double p) {
-        const TensorTree& n = s.operand();
-        return wrap_tensor(nogil([&] { return treetensor::norm(n, p); }));
+        return tree_level(TreeLevel::norm, "norm", s.operand(),
+                          [p](T t) { return treetensor::norm(t, p); });
       },
       py::arg("p") = 2.0);
   cls.def(

@@ -319,7 +319,7 @@ void bind_runtime(py::module_& m) {
             std::vector<at::Tensor> out;
             int kind = 1;
             if (is_tensor(r)) {
-              out.push_back(THPVariable_Unpack(r.ptr()));
+              out.push_back(unpack_tensor(r));
             } else if (PyTuple_Check(r.ptr()) || PyList_Check(r.ptr())) {
               kind = 0;
               for (auto v : r) {
@@ -327,7 +327,7 @@ void bind_runtime(py::module_& m) {
                   throw py::type_error("apply: fn returned a sequence holding a " +
                                        std::string(Py_TYPE(v.ptr())->tp_name) +
                                        ", not only tensors");
-                out.push_back(THPVariable_Unpack(v.ptr()));
+                out.push_back(unpack_tensor(v));
               }
             } else {
               throw py::type_error(

@@ -71,7 +71,7 @@ py::object unflatten_tree(const TreeSpec& spec, const py::sequence& leaves) {
                            path.describe() + "') is a " +
                            std::string(Py_TYPE(leaf.ptr())->tp_name) + ", not a torch.Tensor");
     }
-    ts[i] = THPVariable_Unpack(leaf.ptr());
+    ts[i] = unpack_tensor(leaf);
   }
   return wrap(TreeTensor(tree::unflatten(spec, std::move(ts))));
 }

@@ -1,6 +1,7 @@
 """Pending asyncs scopes (DESIGN.md §10; OneFlow's `with oneflow.asyncs.thread(k):`): the block's
 tree calls return at once, every read waits (with the GIL released) for exactly its job, errors
 are raised at the first read. Values are checked against torch on the same leaves."""
+import pickle
 import threading
 import time
 
@@ -313,3 +314,146 @@ def test_norm_with_dim_or_dtype_is_torch_per_leaf():
         r = x.norm(*args, **kwargs)
         for k, v in leaves(r).items():
             assert torch.equal(v, leaves(x)[k].norm(*args, **kwargs)), (args, kwargs, k)
+
+
+# ---- tree-level reductions: a PendingTensor (treetensor.asyncs.PendingTensor) ------------------
+
+def mixed(seed=3):
+    torch.manual_seed(seed)
+    return ttorch.Tensor({"a": torch.randn(3, 4), "b": {"c": torch.randn(5, dtype=torch.float64),
+                                                         "d": torch.randn(2, 2)}})
+
+
+@pytest.mark.parametrize("read", ["float", "item", "repr", "str", "format", "tolist", "numpy",
+                                  "torch_fn", "operator", "bool", "dtype", "tree_call",
+                                  "tree_leaf", "pickle", "sync"])
+def test_tree_level_reduction_returns_at_once_and_every_read_waits(read):
+    x = mixed()
+    want = x.sum()  # outside a scope: the plain tensor
+    w = asyncs.Thread("tree-level")
+    ev = gated(w)
+    with asyncs.thread(w):
+        s = x.sum()
+        assert type(s) is asyncs.PendingTensor and w.in_flight() == 2
+    t, opened = open_later(ev)
+    if read == "float":
+        assert float(s) == want.item()
+    elif read == "item":
+        assert s.item() == want.item()
+    elif read == "repr":
+        assert repr(s) == repr(want)
+    elif read == "str":
+        assert str(s) == str(want)
+    elif read == "format":
+        assert f"{s:.6f}" == f"{want.item():.6f}"
+    elif read == "tolist":
+        assert s.tolist() == want.tolist()
+    elif read == "numpy":
+        assert s.numpy() == want.numpy()
+    elif read == "torch_fn":
+        assert torch.equal(torch.add(s, 1), want + 1)
+    elif read == "operator":
+        got = s * 2
+        assert type(got) is torch.Tensor and torch.equal(got, want * 2)
+    elif read == "bool":
+        assert bool(s > -1e9)
+    elif read == "dtype":
+        assert s.dtype == want.dtype == torch.float64
+    elif read == "tree_call":  # a tree call reads it from C++, not through __torch_function__
+        got = x - s
+        assert torch.equal(got.b.c, x.b.c - want)
+    elif read == "tree_leaf":
+        got = ttorch.Tensor({"s": s})
+        assert torch.equal(got.s, want)
+    elif read == "pickle":
+        got = pickle.loads(pickle.dumps(s))
+        assert type(got) is torch.Tensor and torch.equal(got, want)
+    elif read == "sync":
+        asyncs.synchronize()
+        assert opened
+        assert torch.equal(s, want)
+    assert opened, f"{read}: the read returned before the job ran"
+    t.join()
+    w.close()
+
+
+TREES = {
+    "mixed_float": lambda: mixed(),
+    "half_and_float": lambda: ttorch.Tensor({"a": torch.randn(4).half(), "b": torch.randn(3)}),
+    "bfloat_and_half": lambda: ttorch.Tensor({"a": torch.randn(4).bfloat16(),
+                                              "b": torch.randn(3).half()}),
+    "int_and_bool": lambda: ttorch.Tensor({"a": torch.arange(5, dtype=torch.int32),
+                                           "b": torch.tensor([True, False])}),
+    "int_and_half": lambda: ttorch.Tensor({"a": torch.arange(5, dtype=torch.int16),
+                                           "b": torch.randn(3).half()}),
+    "one_element": lambda: ttorch.Tensor({"a": torch.tensor([2.5], dtype=torch.float64)}),
+    "empty_leaf": lambda: ttorch.Tensor({"a": torch.empty(0, dtype=torch.float64),
+                                         "b": torch.randn(3)}),
+    "no_leaves": lambda: ttorch.Tensor({}),
+}
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+@pytest.mark.parametrize("name", ["sum", "mean", "all", "any", "min", "max", "std"])
+def test_tree_level_reduction_in_a_scope_equals_the_call_outside(tree, name):
+    """Same dtype, same bits, or the same exception type raised at the first read."""
+    x = TREES[tree]()
+    try:
+        want, error = getattr(x, name)(), None
+    except Exception as e:  # noqa: BLE001  (the scope must raise the same type, later)
+        want, error = None, type(e)
+    w = asyncs.Thread("dtypes")
+    with asyncs.thread(w):
+        got = getattr(x, name)()
+    if error is not None:
+        with pytest.raises(error, match=r"asyncs thread \d+, job \d+ 'tree call " + name):
+            float(got)
+    else:
+        assert type(got) is asyncs.PendingTensor
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got, want) or (want.isnan().all() and got.isnan().all())
+    w.close()
+
+
+def test_tree_level_reduction_error_is_raised_at_every_read_and_by_tree_calls():
+    x = ttorch.Tensor({"a": torch.arange(3), "b": {"c": torch.arange(2)}})  # mean: integer
+    w = asyncs.Thread("error")
+    with asyncs.thread(w):
+        m = x.mean()  # returns at once: the error belongs to the first read
+    for read in (float, repr, lambda v: v + 1, lambda v: x.float() * v):
+        with pytest.raises(ValueError, match=r"asyncs thread \d+, job \d+ 'tree call mean'.*"
+                                             r"leaf 'a' is Long"):
+            read(m)
+    w.close()
+
+
+def test_tree_level_reduction_of_a_pending_operand():
+    x = mixed(4)
+    w = asyncs.Thread("chain")
+    with asyncs.thread(w):
+        s = (x * 2 + 1).std()  # the operand is made first, then the reduction is queued
+        assert type(s) is asyncs.PendingTensor
+    assert torch.equal(s, (x * 2 + 1).std())
+    w.close()
+
+
+def test_tree_level_reduction_autograd_records_is_a_blocking_call():
+    x = ttorch.Tensor({"a": torch.randn(3, requires_grad=True), "b": torch.randn(2, 2)})
+    w = asyncs.Thread("grad")
+    with asyncs.thread(w):
+        s = x.sum()
+    assert type(s) is torch.Tensor and s.grad_fn is not None
+    s.backward()
+    assert torch.equal(x.a.grad, torch.ones(3))
+    with torch.no_grad(), asyncs.thread(w):
+        assert type(x.sum()) is asyncs.PendingTensor  # nothing recorded: pending again
+    w.close()
+
+
+def test_tree_level_reduction_in_inference_mode():
+    x = mixed(5)
+    w = asyncs.Thread("inference")
+    with torch.inference_mode(), asyncs.thread(w):
+        s = x.mean()
+    assert torch.equal(s, x.mean())
+    w.close()

@@ -623,6 +623,11 @@ class _Future:
 class _Guard:
     def close(self) -> None: ...
 
+class _PendingJob:
+    def done(self) -> builtins.bool: ...
+    def wait(self) -> None:
+        """Blocks (GIL released) until the job has run; raises its error, at every call."""
+
 def _adam_step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, step: typing.SupportsInt | typing.SupportsIndex, lr: typing.SupportsFloat | typing.SupportsIndex, beta1: typing.SupportsFloat | typing.SupportsIndex, beta2: typing.SupportsFloat | typing.SupportsIndex, eps: typing.SupportsFloat | typing.SupportsIndex, weight_decay: typing.SupportsFloat | typing.SupportsIndex, amsgrad: builtins.bool, maximize: builtins.bool, decoupled: builtins.bool, max_exp_avg_sq: Any = ...) -> None:
     """One Adam (decoupled: AdamW) step in place, single pass (treetensor.optim.Adam)."""
 

@@ -2,23 +2,27 @@
 
     import treetensor.asyncs as asyncs
     with asyncs.thread(1):          # tree calls of this block run on asyncs worker 1
-        y = ttorch.sigmoid(x)       # values ready when the call returns
+        y = ttorch.sigmoid(x)       # pending: returns at once, the block goes on
+        s = y.sum()                 # a PendingTensor, also pending
+    print(float(s))                 # a read waits (GIL released) for exactly its job
     asyncs.synchronize()            # every asyncs job done; raises a job's unobserved error
 
 ``thread(worker)`` takes an integer id (the same id names the same worker for the life of the
 process; workers are created on first use) or a :class:`Thread`. Tree calls inside the block
-are queued on that worker in FIFO order and the calling thread waits for each with the GIL
-released; a leaf error is raised in the caller with its type, the op, the leaf path and the
-worker ("asyncs thread <id>, job <n>"). Scopes nest; the innermost wins. Only the Python thread
-that entered the block is affected.
+are queued on that worker in FIFO order and return pending results; a leaf error is raised at
+the first read with its type, the op, the leaf path and the worker ("asyncs thread <id>, job
+<n>"). ``thread(worker, blocking=True)`` makes the caller wait for each call instead. Scopes
+nest; the innermost wins. Only the Python thread that entered the block is affected.
 """
 import atexit as _atexit
 import threading as _threading
 import weakref as _weakref
 
+import torch as _torch
+
 from . import _C
 
-__all__ = ["Thread", "Future", "thread", "synchronize", "current_thread_id"]
+__all__ = ["Thread", "Future", "PendingTensor", "thread", "synchronize", "current_thread_id"]
 
 
 class Thread:
@@ -87,6 +91,64 @@ class Future:
             del self, value  # no cycle through this frame (as concurrent.futures does)
 
 
+def _wait(x):
+    if type(x) is PendingTensor:
+        job = getattr(x, "_tt_job", None)
+        if job is not None:
+            job.wait()  # raises the job's error, at every read
+            x._tt_job = None
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _wait(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _wait(v)
+
+
+class PendingTensor(_torch.Tensor):
+    """A tree-level reduction's result made inside a pending scope (``t.sum()`` in ``with
+    thread(k):``): a 0-d ``torch.Tensor`` of the reduction's dtype and device that the scope's
+    worker fills in. Every read waits, with the GIL released, for exactly that job: a torch
+    function or method given it, a conversion (``float``, ``int``, ``bool``, ``.item()``,
+    ``.tolist()``, ``.numpy()``), printing, and a tree call given it (even in the same scope:
+    it is a tensor, not a tree, so the worker cannot chain on it). If the job failed, every
+    read raises its error (type, op, leaf path, "asyncs thread <id>, job <n>"). After the
+    wait it behaves as the tensor it is; results of operations on it are plain tensors. Its
+    operations go through ``__torch_function__`` (a few µs each), so keep it for reading
+    results, not for heavy work."""
+
+    @staticmethod
+    def _make(out, job):
+        t = _torch.Tensor._make_subclass(PendingTensor, out)
+        t._tt_job = job
+        return t
+
+    # Printed, formatted and pickled as the plain tensor it stands for (torch's own forms of
+    # these accept only torch.Tensor itself): ``tensor(19.)``, ``f"{s:.3f}"``, and a pickle that
+    # loads as a torch.Tensor.
+    def _plain(self):
+        _wait(self)
+        with _torch._C.DisableTorchFunctionSubclass():
+            return self.as_subclass(_torch.Tensor)
+
+    def __repr__(self, *, tensor_contents=None):
+        return repr(self._plain())
+
+    def __format__(self, format_spec):
+        return format(self._plain(), format_spec)
+
+    def __reduce_ex__(self, protocol):
+        return self._plain().__reduce_ex__(protocol)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        _wait(args)
+        if kwargs:
+            _wait(kwargs)
+        with _torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
 _alive = _weakref.WeakSet()
 
 
@@ -126,9 +188,12 @@ class thread:
     exactly the job it needs; the block's code goes on meanwhile. In-place calls leave their
     tree pending the same way. A failed call's error (its type, op, leaf path and "asyncs
     thread <id>, job <n>") is raised by every read of its result; one never read is raised by
-    ``synchronize()``. Calls that return no tree (tree-level reductions such as ``t.sum()``,
-    ``split``/``unbind``, ``apply`` with a Python function) run on the worker and wait, as with
-    ``blocking=True``, because their results cannot be handed out before they exist.
+    ``synchronize()``. Tree-level reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
+    ``max``, ``std`` without ``dim``) return a :class:`PendingTensor`. Calls that
+    return several trees or a tensor of unknown shape (``split``/``unbind``, ``masked_select``,
+    ``apply`` with a Python function) and calls autograd records into a tensor (a reduction of
+    leaves that require grad) run on the worker and wait, as with ``blocking=True``, because
+    their results cannot be handed out before they exist.
 
     blocking=True: every tree call of the block runs on the worker and the caller waits for it
     (values are ready when the call returns; errors are raised by the call itself)."""

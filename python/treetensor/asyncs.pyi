@@ -10,6 +10,7 @@ import typing_extensions
 __all__ = [
     "Thread",
     "Future",
+    "PendingTensor",
     "thread",
     "synchronize",
     "current_thread_id",
@@ -23,6 +24,23 @@ class Future:
     def result(self):
         """Waits (GIL released) and returns the job's value, or raises the exception it
         raised (the same exception object, every call)."""
+
+class PendingTensor(torch.Tensor):
+    """A tree-level reduction's result made inside a pending scope (``t.sum()`` in ``with
+    thread(k):``): a 0-d ``torch.Tensor`` of the reduction's dtype and device that the scope's
+    worker fills in. Every read waits, with the GIL released, for exactly that job: a torch
+    function or method given it, a conversion (``float``, ``int``, ``bool``, ``.item()``,
+    ``.tolist()``, ``.numpy()``), printing, and a tree call given it (even in the same scope:
+    it is a tensor, not a tree, so the worker cannot chain on it). If the job failed, every
+    read raises its error (type, op, leaf path, "asyncs thread <id>, job <n>"). After the
+    wait it behaves as the tensor it is; results of operations on it are plain tensors. Its
+    operations go through ``__torch_function__`` (a few µs each), so keep it for reading
+    results, not for heavy work."""
+    def __format__(self, format_spec): ...
+    def __reduce_ex__(self, protocol): ...
+    def __repr__(self, *, tensor_contents=...): ...
+    @classmethod
+    def __torch_function__(cls, func, types, args=..., kwargs=...): ...
 
 class Thread:
     """An asyncs worker thread (C++ ``asyncs::Thread``): one OS thread running jobs in FIFO
@@ -66,9 +84,12 @@ class thread:
     exactly the job it needs; the block's code goes on meanwhile. In-place calls leave their
     tree pending the same way. A failed call's error (its type, op, leaf path and "asyncs
     thread <id>, job <n>") is raised by every read of its result; one never read is raised by
-    ``synchronize()``. Calls that return no tree (tree-level reductions such as ``t.sum()``,
-    ``split``/``unbind``, ``apply`` with a Python function) run on the worker and wait, as with
-    ``blocking=True``, because their results cannot be handed out before they exist.
+    ``synchronize()``. Tree-level reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
+    ``max``, ``std`` without ``dim``) return a :class:`PendingTensor`. Calls that
+    return several trees or a tensor of unknown shape (``split``/``unbind``, ``masked_select``,
+    ``apply`` with a Python function) and calls autograd records into a tensor (a reduction of
+    leaves that require grad) run on the worker and wait, as with ``blocking=True``, because
+    their results cannot be handed out before they exist.
 
     blocking=True: every tree call of the block runs on the worker and the caller waits for it
     (values are ready when the call returns; errors are raised by the call itself)."""

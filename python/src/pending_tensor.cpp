@@ -1,0 +1,131 @@
+// Tree-level results inside a pending asyncs scope (DESIGN.md §10, "pending scopes"). C++ cannot
+// hand out an at::Tensor before it exists (ATen has no hook on a tensor's first read), but
+// Python can: a torch.Tensor subclass sees every torch function, method and conversion through
+// __torch_function__. So here a tree-level reduction is queued on the scope's thread, writing
+// into a preallocated 0-d tensor, and Python gets treetensor.asyncs.PendingTensor over it,
+// which waits for the job on every read (treetensor/asyncs.py).
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.hpp"
+
+namespace treetensor::python {
+namespace {
+
+/// The job writing a PendingTensor: wait() blocks with the GIL released and raises the job's
+/// error (type, op, leaf path, "asyncs thread <id>, job <n>") on every call after a failure.
+struct PendingJob {
+  asyncs::Future<void> future;
+  void wait() const {
+    if (future.ready() && !future.failed()) return;
+    py::gil_scoped_release release;
+    future.wait();
+  }
+};
+
+PyTypeObject* pending_type_ = nullptr;  // set with the GIL held by the first result
+
+py::object pending_class() {
+  // Leaked on purpose: no Python object may be destroyed after the interpreter is finalized.
+  static py::object* cls =
+      new py::object(py::module_::import("treetensor.asyncs").attr("PendingTensor"));
+  pending_type_ = reinterpret_cast<PyTypeObject*>(cls->ptr());
+  return *cls;
+}
+
+bool integral_or_bool(at::ScalarType t) {
+  return at::isIntegralType(t, /*includeBool=*/true);
+}
+
+/// The dtype `op` gives over these leaves, as reduce.cpp computes it: torch's promotion of the
+/// partials' dtypes (sum: integral leaves sum as int64; norm: the real type), the default dtype
+/// when no partial exists. The job checks it (a mismatch is an internal error, never a cast).
+at::ScalarType result_dtype(TreeLevel op, const std::vector<const at::Tensor*>& leaves,
+                            int64_t numel) {
+  if (op == TreeLevel::all || op == TreeLevel::any) return at::kBool;
+  const bool skip_empty = op == TreeLevel::min || op == TreeLevel::max;
+  std::optional<at::ScalarType> type;
+  for (const at::Tensor* x : leaves) {
+    if (skip_empty && x->numel() == 0) continue;
+    at::ScalarType t = x->scalar_type();
+    if (op == TreeLevel::sum && integral_or_bool(t)) t = at::kLong;
+    if (op == TreeLevel::norm) t = c10::toRealValueType(t);
+    type = type ? at::promoteTypes(*type, t) : t;
+  }
+  if (op == TreeLevel::std && numel <= 1) return at::get_default_dtype_as_scalartype();
+  return type.value_or(at::get_default_dtype_as_scalartype());
+}
+
+/// A result and the job writing it (invalid: the result is made).
+struct Queued {
+  at::Tensor out;
+  asyncs::Future<void> job;
+};
+
+/// Queues f(n) on `target` writing a preallocated result, or nothing when autograd records the
+/// call (a PendingTensor cannot carry a graph). Runs with the GIL released: a pending operand is
+/// made here (its leaves' dtypes decide the result's).
+std::optional<Queued> queue(const asyncs::PendingTarget& target, TreeLevel op, std::string name,
+                            const TensorTree& n, TreeLevelFn f) {
+  const auto flat = tree::flatten_refs(n);
+  int64_t numel = 0;
+  std::vector<at::Tensor> reads;
+  reads.reserve(flat.leaves.size());
+  for (const at::Tensor* x : flat.leaves) {
+    if (x->requires_grad() && c10::GradMode::is_enabled()) return std::nullopt;
+    numel += x->numel();
+    reads.push_back(*x);
+  }
+  const at::Device device = flat.leaves.empty() ? at::Device(at::kCPU) : flat.leaves[0]->device();
+  at::Tensor out =
+      at::empty({}, at::TensorOptions(result_dtype(op, flat.leaves, numel)).device(device));
+  auto body = [copy = TreeTensor(n), out, f = std::move(f), name] {
+    const at::Tensor r = f(copy);
+    if (r.scalar_type() != out.scalar_type() || r.dim() != 0 || r.device() != out.device())
+      throw std::logic_error("treetensor internal error: tree-level " + name + " gave " +
+                             c10::toString(r.scalar_type()) + " on " + r.device().str() +
+                             " where its pending result was made " +
+                             c10::toString(out.scalar_type()) + " on " + out.device().str());
+    out.copy_(r);
+  };
+  auto job = target.submit(std::move(body), reads, {&out, 1}, "tree call " + name);
+  return Queued{std::move(out), std::move(job)};
+}
+
+}  // namespace
+
+py::object tree_level(TreeLevel op, const char* name, const TensorTree& n, TreeLevelFn f) {
+  const auto target = asyncs::pending_target();
+  // One GIL-released call either way: the pins on n's root (CallPins) cover only one.
+  Queued r = nogil([&] {
+    if (target)
+      if (auto q = queue(target, op, name, n, f)) return std::move(*q);
+    return Queued{f(n), {}};
+  });
+  if (!r.job.valid()) return wrap_tensor(r.out);
+  return pending_class().attr("_make")(wrap_tensor(r.out), PendingJob{std::move(r.job)});
+}
+
+void wait_pending(py::handle tensor) {
+  py::object job = py::getattr(tensor, "_tt_job", py::none());
+  if (!job.is_none()) job.cast<const PendingJob&>().wait();
+}
+
+bool is_pending_tensor(PyObject* o) noexcept {
+  return pending_type_ != nullptr && Py_TYPE(o) == pending_type_;
+}
+
+void bind_pending(py::module_& m) {
+  py::class_<PendingJob>(m, "_PendingJob")
+      .def("wait", &PendingJob::wait,
+           "Blocks (GIL released) until the job has run; raises its error, at every call.")
+      .def("done", [](const PendingJob& j) { return j.future.ready(); });
+}
+
+}  // namespace treetensor::python
