@@ -157,11 +157,13 @@ def overlap(rounds, leaves=40, s=64, steps=8):
         w.mul_(0.9999)
         return y
 
-    def metrics(y):
-        return y.std(dim=(0, 1)), (y * y).sum(dim=(0, 1))
+    def metrics(y):  # per-leaf statistics and the tree-level mean (a PendingTensor in a scope)
+        return y.std(dim=(0, 1)), (y * y).sum(dim=(0, 1)), y.mean()
 
     def write(out, i, m):
-        out.write(f"{i} " + " ".join(f"{float(v):.9g}" for t in m for v in t.values()) + "\n")
+        *trees, mean = m
+        out.write(f"{i} {float(mean):.9g} "
+                  + " ".join(f"{float(v):.9g}" for t in trees for v in t.values()) + "\n")
 
     dec, met = asyncs.Thread("decoder"), asyncs.Thread("metrics")
 
