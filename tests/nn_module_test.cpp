@@ -244,13 +244,25 @@ struct OnMeta : torch::nn::Module {
   OnMeta() { register_parameter("w", at::empty({3}, at::TensorOptions().device(at::kMeta))); }
 };
 
-TEST(NnModule, OverlappingAndMetaTensorsAreRefused) {
+struct SparseParameter : torch::nn::Module {
+  SparseParameter() {
+    register_parameter("dense", at::ones({2}));
+    register_parameter("w", at::eye(3).to_sparse());
+  }
+};
+
+TEST(NnModule, OverlappingMetaAndSparseTensorsAreRefused) {
   Overlapping overlapping(at::zeros({6}));
   expect_error<std::invalid_argument>([&] { tt::nn::consolidate_module(overlapping); },
                                       "parameters 'a' and 'b' share memory");
   OnMeta meta;
   expect_error<std::invalid_argument>([&] { tt::nn::consolidate_module(meta); },
                                       "parameter 'w' is on the meta device");
+  SparseParameter sparse;
+  const void* before = sparse.named_parameters()["dense"].data_ptr();
+  expect_error<std::invalid_argument>([&] { tt::nn::consolidate_module(sparse); },
+                                      "parameter 'w' has layout Sparse");
+  EXPECT_EQ(sparse.named_parameters()["dense"].data_ptr(), before);  // nothing moved
 }
 
 }  // namespace

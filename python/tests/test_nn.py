@@ -307,6 +307,12 @@ def test_overlapping_buffers_and_meta_models_are_refused():
         meta = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="parameter '(weight|bias)' is on the meta device"):
         tnn.consolidate_module(meta)
+    sparse = torch.nn.Linear(2, 2)
+    sparse.s = torch.nn.Parameter(torch.eye(3).to_sparse())
+    before = sparse.weight.data_ptr()
+    with pytest.raises(ValueError, match="parameter 's' has layout torch.sparse_coo"):
+        tnn.consolidate_module(sparse)
+    assert sparse.weight.data_ptr() == before  # nothing moved
 
 
 def test_shared_storage_is_refused_naming_both():

@@ -116,7 +116,8 @@ def _consolidate_in_place(named):
 
 
 def _check_layout(named, what):
-    """Refuses tensors consolidation cannot keep as they are: meta tensors (no data), and two
+    """Refuses tensors consolidation cannot keep as they are: meta tensors (no data), sparse
+    and mkldnn ones (no strided storage to view), and two
     different tensors whose memory overlaps (one a slice of another: consolidation would
     separate them). Views of one buffer that do not overlap (a consolidated module) are fine."""
     spans = {}
@@ -125,6 +126,9 @@ def _check_layout(named, what):
             raise ValueError(f"treetensor.nn.consolidate_module: {what} '{name}' is on the meta "
                              f"device (no data to consolidate): materialize the model first "
                              f"(module.to_empty(device=...) and initialise it)")
+        if t.layout != _torch.strided:
+            raise ValueError(f"treetensor.nn.consolidate_module: {what} '{name}' has layout "
+                             f"{t.layout} (a consolidated buffer holds strided tensors only)")
         if t.numel():
             lo = t.storage_offset() * t.element_size()
             spans.setdefault((t.device, t.untyped_storage()._cdata), []).append(

@@ -25,9 +25,9 @@ TensorTree nest(const Named& named) {
   return t;
 }
 
-// Meta tensors have no data; two different tensors whose memory overlaps (one a slice of
-// another) would be separated by consolidation. Views of one buffer that do not overlap (a
-// module consolidated before) are fine.
+// Meta tensors have no data, sparse and mkldnn ones no strided storage to view; two different
+// tensors whose memory overlaps (one a slice of another) would be separated by consolidation. Views
+// of one buffer that do not overlap (a module consolidated before) are fine.
 void check_layout(const Named& named, const char* what) {
   using Span = std::tuple<std::int64_t, std::int64_t, const std::string*>;
   std::unordered_map<const void*, std::vector<Span>> spans;
@@ -37,6 +37,10 @@ void check_layout(const Named& named, const char* what) {
                                   " '" + name +
                                   "' is on the meta device (no data to consolidate): "
                                   "materialize the model first");
+    if (t.layout() != at::kStrided)
+      throw std::invalid_argument("treetensor::nn::consolidate_module: " + std::string(what) +
+                                  " '" + name + "' has layout " + c10::str(t.layout()) +
+                                  " (a consolidated buffer holds strided tensors only)");
     if (t.numel() == 0) continue;
     const std::int64_t lo = t.storage_offset() * t.element_size();
     spans[t.storage().unsafeGetStorageImpl()].emplace_back(lo, lo + t.numel() * t.element_size(),

@@ -94,7 +94,8 @@ class ModuleTree {
 /// gives a tree over the same buffers (nothing copied); use only the newest tree then, since
 /// each tree's grads() and zero_grad() point grad() at its own gradient buffer.
 /// @throws std::invalid_argument naming the tensor(s) for a parameter or buffer on the meta
-///         device and for two different ones whose memory overlaps.
+///         device or with a layout other than strided (sparse, mkldnn), and for two different
+///         ones whose memory overlaps. Nothing has changed then.
 ModuleTree consolidate_module(torch::nn::Module& module);
 
 }  // namespace treetensor::nn
