@@ -5,12 +5,14 @@
 #
 # 1. Debian's packages (apt-get): the compiler, CMake, ninja, ccache, GoogleTest, Google
 #    Benchmark, CLI11, nlohmann-json, gnuplot, Gloo's headers (c10d's ProcessGroupGloo.hpp
-#    includes them; libtorch_cpu carries Gloo itself), python3-dev.
+#    includes them; libtorch_cpu carries Gloo itself), python3-dev, Graphviz's dot (the tests
+#    draw graph()'s output, and DI-treetensor, the oracle, builds its graphs only with dot).
 # 2. The venv (TREETENSOR_VENV, default ~/.cache/treetensor/venv: one per machine, shared by
 #    every clone, so a second clone pays nothing): PyTorch from PyPI as the LibTorch
 #    (torch==$TREETENSOR_TORCH, default 2.11.0, a CUDA 13.0 build that also runs without a GPU:
 #    about 4 GB, 1 minute on a fresh machine here), numpy, pytest, pybind11, scikit-build-core.
 #    The io tests' fixtures are written by this torch; the Python module is built against it.
+# 3. graphviz from PyPI into the same venv (tests of graph()/graphics()).
 set -euo pipefail
 
 torch_version="${TREETENSOR_TORCH:-2.11.0}"
@@ -23,6 +25,7 @@ packages=(
   gnuplot-nox
   libgloo-dev
   python3-dev python3-venv
+  graphviz
 )
 
 missing=()
@@ -60,5 +63,13 @@ if [ ! -f "$stamp" ]; then
   fi
   touch "$stamp"
   echo "setup: venv ready in $(( $(date +%s) - start )) s" >&2
+fi
+# 3. graphviz (PyPI, pure Python) for the tests of graph()/graphics(), which build a
+#    graphviz.Digraph; the package needs it only for those (its extra treetensor[graph]).
+if ! "$venv/bin/python" -c "import graphviz" 2>/dev/null; then
+  if ! "$venv/bin/python" -m pip install -q "graphviz>=0.20" >&2; then
+    echo "setup: pip could not install graphviz into $venv (see pip's messages above)" >&2
+    exit 1
+  fi
 fi
 echo "$venv"

@@ -33,6 +33,11 @@ struct Number {
   at::Scalar value;
   operator const at::Scalar&() const { return value; }  // NOLINT: passed where ATen takes one
 };
+/// Whether `o` is exactly a treetensor.asyncs.PendingTensor. No Python call.
+bool is_pending_tensor(PyObject* o) noexcept;
+/// The plain tensor a PendingTensor stands for (a wrapper without storage), once its job has
+/// run (waited for with the GIL released); raises the job's error. Needs the GIL.
+pybind11::object pending_result(pybind11::handle tensor);
 /// An optional Number as the std::optional<at::Scalar> ATen-style functions take.
 inline std::optional<at::Scalar> scalar(const std::optional<Number>& n) {
   if (!n) return std::nullopt;
@@ -55,6 +60,8 @@ struct type_caster<treetensor::python::Number> {
       value.value = c10::Scalar(static_cast<int64_t>(v));
     } else if (PyFloat_Check(o)) {
       value.value = c10::Scalar(PyFloat_AS_DOUBLE(o));
+    } else if (treetensor::python::is_pending_tensor(o)) {  // a 0-d result: waited for
+      value.value = THPVariable_Unpack(treetensor::python::pending_result(src).ptr()).item();
     } else if (THPVariable_Check(o) && THPVariable_Unpack(o).dim() == 0) {
       value.value = THPVariable_Unpack(o).item();
     } else {
@@ -101,6 +108,10 @@ void begin_change(Root& root, const tree::Path& where);
 struct PyTree {
   std::shared_ptr<Root> root;
   tree::Path path;
+  /// treevalue's constraint of this object (treetensor/_constraint.py), or null: it belongs to
+  /// the object, not the tree (with_constraints gives a new object over the same root), and a
+  /// child view gets the part for its key. Touched with the GIL held only.
+  py::object constraint;
 
   // Reads go through the const tree: a mutable access would drop a consolidated root's
   // property (consolidate.hpp). The reference may be handed to the next nogil() call, which
@@ -242,14 +253,10 @@ using TreeLevelFn = std::function<at::Tensor(const TensorTree&)>;
 /// operand is waited for first (its dtypes decide the result's), and a call autograd records
 /// runs here as outside a scope. Needs the GIL.
 py::object tree_level(TreeLevel op, const char* name, const TensorTree& n, TreeLevelFn f);
-/// Whether `o` is exactly a treetensor.asyncs.PendingTensor. No Python call.
-bool is_pending_tensor(PyObject* o) noexcept;
-/// Waits for the job of a PendingTensor (GIL released); raises its error. Needs the GIL.
-void wait_pending(py::handle tensor);
 /// A torch.Tensor argument of a tree call as its at::Tensor: a PendingTensor is waited for
 /// first (a tree call reads the tensor without Python's __torch_function__). Needs the GIL.
 inline at::Tensor unpack_tensor(py::handle h) {
-  if (is_pending_tensor(h.ptr())) wait_pending(h);
+  if (is_pending_tensor(h.ptr())) return THPVariable_Unpack(pending_result(h).ptr());
   return THPVariable_Unpack(h.ptr());
 }
 

@@ -47,7 +47,12 @@ PyObject* key_str(const std::string& key) {
 
 py::object child_object(const PyTree& self, const TensorTree& child, const std::string& key) {
   if (child.is_leaf()) return wrap_tensor(child.leaf());
-  return py::cast(PyTree{self.root, self.path / key});
+  py::object constraint;
+  if (self.constraint) {  // the child's part of it (Constraint.child), None for nothing
+    constraint = self.constraint.attr("child")(key);
+    if (constraint.is_none()) constraint = py::object();
+  }
+  return py::cast(PyTree{self.root, self.path / key, std::move(constraint)});
 }
 
 // Attribute access of exact trees: a name of the type (a method, a property) as Python's own
@@ -73,8 +78,13 @@ PyObject* tree_getattro(PyObject* self, PyObject* name) {
         return child_object(tree, *c, std::string(key, size)).release().ptr();
     }
     if (key && g_attr_methods && (size < 2 || key[0] != '_' || key[1] != '_')) {
-      if (PyObject* fn = PyDict_GetItemWithError(g_attr_methods, name))
-        return PyMethod_New(fn, self);
+      if (PyObject* fn = PyDict_GetItemWithError(g_attr_methods, name)) {
+        // A function binds as a method, a property gives its value: the descriptor protocol.
+        if (descrgetfunc get = Py_TYPE(fn)->tp_descr_get)
+          return get(fn, self, reinterpret_cast<PyObject*>(Py_TYPE(self)));
+        Py_INCREF(fn);
+        return fn;
+      }
     }
   } catch (...) {  // NOLINT(bugprone-empty-catch): __getattr__ raises it, translated
   }
@@ -272,7 +282,7 @@ bool leaf_root(const TreeTensor& t) {
 
 py::object wrap(TreeTensor t) {
   if (leaf_root(t)) return wrap_tensor(t.leaf());
-  return py::cast(PyTree{std::make_shared<Root>(std::move(t)), {}});
+  return py::cast(PyTree{std::make_shared<Root>(std::move(t)), {}, {}});
 }
 
 namespace {
@@ -458,7 +468,7 @@ released while leaf work runs.)");
   g_tree_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
 
   cls.def(py::init([](py::handle data) {
-            return PyTree{std::make_shared<Root>(to_tree(data)), {}};
+            return PyTree{std::make_shared<Root>(to_tree(data)), {}, {}};
           }),
           py::arg("data"));
 
@@ -535,6 +545,20 @@ released while leaf work runs.)");
   });
   cls.def("__len__", [](const PyTree& self) { return self.node().size(); });
   cls.def(
+      "_constraint",
+      [](const PyTree& self) { return self.constraint ? self.constraint : py::none(); },
+      "This object's constraint (treetensor/_constraint.py), None when it has none.");
+  cls.def(
+      "_with_constraint",
+      [](const PyTree& self, py::object c) {
+        return PyTree{self.root, self.path, c.is_none() ? py::object() : std::move(c)};
+      },
+      "A new object over the same node with constraint c (None: none).");
+  cls.def(
+      "_node_id", [](const PyTree& self) { return reinterpret_cast<std::uintptr_t>(&self.node()); },
+      "The address of this node in its root tree: the same for every view of the node while "
+      "the tree's keys do not change (graph()'s node ids).");
+  cls.def(
       "keys",
       [](const PyTree& self) {
         const TensorTree& n = self.node();
@@ -595,7 +619,7 @@ released while leaf work runs.)");
   // pickle / copy / deepcopy: the state is the nested dict of tensors (torch pickles those).
   cls.def(py::pickle([](const PyTree& self) { return to_dict(self.node()); },
                      [](py::object d) {
-                       return PyTree{std::make_shared<Root>(to_tree(d)), {}};
+                       return PyTree{std::make_shared<Root>(to_tree(d)), {}, {}};
                      }));
 
   // C++ interop (python/include/treetensor/python.hpp): a capsule holding a heap TreeTensor.

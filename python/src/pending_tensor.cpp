@@ -2,8 +2,8 @@
 // hand out an at::Tensor before it exists (ATen has no hook on a tensor's first read), but
 // Python can: a torch.Tensor subclass sees every torch function, method and conversion through
 // __torch_function__. So here a tree-level reduction is queued on the scope's thread, writing
-// into a preallocated 0-d tensor, and Python gets treetensor.asyncs.PendingTensor over it,
-// which waits for the job on every read (treetensor/asyncs.py).
+// into a preallocated 0-d tensor, and Python gets treetensor.asyncs.PendingTensor, a wrapper
+// standing for it, which waits for the job on every read (treetensor/asyncs.py).
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -69,8 +69,8 @@ struct Queued {
 };
 
 /// Queues f(n) on `target` writing a preallocated result, or nothing when autograd records the
-/// call (a PendingTensor cannot carry a graph). Runs with the GIL released: a pending operand is
-/// made here (its leaves' dtypes decide the result's).
+/// call or a leaf is quantized (then the call is made here). Runs with the GIL released: a pending
+/// operand is made here (its leaves' dtypes decide the result's).
 std::optional<Queued> queue(const asyncs::PendingTarget& target, TreeLevel op, std::string name,
                             const TensorTree& n, TreeLevelFn f) {
   const auto flat = tree::flatten_refs(n);
@@ -78,7 +78,10 @@ std::optional<Queued> queue(const asyncs::PendingTarget& target, TreeLevel op, s
   std::vector<at::Tensor> reads;
   reads.reserve(flat.leaves.size());
   for (const at::Tensor* x : flat.leaves) {
-    if (x->requires_grad() && c10::GradMode::is_enabled()) return std::nullopt;
+    // A graph cannot be carried by a preallocated result; a quantized result's quantizer is
+    // known only from the data.
+    if ((x->requires_grad() && c10::GradMode::is_enabled()) || x->is_quantized())
+      return std::nullopt;
     numel += x->numel();
     reads.push_back(*x);
   }
@@ -112,9 +115,11 @@ py::object tree_level(TreeLevel op, const char* name, const TensorTree& n, TreeL
   return pending_class().attr("_make")(wrap_tensor(r.out), PendingJob{std::move(r.job)});
 }
 
-void wait_pending(py::handle tensor) {
-  py::object job = py::getattr(tensor, "_tt_job", py::none());
-  if (!job.is_none()) job.cast<const PendingJob&>().wait();
+py::object pending_result(py::handle tensor) {
+  // treetensor/asyncs.py's _ready: one definition of the wait.
+  static py::object* ready =
+      new py::object(py::module_::import("treetensor.asyncs").attr("_ready"));
+  return (*ready)(tensor);
 }
 
 bool is_pending_tensor(PyObject* o) noexcept {

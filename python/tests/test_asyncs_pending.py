@@ -1,6 +1,7 @@
 """Pending asyncs scopes (DESIGN.md §10; OneFlow's `with oneflow.asyncs.thread(k):`): the block's
 tree calls return at once, every read waits (with the GIL released) for exactly its job, errors
 are raised at the first read. Values are checked against torch on the same leaves."""
+import copy
 import pickle
 import threading
 import time
@@ -326,7 +327,8 @@ def mixed(seed=3):
 
 @pytest.mark.parametrize("read", ["float", "item", "repr", "str", "format", "tolist", "numpy",
                                   "torch_fn", "operator", "bool", "dtype", "tree_call",
-                                  "tree_leaf", "pickle", "sync"])
+                                  "tree_leaf", "pickle", "deepcopy", "torch_scalar_arg",
+                                  "tree_scalar_arg", "sync"])
 def test_tree_level_reduction_returns_at_once_and_every_read_waits(read):
     x = mixed()
     want = x.sum()  # outside a scope: the plain tensor
@@ -365,6 +367,14 @@ def test_tree_level_reduction_returns_at_once_and_every_read_waits(read):
     elif read == "tree_leaf":
         got = ttorch.Tensor({"s": s})
         assert torch.equal(got.s, want)
+    elif read == "deepcopy":
+        got = copy.deepcopy({"s": s})["s"]
+        assert type(got) is torch.Tensor and torch.equal(got, want)
+    elif read == "torch_scalar_arg":  # torch's C++ reads a Scalar without __torch_function__
+        assert torch.equal(torch.full((2,), s), torch.full((2,), want.item()))
+    elif read == "tree_scalar_arg":  # a Number argument of a tree call (C++)
+        got = x.clamp(min=s)
+        assert torch.equal(got.b.c, x.b.c.clamp(min=want.item()))
     elif read == "pickle":
         got = pickle.loads(pickle.dumps(s))
         assert type(got) is torch.Tensor and torch.equal(got, want)
@@ -420,7 +430,8 @@ def test_tree_level_reduction_error_is_raised_at_every_read_and_by_tree_calls():
     w = asyncs.Thread("error")
     with asyncs.thread(w):
         m = x.mean()  # returns at once: the error belongs to the first read
-    for read in (float, repr, lambda v: v + 1, lambda v: x.float() * v):
+    for read in (float, repr, lambda v: v + 1, lambda v: x.float() * v, lambda v: x.clamp(max=v),
+                 lambda v: torch.as_tensor(v, dtype=torch.float64), lambda v: torch.full((1,), v)):
         with pytest.raises(ValueError, match=r"asyncs thread \d+, job \d+ 'tree call mean'.*"
                                              r"leaf 'a' is Long"):
             read(m)
@@ -447,6 +458,36 @@ def test_tree_level_reduction_autograd_records_is_a_blocking_call():
     assert torch.equal(x.a.grad, torch.ones(3))
     with torch.no_grad(), asyncs.thread(w):
         assert type(x.sum()) is asyncs.PendingTensor  # nothing recorded: pending again
+    w.close()
+
+
+@pytest.mark.parametrize("read", ["arange", "narrow", "index"])
+def test_an_int_result_read_as_an_int_argument_waits(read):
+    """torch's C++ reads an int argument without __torch_function__: __torch_dispatch__ waits."""
+    x = ttorch.Tensor({"a": torch.ones(2, dtype=torch.int64), "b": torch.ones(1, dtype=torch.int64)})
+    w = asyncs.Thread("int")
+    ev = gated(w)
+    with asyncs.thread(w):
+        k = x.sum()
+    t, opened = open_later(ev)
+    if read == "arange":
+        assert torch.equal(torch.arange(k), torch.arange(3))
+    elif read == "narrow":
+        assert torch.arange(10).narrow(0, 0, k).shape == (3,)
+    else:
+        assert torch.arange(10)[k].item() == 3
+    assert opened
+    t.join()
+    w.close()
+
+
+def test_tree_level_reduction_of_quantized_leaves_is_a_blocking_call():
+    q = torch.quantize_per_tensor(torch.tensor([0.1, 0.5]), 0.1, 0, torch.quint8)
+    x = ttorch.Tensor({"a": q})
+    w = asyncs.Thread("quantized")
+    with asyncs.thread(w):
+        got = x.max()  # the result's quantizer is known only from the data
+    assert type(got) is torch.Tensor and got.dtype == torch.quint8 and got.item() == q.max().item()
     w.close()
 
 

@@ -12,6 +12,7 @@ PyPI, or TREETENSOR_PEERS_PYTHON naming a Python that imports DI-treetensor. It 
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -337,6 +338,24 @@ CASES = [
     ("error-structure-fallback", "T('t').type_as(T('e'))", None),
     ("error-unpack-missing", "T('t').unpack('zz')", None),
     ("error-popitem-empty", "tc.Object({}).popitem()", None),
+    # treevalue's graphviz drawing (the DOT source; ids and colours normalised: DIFFERENCES)
+    ("graph", "T('t').graph('t').source", None),
+    ("graph-defaults", "T('t').graph().source", None),
+    ("graphics", "(lambda u: ttorch.Tensor.graphics((u, 'u'), (u.b, 'ub'), title='Two views', "
+     "dup_value=True).source)(T('t'))", None),
+    ("graphics-options", "tc.Object.graphics((tc.Object({'a': 1, 'b': {'x': 1, 'y': 'one'}}), 'o'), "
+     "title='T', dup_value=int, repr_gen=lambda v, p: '/'.join(p) + '=' + repr(v), "
+     "cfg={'rankdir': 'LR'}, node_cfg_gen=lambda n, p, np_, pp, is_node: {'tooltip': str(is_node)}, "
+     "edge_cfg_gen=lambda n, p, np_: {'tooltip': '.'.join(np_)}).source", None),
+    ("stream_call", "ttorch.stream_call(torch.add, T('t').a, 1)", None),
+    # treevalue's constraints (DI-treetensor 0.5.0 drops them: DIFFERENCES)
+    ("constraint", "repr(T('t').constraint)", None),
+    ("validate", "T('t').validate()", None),
+    ("with_constraints", "T('t').with_constraints({'a': torch.Tensor, 'b': torch.Tensor})", None),
+    ("with_constraints-kept", "repr(T('t').with_constraints({'b': {'x': torch.Tensor}}).b.constraint)", None),
+    ("with_constraints-validate", "T('t').with_constraints(int).validate()", None),
+    ("Object-with_constraints-validate", "tc.Object({'a': 1, 'b': {'c': 'x'}}).with_constraints("
+     "{'b': {'c': int}}).validate()", None),
 ]
 
 # Cases where ours differs from DI-treetensor by design: id -> (what ours gives, why), or
@@ -348,7 +367,31 @@ def _in_any_order(encoded):
     return (kind, sorted(payload, key=repr))
 
 
+def _graph_shape(encoded):
+    """A graph's DOT source as its sorted statements, each node id replaced by the node's label
+    and colours dropped: ids are node addresses on both sides, the palette is each side's own,
+    and statements come in key order here (§1), in dict order there."""
+    kind, source = encoded[0], encoded[1]
+    source = re.sub(r"#[0-9a-f]{8}\b", "#colour", re.sub(r"#[0-9a-f]{12}\b|tensor_[0-9a-f]{12}\b",
+                                                          "#id", source))
+    labels = dict(re.findall(r'^\t((?:node|value)_\w+) \[label=("(?:[^"\\]|\\.)*"|\S+)', source, re.M))
+    source = re.sub(r"\b(?:node|value)_\w+", lambda m: "<%s>" % labels.get(m.group(0), "?"), source)
+    return (kind, sorted(source.splitlines()))
+
+
 DIFFERENCES = {
+    "with_constraints-kept": (("value", "<TreeConstraint (('x', <TypeConstraint <class 'torch.Tensor'>>),)>"),
+                              "DESIGN.md §15: a tree keeps the constraint with_constraints gives it "
+                              "(DI-treetensor 0.5.0 drops it: <EmptyConstraint>)"),
+    "with_constraints-validate": (("error", "ValidationError"), "DESIGN.md §15 (as "
+                                  "with_constraints-kept: DI-treetensor validates nothing)"),
+    "Object-with_constraints-validate": (("error", "ValidationError"), "DESIGN.md §15 (as "
+                                         "with_constraints-kept)"),
+    "graph": (_graph_shape, "DESIGN.md §15: node ids are node addresses and the colours each "
+              "side's own palette; the structure, labels and attributes are the same"),
+    "graph-defaults": (_graph_shape, "DESIGN.md §15 (as graph)"),
+    "graphics": (_graph_shape, "DESIGN.md §15 (as graph)"),
+    "graphics-options": (_graph_shape, "DESIGN.md §15 (as graph)"),
     "stream": (("value", None), "DESIGN.md §15: stream(n) works on CPU (DI-treetensor asserts CUDA)"),
     "error-structure": (("error", "ValueError"), "DESIGN.md §15: structure mismatches are ValueError "
                         "naming the path (DI-treetensor: KeyError)"),

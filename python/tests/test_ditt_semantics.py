@@ -441,3 +441,105 @@ def test_object_map_clone_and_dict_methods():
     assert o.json() == {"b": {"c": 2}, "k": {"m": 1}, "n": 2, "q": 3}
     assert o.reduce(lambda **kw: sum(kw.values())) == 8
     assert o.filter(lambda x: x > 1).json() == {"b": {"c": 2}, "n": 2, "q": 3}
+
+
+# ---- treevalue's graph / graphics (the DOT structure is checked against DI-treetensor by the
+# oracle; here what it cannot check) -------------------------------------------------------------
+
+def test_graph_is_valid_dot_that_graphviz_draws():
+    t = ttorch.Tensor({"a": torch.arange(6.).reshape(2, 3), "b": {"x": torch.tensor(1),
+                                                               "y": torch.zeros(2)}})
+    g = t.graph("t <tree>", title='a "quoted" title')
+    svg = g.pipe(format="svg").decode()  # Graphviz's dot parses and lays out our source
+    assert svg.count('class="node"') == 5 and svg.count('class="edge"') == 4
+    assert "&lt;tree&gt;.b" in svg  # the markup characters of a name arrive as text
+
+
+def test_graph_shares_nodes_of_views_and_values_with_dup_value():
+    leaf = torch.ones(2)
+    t = ttorch.Tensor({"a": leaf, "b": {"x": leaf}, "c": torch.zeros(1)})
+    g = ttorch.Tensor.graphics((t, "t"), (t.b, "tb"), dup_value=True)
+    nodes = [ln for ln in g.body if " -> " not in ln]
+    assert len(nodes) == 4  # t, t.b drawn once (also the root tb), the shared leaf once, c
+    assert sum(" -> " in ln for ln in g.body) == 4
+    assert len([ln for ln in t.graph().body if " -> " not in ln]) == 5  # no dup_value
+
+
+def test_graph_generators_get_the_arguments_they_take():
+    seen = []
+    o = tc.Object({"a": 1, "b": {"c": 2}})
+    o.graph("o", repr_gen=lambda v: f"<{v}>",
+            node_cfg_gen=lambda *args: seen.append(("node", len(args))) or {},
+            edge_cfg_gen=lambda cur, parent, path: seen.append(("edge", tuple(path))) or {"weight": 2})
+    assert ("node", 7) in seen and ("edge", ("b", "c")) in seen
+
+
+def test_graph_errors():
+    with pytest.raises(TypeError, match="argument 1 is a int, not a tree"):
+        ttorch.Tensor.graphics(ttorch.Tensor({"a": torch.ones(1)}), 3)
+
+
+def test_graph_without_the_graphviz_package(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "graphviz", None)
+    with pytest.raises(ImportError, match=r"pip install graphviz"):
+        ttorch.Tensor({"a": torch.ones(1)}).graph()
+
+
+def test_stream_call_is_the_call():
+    x = torch.randn(3)
+    assert torch.equal(ttorch.stream_call(torch.add, x, 1, alpha=2), x + 2)
+    with ttorch.stream(2):
+        assert torch.equal(ttorch.stream_call(torch.sigmoid, x), torch.sigmoid(x))
+
+
+# ---- treevalue's constraints (DI-treetensor 0.5.0 drops them; treevalue's semantics here) -----
+
+def test_with_constraints_shares_the_tree_and_keeps_its_constraint():
+    t = ttorch.Tensor({"a": torch.ones(2, 3), "b": {"x": torch.zeros(4)}})
+    c = t.with_constraints({"a": tc.vcheck(lambda v: v.shape[0] == 2), "b": torch.Tensor})
+    assert repr(t.constraint) == "<EmptyConstraint>" and c.constraint != t.constraint
+    assert repr(c.b.constraint) == "<TypeConstraint <class 'torch.Tensor'>>"
+    assert repr(c.b.x) == repr(t.b.x) and c.a is t.a  # the same leaves
+    c.b.y = torch.ones(1)  # the same keys: t sees it
+    assert "y" in t.b
+    c.validate()
+    assert repr((c + 1).constraint) == "<EmptyConstraint>"  # results of ops have none
+
+
+@pytest.mark.parametrize("make", [lambda d: ttorch.Tensor(d), lambda d: tc.Object(d)])
+def test_validate_names_the_constraint_position_and_error(make):
+    t = make({"a": torch.ones(2), "b": {"x": torch.zeros(3), "y": torch.zeros(1)}})
+    c = t.with_constraints({"b": {"y": tc.vcheck(lambda v: v.numel() > 1)}})
+    with pytest.raises(tc.ValidationError, match=r"at position \('b', 'y'\)\nAssertionError: Check of") as e:
+        c.validate()
+    tree, error, position, constraint = e.value.args
+    assert tree is c and position == ("b", "y") and isinstance(e.value.__cause__, AssertionError)
+    with pytest.raises(tc.ValidationError, match=r"Invalid type, <class 'int'> expected but "
+                                                r"<class 'torch.Tensor'> found"):
+        t.with_constraints(int).validate()
+
+
+def test_constraint_kinds_and_composition():
+    t = tc.Object({"a": 1, "b": {"c": 2}})
+    t.with_constraints([int, tc.vval(lambda v: v > 0), tc.nval(lambda n: n.a),
+                        tc.ncheck(lambda n: "b" in n), {"b": tc.nval(len), "a": tc.cleaf()}]).validate()
+    for bad, where in ((tc.vval(lambda v: 1 / (v - 2)), ("b", "c")), (tc.cleaf(), ()),
+                       ({"a": {"x": int}}, ("a",)), (tc.ncheck(lambda n: "z" in n), ())):
+        with pytest.raises(tc.ValidationError) as e:
+            t.with_constraints(bad).validate()
+        assert e.value.position == where, bad
+    both = t.with_constraints(int).with_constraints({"b": float})
+    assert "CompositeConstraint" in repr(both.constraint)
+    assert repr(both.with_constraints(str, clear=True).constraint) == "<TypeConstraint <class 'str'>>"
+    assert repr(both.b.constraint) == "<CompositeConstraint (<TypeConstraint <class 'float'>>, " \
+                                      "<TypeConstraint <class 'int'>>)>"
+    assert tc.to_constraint({"a": None}) == tc.to_constraint({}) and tc.to_constraint(int) == tc.to_constraint([int])
+    with pytest.raises(TypeError, match="Invalid constraint - 3"):
+        t.with_constraints(3)
+
+
+def test_a_key_named_constraint_comes_first():
+    t = ttorch.Tensor({"constraint": torch.ones(1), "validate": torch.zeros(1)})
+    assert torch.equal(t.constraint, torch.ones(1)) and torch.equal(t.validate, torch.zeros(1))
+    assert repr(ttorch.Tensor({"a": torch.ones(1)}).constraint) == "<EmptyConstraint>"

@@ -122,6 +122,8 @@ class Tensor:
         """__truediv__(self: treetensor._C.Tensor, arg0: object) -> object"""
     def __xor__(*args, **kwargs):
         """__xor__(self: treetensor._C.Tensor, arg0: object) -> object"""
+    def _constraint(self) -> Any:
+        """This object's constraint (treetensor/_constraint.py), None when it has none."""
     def _device(self) -> Any: ...
     def _dtype(self) -> Any: ...
     @staticmethod
@@ -131,6 +133,8 @@ class Tensor:
         """fn(leaf, *args, **kwargs) on every leaf, with the GIL held: a tree when every result is a tensor, else the nested dict of the results (treetensor.torch's fallback)."""
     def _leaf_norm(self, p: typing.SupportsFloat | typing.SupportsIndex = ...) -> Any:
         """at::norm(leaf, p) of every leaf (a tree; pending inside an asyncs scope): what treetensor.torch's Tensor.norm(p) runs (DI-treetensor: per leaf)."""
+    def _node_id(self) -> builtins.int:
+        """The address of this node in its root tree: the same for every view of the node while the tree's keys do not change (graph()'s node ids)."""
     def _numel(self) -> Any: ...
     @property
     def _path(self) -> Any: ...
@@ -140,6 +144,8 @@ class Tensor:
     def _to(self, dtype: Any = ..., device: Any = ..., non_blocking: builtins.bool = ..., copy: builtins.bool = ...) -> Any: ...
     def _to_capsule(self) -> typing_extensions.CapsuleType:
         """A PyCapsule 'treetensor.TreeTensor' holding a C++ TreeTensor sharing the leaves."""
+    def _with_constraint(self, arg0: Any) -> Tensor:
+        """A new object over the same node with constraint c (None: none)."""
     def abs(self) -> Any:
         """abs(): absolute value |x|, on every leaf."""
     def abs_(self) -> Any:
@@ -222,6 +228,8 @@ class Tensor:
         """clone(): a copy of x with its own storage, on every leaf."""
     def consolidate(self) -> Any:
         """A copy whose leaves are views into one buffer per (dtype, device) (C++ consolidate())."""
+    @property
+    def constraint(self) -> Any: ...
     def contiguous(self) -> Any: ...
     def copy_(self, *args, **kwargs):
         """copy_(self: object, arg0: object) -> object"""
@@ -326,6 +334,14 @@ class Tensor:
         """The child `key` (a tensor or a tree), or `default` when there is none."""
     @property
     def grad(self) -> Any: ...
+    def graph(self, root=..., title=..., cfg=..., dup_value=..., repr_gen=..., node_cfg_gen=..., edge_cfg_gen=...):
+        """A ``graphviz.Digraph`` of this tree (treevalue's ``graph``; needs the graphviz package):
+        ``root`` names the root node (default ``<Tensor #id>``), ``title`` the graph (default
+        ``Graph of tree <root>.``); the other options as ``graphics``."""
+    @classmethod
+    def graphics(cls, *trees, title=..., cfg=..., dup_value=..., repr_gen=..., node_cfg_gen=..., edge_cfg_gen=...):
+        """A ``graphviz.Digraph`` of several trees, each a tree or a ``(tree, name)`` pair
+        (treevalue's ``graphics``; see ``treetensor._graph`` for the options)."""
     def gt(self, other: Any) -> Any:
         """gt(b): a > b (bool), leaf-wise (b: a tree, tensor or number)."""
     def gt_(self, *args, **kwargs):
@@ -583,6 +599,9 @@ class Tensor:
     def update(self, other=..., **kwargs):
         """Sets each child of ``other`` (a dict, a tree or (key, value) pairs) and of kwargs
         (dict.update). Tensor and Object trees alike."""
+    def validate(self):
+        """Checks this tree against its constraint. @raises ValidationError (constraint, position,
+        the check's error; the tree as its first argument)."""
     def values(self) -> builtins.list:
         """The children of this node in key order: tensors for leaves, trees for subtrees."""
     def view(self, *args) -> Any: ...
@@ -591,6 +610,10 @@ class Tensor:
         key order; a node's value is the tree (a view), a leaf's the leaf (treevalue's ``walk``)."""
     def where(*args, **kwargs):
         """where(self: treetensor._C.Tensor, arg0: object, arg1: object) -> object"""
+    def with_constraints(self, constraint, clear=...):
+        """This tree with `constraint` added to its own (``clear=True``: instead of its own), as a
+        new object over the same keys and leaves (treevalue's ``with_constraints``). Nothing is
+        checked until ``validate()``. @raises TypeError for what ``to_constraint`` refuses."""
     def zero_(self) -> Any: ...
 
 class TreeSpec:

@@ -15,7 +15,7 @@ import types as _types
 
 import torch as _torch
 
-from . import _C, _leafwise
+from . import _C, _constraint, _graph, _leafwise
 from .common import Object
 
 _Tree = _C.Tensor
@@ -354,12 +354,37 @@ class TorchProxy:
         return f if self._tree is None else _types.MethodType(f, self._tree)
 
 
+def _node_id(tree):
+    return tree._node_id() if isinstance(tree, _Tree) else id(tree._d)
+
+
+def graph(self, root=None, title=None, cfg=None, dup_value=False, repr_gen=None,
+          node_cfg_gen=None, edge_cfg_gen=None):
+    """A ``graphviz.Digraph`` of this tree (treevalue's ``graph``; needs the graphviz package):
+    ``root`` names the root node (default ``<Tensor #id>``), ``title`` the graph (default
+    ``Graph of tree <root>.``); the other options as ``graphics``."""
+    root = root or "<%s #%x>" % (type(self).__name__, _node_id(self))
+    return _graph.graphics(_is_tree, _node_id, (self, root), title=title or f"Graph of tree {root}.",
+                           cfg=cfg, dup_value=dup_value, repr_gen=repr_gen,
+                           node_cfg_gen=node_cfg_gen, edge_cfg_gen=edge_cfg_gen)
+
+
+def graphics(cls, *trees, title=None, cfg=None, dup_value=False, repr_gen=None,
+             node_cfg_gen=None, edge_cfg_gen=None):
+    """A ``graphviz.Digraph`` of several trees, each a tree or a ``(tree, name)`` pair
+    (treevalue's ``graphics``; see ``treetensor._graph`` for the options)."""
+    return _graph.graphics(_is_tree, _node_id, *trees, title=title, cfg=cfg, dup_value=dup_value,
+                           repr_gen=repr_gen, node_cfg_gen=node_cfg_gen, edge_cfg_gen=edge_cfg_gen)
+
+
 #: The instance methods, by name. Tensor trees look them up after their keys (as DI-treetensor
 #: does: a key 'mask' is ``t.mask``); Object has them as plain methods.
 METHODS = {"walk": walk, "reduce": reduce, "filter": filter, "mask": mask, "unpack": unpack,
-           "rise": rise, "type": type_, "clear": clear, "popitem": popitem}
+           "rise": rise, "type": type_, "clear": clear, "popitem": popitem, "graph": graph,
+           "with_constraints": _constraint.with_constraints, "validate": _constraint.validate,
+           "constraint": property(_constraint.constraint_of)}
 #: The class methods (``ttorch.Tensor.union(a, b)``), by name.
-CLASS_METHODS = {"union": union, "subside": subside, "func": func}
+CLASS_METHODS = {"union": union, "subside": subside, "func": func, "graphics": graphics}
 
 
 def install_object(cls):

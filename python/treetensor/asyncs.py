@@ -15,6 +15,7 @@ the first read with its type, the op, the leaf path and the worker ("asyncs thre
 nest; the innermost wins. Only the Python thread that entered the block is affected.
 """
 import atexit as _atexit
+import copy as _copy
 import threading as _threading
 import weakref as _weakref
 
@@ -91,62 +92,75 @@ class Future:
             del self, value  # no cycle through this frame (as concurrent.futures does)
 
 
-def _wait(x):
+def _ready(x):
+    """The plain tensor a PendingTensor stands for, once its job has run (raises its error)."""
+    job = x._tt_job
+    if job is not None:
+        job.wait()  # raises the job's error, at every read
+        x._tt_job = None
+    return x._tt_out
+
+
+def _plain(x):
     if type(x) is PendingTensor:
-        job = getattr(x, "_tt_job", None)
-        if job is not None:
-            job.wait()  # raises the job's error, at every read
-            x._tt_job = None
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            _wait(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _wait(v)
+        return _ready(x)
+    if type(x) in (list, tuple):  # torch's TensorList arguments: torch.stack([s, t])
+        return type(x)(_plain(v) for v in x)
+    return x
+
+
+def _plain_args(args, kwargs):
+    return tuple(_plain(a) for a in args), ({k: _plain(v) for k, v in kwargs.items()} if kwargs else {})
 
 
 class PendingTensor(_torch.Tensor):
     """A tree-level reduction's result made inside a pending scope (``t.sum()`` in ``with
-    thread(k):``): a 0-d ``torch.Tensor`` of the reduction's dtype and device that the scope's
-    worker fills in. Every read waits, with the GIL released, for exactly that job: a torch
-    function or method given it, a conversion (``float``, ``int``, ``bool``, ``.item()``,
-    ``.tolist()``, ``.numpy()``), printing, and a tree call given it (even in the same scope:
+    thread(k):``): a 0-d ``torch.Tensor`` of the reduction's dtype and device standing for the
+    plain tensor the scope's worker fills in. Every read waits, with the GIL released, for
+    exactly that job and then reads the plain tensor: a torch function or method given it
+    (``__torch_function__``), anything torch's C++ does with it, such as a Scalar argument
+    (``torch.full((2,), s)``, ``t.narrow(0, 0, s)``: ``__torch_dispatch__``), a conversion
+    (``float``, ``int``, ``bool``, ``.item()``, ``.tolist()``, ``.numpy()``), printing,
+    formatting, pickling, ``copy.deepcopy``, and a tree call given it (even in the same scope:
     it is a tensor, not a tree, so the worker cannot chain on it). If the job failed, every
-    read raises its error (type, op, leaf path, "asyncs thread <id>, job <n>"). After the
-    wait it behaves as the tensor it is; results of operations on it are plain tensors. Its
-    operations go through ``__torch_function__`` (a few µs each), so keep it for reading
-    results, not for heavy work."""
+    read raises its error (type, op, leaf path, "asyncs thread <id>, job <n>"). Results of
+    operations on it are plain tensors (an in-place op returns the plain tensor too), and each
+    goes through Python (a few µs), so keep it for reading results, not for heavy work; it
+    cannot be a ``torch.nn.Parameter``'s data."""
 
     @staticmethod
     def _make(out, job):
-        t = _torch.Tensor._make_subclass(PendingTensor, out)
-        t._tt_job = job
+        # A wrapper (no storage of its own): torch's C++ cannot read it without
+        # __torch_dispatch__, so no read skips the wait.
+        t = _torch.Tensor._make_wrapper_subclass(PendingTensor, out.shape, strides=out.stride(),
+                                                  dtype=out.dtype, device=out.device)
+        t._tt_out, t._tt_job = out, job
         return t
 
-    # Printed, formatted and pickled as the plain tensor it stands for (torch's own forms of
-    # these accept only torch.Tensor itself): ``tensor(19.)``, ``f"{s:.3f}"``, and a pickle that
-    # loads as a torch.Tensor.
-    def _plain(self):
-        _wait(self)
-        with _torch._C.DisableTorchFunctionSubclass():
-            return self.as_subclass(_torch.Tensor)
-
+    # Printed, formatted, pickled and copied as the plain tensor it stands for: ``tensor(19.)``,
+    # ``f"{s:.3f}"``, and a pickle or deep copy that is a torch.Tensor.
     def __repr__(self, *, tensor_contents=None):
-        return repr(self._plain())
+        return repr(_ready(self))
 
     def __format__(self, format_spec):
-        return format(self._plain(), format_spec)
+        return format(_ready(self), format_spec)
 
     def __reduce_ex__(self, protocol):
-        return self._plain().__reduce_ex__(protocol)
+        return _ready(self).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo):
+        return _copy.deepcopy(_ready(self), memo)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        _wait(args)
-        if kwargs:
-            _wait(kwargs)
+        args, kwargs = _plain_args(args, kwargs)
         with _torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = _plain_args(args, kwargs)
+        return func(*args, **kwargs)
 
 
 _alive = _weakref.WeakSet()
@@ -188,7 +202,10 @@ class thread:
     exactly the job it needs; the block's code goes on meanwhile. In-place calls leave their
     tree pending the same way. A failed call's error (its type, op, leaf path and "asyncs
     thread <id>, job <n>") is raised by every read of its result; one never read is raised by
-    ``synchronize()``. Tree-level reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
+    ``synchronize()``. Tree calls order themselves after the pending jobs whose leaves they
+    touch; torch's own calls on a leaf do not: write an operand's leaf in place with torch
+    (``x.a.add_(1)``) only after reading the results, or after ``synchronize()``. Tree-level
+    reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
     ``max``, ``std`` without ``dim``) return a :class:`PendingTensor`. Calls that
     return several trees or a tensor of unknown shape (``split``/``unbind``, ``masked_select``,
     ``apply`` with a Python function) and calls autograd records into a tensor (a reduction of

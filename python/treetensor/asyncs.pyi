@@ -27,18 +27,24 @@ class Future:
 
 class PendingTensor(torch.Tensor):
     """A tree-level reduction's result made inside a pending scope (``t.sum()`` in ``with
-    thread(k):``): a 0-d ``torch.Tensor`` of the reduction's dtype and device that the scope's
-    worker fills in. Every read waits, with the GIL released, for exactly that job: a torch
-    function or method given it, a conversion (``float``, ``int``, ``bool``, ``.item()``,
-    ``.tolist()``, ``.numpy()``), printing, and a tree call given it (even in the same scope:
+    thread(k):``): a 0-d ``torch.Tensor`` of the reduction's dtype and device standing for the
+    plain tensor the scope's worker fills in. Every read waits, with the GIL released, for
+    exactly that job and then reads the plain tensor: a torch function or method given it
+    (``__torch_function__``), anything torch's C++ does with it, such as a Scalar argument
+    (``torch.full((2,), s)``, ``t.narrow(0, 0, s)``: ``__torch_dispatch__``), a conversion
+    (``float``, ``int``, ``bool``, ``.item()``, ``.tolist()``, ``.numpy()``), printing,
+    formatting, pickling, ``copy.deepcopy``, and a tree call given it (even in the same scope:
     it is a tensor, not a tree, so the worker cannot chain on it). If the job failed, every
-    read raises its error (type, op, leaf path, "asyncs thread <id>, job <n>"). After the
-    wait it behaves as the tensor it is; results of operations on it are plain tensors. Its
-    operations go through ``__torch_function__`` (a few µs each), so keep it for reading
-    results, not for heavy work."""
+    read raises its error (type, op, leaf path, "asyncs thread <id>, job <n>"). Results of
+    operations on it are plain tensors (an in-place op returns the plain tensor too), and each
+    goes through Python (a few µs), so keep it for reading results, not for heavy work; it
+    cannot be a ``torch.nn.Parameter``'s data."""
+    def __deepcopy__(self, memo): ...
     def __format__(self, format_spec): ...
     def __reduce_ex__(self, protocol): ...
     def __repr__(self, *, tensor_contents=...): ...
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=..., kwargs=...): ...
     @classmethod
     def __torch_function__(cls, func, types, args=..., kwargs=...): ...
 
@@ -84,7 +90,10 @@ class thread:
     exactly the job it needs; the block's code goes on meanwhile. In-place calls leave their
     tree pending the same way. A failed call's error (its type, op, leaf path and "asyncs
     thread <id>, job <n>") is raised by every read of its result; one never read is raised by
-    ``synchronize()``. Tree-level reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
+    ``synchronize()``. Tree calls order themselves after the pending jobs whose leaves they
+    touch; torch's own calls on a leaf do not: write an operand's leaf in place with torch
+    (``x.a.add_(1)``) only after reading the results, or after ``synchronize()``. Tree-level
+    reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
     ``max``, ``std`` without ``dim``) return a :class:`PendingTensor`. Calls that
     return several trees or a tensor of unknown shape (``split``/``unbind``, ``masked_select``,
     ``apply`` with a Python function) and calls autograd records into a tensor (a reduction of

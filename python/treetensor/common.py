@@ -13,7 +13,8 @@ every leaf is a numpy array, else an ``Object``.
 """
 import builtins
 
-__all__ = ["Object"]
+__all__ = ["Object", "Constraint", "ValidationError", "to_constraint", "vval", "vcheck", "nval",
+           "ncheck", "cleaf"]
 
 
 class Object:
@@ -22,7 +23,8 @@ class Object:
     ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout.
     ``Object(non_dict)`` is the value itself (DI-treetensor)."""
 
-    __slots__ = ("_d",)
+    # _c: treevalue's constraint of this object (treetensor/_constraint.py) or None.
+    __slots__ = ("_d", "_c")
 
     def __new__(cls, data=None):
         if data is None:
@@ -35,6 +37,26 @@ class Object:
         if data is None:
             data = {}
         object.__setattr__(self, "_d", data.to_dict() if isinstance(data, Object) else data)
+        object.__setattr__(self, "_c", None)
+
+    def _child(self, k):
+        """The child `k`: a view (a tree over the same dict, with its part of the constraint)
+        or the leaf value."""
+        v = self._d[k]
+        if not isinstance(v, dict):
+            return v
+        t = type(self)(v)
+        if self._c is not None:
+            object.__setattr__(t, "_c", self._c.child(k))
+        return t
+
+    def _constraint(self):
+        return self._c
+
+    def _with_constraint(self, c):
+        t = type(self)(self._d)
+        object.__setattr__(t, "_c", c)
+        return t
 
     @classmethod
     def _wrap(cls, v):
@@ -42,15 +64,15 @@ class Object:
 
     def __getattr__(self, k):
         try:
-            return self._wrap(self._d[k])
+            return self._child(k)
         except KeyError:
             raise AttributeError(f"no key '{k}' in tree (keys: {sorted(self._d)})") from None
 
     def __getitem__(self, k):
-        return self._wrap(self._d[k])
+        return self._child(k)
 
     def get(self, k, default=None):
-        return self._wrap(self._d[k]) if k in self._d else default
+        return self._child(k) if k in self._d else default
 
     def keys(self):
         try:
@@ -133,5 +155,7 @@ def _leaves(d):
 # treevalue's tree methods (walk, reduce, filter, mask, map, union, subside, ...): defined beside
 # the Tensor tree's in treetensor._treevalue, which needs the leaf-wise rules built on Object.
 from . import _treevalue  # noqa: E402
+from ._constraint import (Constraint, ValidationError, cleaf, ncheck, nval, to_constraint,  # noqa: E402
+                          vcheck, vval)
 
 _treevalue.install_object(Object)

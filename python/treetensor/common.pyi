@@ -9,7 +9,25 @@ import typing_extensions
 
 __all__ = [
     "Object",
+    "Constraint",
+    "ValidationError",
+    "to_constraint",
+    "vval",
+    "vcheck",
+    "nval",
+    "ncheck",
+    "cleaf",
 ]
+
+class Constraint:
+    """The base: ``check(value, path)`` raises the first failure as a ValidationError;
+    ``child(key)`` is what holds for the child ``key`` (None: nothing)."""
+    def __eq__(self, other): ...
+    def check(self, value, path=...): ...
+    def child(self, key): ...
+    def validate(self, value):
+        """Raises ValidationError (with `value` as its tree) when `value`, a tree or a leaf,
+        fails this constraint; the check's own error is its ``__cause__``."""
 
 class Object:
     """A tree of arbitrary Python values: attribute and item access, ``keys/values/items``
@@ -38,6 +56,8 @@ class Object:
     def clone(self, copy_value=...):
         """A new tree of the same structure; leaves shared unless ``copy_value`` is True (deep copies)
         or a function (applied to each leaf) (treevalue's ``clone``)."""
+    @property
+    def constraint(self) -> Any: ...
     def filter(self, func, remove_empty=...):
         """The tree of the leaves for which ``func(leaf)`` (or ``func(leaf, path)``) is true; nodes
         left empty are removed unless ``remove_empty=False`` (treevalue's ``filter``)."""
@@ -49,6 +69,14 @@ class Object:
         @raises ValueError for a mode other than 'strict', ``inherit=False``, ``missing`` or
                 ``delayed`` (treevalue's other zips: not supported here)."""
     def get(self, k, default=...): ...
+    def graph(self, root=..., title=..., cfg=..., dup_value=..., repr_gen=..., node_cfg_gen=..., edge_cfg_gen=...):
+        """A ``graphviz.Digraph`` of this tree (treevalue's ``graph``; needs the graphviz package):
+        ``root`` names the root node (default ``<Tensor #id>``), ``title`` the graph (default
+        ``Graph of tree <root>.``); the other options as ``graphics``."""
+    @classmethod
+    def graphics(cls, *trees, title=..., cfg=..., dup_value=..., repr_gen=..., node_cfg_gen=..., edge_cfg_gen=...):
+        """A ``graphviz.Digraph`` of several trees, each a tree or a ``(tree, name)`` pair
+        (treevalue's ``graphics``; see ``treetensor._graph`` for the options)."""
     def items(self): ...
     def json(self): ...
     def keys(self): ...
@@ -107,7 +135,39 @@ class Object:
     def update(self, other=..., **kwargs):
         """Sets each child of ``other`` (a dict, a tree or (key, value) pairs) and of kwargs
         (dict.update). Tensor and Object trees alike."""
+    def validate(self):
+        """Checks this tree against its constraint. @raises ValidationError (constraint, position,
+        the check's error; the tree as its first argument)."""
     def values(self): ...
     def walk(self):
         """(path, value) pairs of every node and leaf, the root first as ``()``, then depth first in
         key order; a node's value is the tree (a view), a leaf's the leaf (treevalue's ``walk``)."""
+    def with_constraints(self, constraint, clear=...):
+        """This tree with `constraint` added to its own (``clear=True``: instead of its own), as a
+        new object over the same keys and leaves (treevalue's ``with_constraints``). Nothing is
+        checked until ``validate()``. @raises TypeError for what ``to_constraint`` refuses."""
+
+class ValidationError(Exception):
+    """A tree failed its constraint: ``args`` is (tree, error, position, constraint), as
+    treevalue's; the message names the constraint, the position and the error."""
+    def __init__(self, tree, error, position, constraint): ...
+    def __str__(self): ...
+
+def cleaf():
+    """The node is a leaf, not a tree."""
+
+def ncheck(fn):
+    """The node itself: fn(node) must be true."""
+
+def nval(fn):
+    """The node itself: fn(node) must not raise."""
+
+def to_constraint(c):
+    """A constraint from None, a type, a dict, a list or tuple of those, or a constraint.
+    @raises TypeError for anything else."""
+
+def vcheck(fn):
+    """Every leaf: fn(leaf) must be true."""
+
+def vval(fn):
+    """Every leaf: fn(leaf) must not raise."""

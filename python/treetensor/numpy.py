@@ -31,7 +31,7 @@ class ndarray(Object):
     def __getattr__(self, name):
         d = object.__getattribute__(self, "_d")
         if name in d:
-            return self._wrap(d[name])
+            return self._child(name)
         attr = getattr(_np.ndarray, name, None) if not name.startswith("_") else None
         if attr is None:
             raise AttributeError(f"no key '{name}' in tree (keys: {sorted(d)}) and numpy.ndarray "

@@ -790,7 +790,16 @@ def current_stream():
     return _C.current_stream()
 
 
-__all__ += ["current_stream"]
+def stream_call(func, *args, **kwargs):
+    """``func(*args, **kwargs)`` (DI-treetensor's ``ttorch.stream_call``, which its functions
+    call per leaf). DI-treetensor issues each such call on the next of its ``stream(n)`` CUDA
+    streams without any wait, so a result read on another stream can race; here it runs on the
+    caller's current stream: tree calls already spread their leaves over lanes, each lane with
+    its own stream and the waits that make that safe (DESIGN.md §7, §15)."""
+    return func(*args, **kwargs)
+
+
+__all__ += ["current_stream", "stream_call"]
 
 # ---- files ------------------------------------------------------------------------------------
 

@@ -208,6 +208,7 @@ __all__ = [
     "tensor",
     "as_tensor",
     "current_stream",
+    "stream_call",
     "load",
     "save",
 ]
@@ -239,6 +240,8 @@ class Object:
     def clone(self, copy_value=...):
         """A new tree of the same structure; leaves shared unless ``copy_value`` is True (deep copies)
         or a function (applied to each leaf) (treevalue's ``clone``)."""
+    @property
+    def constraint(self) -> Any: ...
     def filter(self, func, remove_empty=...):
         """The tree of the leaves for which ``func(leaf)`` (or ``func(leaf, path)``) is true; nodes
         left empty are removed unless ``remove_empty=False`` (treevalue's ``filter``)."""
@@ -250,6 +253,14 @@ class Object:
         @raises ValueError for a mode other than 'strict', ``inherit=False``, ``missing`` or
                 ``delayed`` (treevalue's other zips: not supported here)."""
     def get(self, k, default=...): ...
+    def graph(self, root=..., title=..., cfg=..., dup_value=..., repr_gen=..., node_cfg_gen=..., edge_cfg_gen=...):
+        """A ``graphviz.Digraph`` of this tree (treevalue's ``graph``; needs the graphviz package):
+        ``root`` names the root node (default ``<Tensor #id>``), ``title`` the graph (default
+        ``Graph of tree <root>.``); the other options as ``graphics``."""
+    @classmethod
+    def graphics(cls, *trees, title=..., cfg=..., dup_value=..., repr_gen=..., node_cfg_gen=..., edge_cfg_gen=...):
+        """A ``graphviz.Digraph`` of several trees, each a tree or a ``(tree, name)`` pair
+        (treevalue's ``graphics``; see ``treetensor._graph`` for the options)."""
     def items(self): ...
     def json(self): ...
     def keys(self): ...
@@ -308,10 +319,17 @@ class Object:
     def update(self, other=..., **kwargs):
         """Sets each child of ``other`` (a dict, a tree or (key, value) pairs) and of kwargs
         (dict.update). Tensor and Object trees alike."""
+    def validate(self):
+        """Checks this tree against its constraint. @raises ValidationError (constraint, position,
+        the check's error; the tree as its first argument)."""
     def values(self): ...
     def walk(self):
         """(path, value) pairs of every node and leaf, the root first as ``()``, then depth first in
         key order; a node's value is the tree (a view), a leaf's the leaf (treevalue's ``walk``)."""
+    def with_constraints(self, constraint, clear=...):
+        """This tree with `constraint` added to its own (``clear=True``: instead of its own), as a
+        new object over the same keys and leaves (treevalue's ``with_constraints``). Nothing is
+        checked until ``validate()``. @raises TypeError for what ``to_constraint`` refuses."""
 
 class Size(Object):
     """A tree of ``torch.Size`` (``t.shape``); also accepted as a tree of shapes by the
@@ -663,6 +681,13 @@ class stream:
     def __exit__(self, *exc): ...
     def __init__(self, mode): ...
     def __repr__(self): ...
+
+def stream_call(func, *args, **kwargs):
+    """``func(*args, **kwargs)`` (DI-treetensor's ``ttorch.stream_call``, which its functions
+    call per leaf). DI-treetensor issues each such call on the next of its ``stream(n)`` CUDA
+    streams without any wait, so a result read on another stream can race; here it runs on the
+    caller's current stream: tree calls already spread their leaves over lanes, each lane with
+    its own stream and the waits that make that safe (DESIGN.md §7, §15)."""
 
 def sub(*args, **kwargs):
     """sub(input: object, other: object, *, alpha: number = 1) -> object"""
