@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -92,6 +93,11 @@ struct Root : TreeTensor {
   // Bumped by every change of keys (with the GIL held): a pin noted before a change belongs
   // to an access that made no call (see CallPins).
   std::uint64_t version = 0;
+  // keys()/items()' str objects per node (key order), made at a node's first listing while
+  // the keys stay as they were (key_strs_version == version). Touched with the GIL held, and
+  // a Root is destroyed with it held (Python objects and CallPins own Roots).
+  std::unordered_map<const TensorTree*, py::tuple> key_strs;
+  std::uint64_t key_strs_version = 0;
 };
 
 /// Notes that the calling thread's next nogil() reads `root` (see nogil).

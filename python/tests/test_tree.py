@@ -264,3 +264,26 @@ def test_tree_unflatten_refuses_what_does_not_fit():
         ttorch.tree_unflatten(spec, [leaves[0], 1.5, leaves[2]])
     with pytest.raises(TypeError):
         ttorch.tree_flatten({"a": torch.ones(1)})  # a dict is not a tree here: Tensor(d) first
+
+
+def test_keys_and_items_follow_every_change_of_keys():
+    """keys()/items() reuse their str objects per node while the keys stay (the root's
+    version): every change of keys, at any depth and through any view, is seen."""
+    t = ttorch.Tensor({"a": torch.ones(1), "b": {"x": torch.zeros(1)}})
+    view = t.b
+    assert t.keys() == ["a", "b"] and view.keys() == ["x"]
+    listed = t.keys()
+    listed.append("not a key")  # a fresh list each call
+    assert t.keys() == ["a", "b"] and t.keys()[0] is t.keys()[0]
+    t.c = torch.ones(2)
+    assert t.keys() == ["a", "b", "c"]
+    del t.a
+    assert t.keys() == ["b", "c"] and [k for k, _ in t.items()] == ["b", "c"]
+    view.y = torch.ones(3)  # through a view: the root's keys changed
+    assert t.b.keys() == ["x", "y"] and [k for k, _ in view.items()] == ["x", "y"]
+    t.b = {"z": torch.ones(1), "w": {"q": torch.ones(1)}}
+    assert view.keys() == ["w", "z"] and t.b.w.keys() == ["q"]
+    t.b.w.pop("q")
+    assert t.b.w.keys() == [] and t.b.keys() == ["w", "z"]
+    t.update({"d": torch.ones(1)})
+    assert t.keys() == ["b", "c", "d"] and dict(t.items())["d"].shape == (1,)
