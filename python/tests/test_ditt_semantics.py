@@ -474,9 +474,11 @@ def test_graph_generators_get_the_arguments_they_take():
     assert ("node", 7) in seen and ("edge", ("b", "c")) in seen
 
 
-def test_graph_errors():
+def test_graph_errors_and_names():
     with pytest.raises(TypeError, match="argument 1 is a int, not a tree"):
         ttorch.Tensor.graphics(ttorch.Tensor({"a": torch.ones(1)}), 3)
+    g = ttorch.Tensor({"a": {"b": torch.ones(1)}}).graph(3).source  # any name, as its str
+    assert "label=3 " in g and 'label="3.a"' in g
 
 
 def test_graph_without_the_graphviz_package(monkeypatch):
@@ -537,6 +539,9 @@ def test_constraint_kinds_and_composition():
     assert tc.to_constraint({"a": None}) == tc.to_constraint({}) and tc.to_constraint(int) == tc.to_constraint([int])
     with pytest.raises(TypeError, match="Invalid constraint - 3"):
         t.with_constraints(3)
+    with pytest.raises(tc.ValidationError, match=r"Check of 'positive' failed"):
+        tc.Object({"a": -1}).with_constraints(tc.vcheck(lambda v: v > 0, name="positive")).validate()
+    assert tc.vcheck(abs, name="n") != tc.vcheck(abs) and tc.vcheck(abs) == tc.vcheck(abs)
 
 
 def test_a_key_named_constraint_comes_first():

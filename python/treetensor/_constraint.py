@@ -119,26 +119,26 @@ def _name(fn):
 
 
 class ValueValidateConstraint(_LeafWise):
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, name=None):
+        self.fn, self.name = fn, name or _name(fn)
 
     def check_leaf(self, value):
         self.fn(value)
 
     def _key(self):
-        return (self.fn,)
+        return (self.fn, self.name)
 
     def __repr__(self):
-        return f"<ValueValidateConstraint {_name(self.fn)}>"
+        return f"<ValueValidateConstraint {self.name}>"
 
 
 class ValueCheckConstraint(ValueValidateConstraint):
     def check_leaf(self, value):
         if not self.fn(value):
-            raise AssertionError(f"Check of {_name(self.fn)!r} failed.")
+            raise AssertionError(f"Check of {self.name!r} failed.")
 
     def __repr__(self):
-        return f"<ValueCheckConstraint {_name(self.fn)}>"
+        return f"<ValueCheckConstraint {self.name}>"
 
 
 class _NodeWise(Constraint):
@@ -152,26 +152,26 @@ class _NodeWise(Constraint):
 
 
 class NodeValidateConstraint(_NodeWise):
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, name=None):
+        self.fn, self.name = fn, name or _name(fn)
 
     def check_node(self, node):
         self.fn(node)
 
     def _key(self):
-        return (self.fn,)
+        return (self.fn, self.name)
 
     def __repr__(self):
-        return f"<NodeValidateConstraint {_name(self.fn)}>"
+        return f"<NodeValidateConstraint {self.name}>"
 
 
 class NodeCheckConstraint(NodeValidateConstraint):
     def check_node(self, node):
         if not self.fn(node):
-            raise AssertionError(f"Check of {_name(self.fn)!r} failed.")
+            raise AssertionError(f"Check of {self.name!r} failed.")
 
     def __repr__(self):
-        return f"<NodeCheckConstraint {_name(self.fn)}>"
+        return f"<NodeCheckConstraint {self.name}>"
 
 
 class LeafConstraint(_NodeWise):
@@ -261,24 +261,24 @@ def to_constraint(c):
     raise TypeError(f"Invalid constraint - {c!r}.")
 
 
-def vval(fn):
-    """Every leaf: fn(leaf) must not raise."""
-    return ValueValidateConstraint(fn)
+def vval(fn, name=None):
+    """Every leaf: fn(leaf) must not raise (``name``: how messages call the check; default: fn's module and name)."""
+    return ValueValidateConstraint(fn, name)
 
 
-def vcheck(fn):
-    """Every leaf: fn(leaf) must be true."""
-    return ValueCheckConstraint(fn)
+def vcheck(fn, name=None):
+    """Every leaf: fn(leaf) must be true (``name``: how messages call the check; default: fn's module and name)."""
+    return ValueCheckConstraint(fn, name)
 
 
-def nval(fn):
-    """The node itself: fn(node) must not raise."""
-    return NodeValidateConstraint(fn)
+def nval(fn, name=None):
+    """The node itself: fn(node) must not raise (``name``: how messages call the check; default: fn's module and name)."""
+    return NodeValidateConstraint(fn, name)
 
 
-def ncheck(fn):
-    """The node itself: fn(node) must be true."""
-    return NodeCheckConstraint(fn)
+def ncheck(fn, name=None):
+    """The node itself: fn(node) must be true (``name``: how messages call the check; default: fn's module and name)."""
+    return NodeCheckConstraint(fn, name)
 
 
 def cleaf():

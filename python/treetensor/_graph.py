@@ -106,7 +106,8 @@ def graphics(is_tree, node_id, *trees, title=None, cfg=None, dup_value=False, re
         if not is_tree(tree):
             raise TypeError(f"graphics: argument {index} is a {type(tree).__name__}, not a tree "
                             f"(give trees or (tree, name) pairs)")
-        roots.append((tree, name or "<%s #%x>" % (type(tree).__name__, node_id(tree)), index))
+        name = "<%s #%x>" % (type(tree).__name__, node_id(tree)) if name is None else str(name)
+        roots.append((tree, name, index))
     title = title or ""
     graph = _digraph()(name=_flat_title(title), comment=title)
     graph.graph_attr.update({k: v for k, v in (cfg or {}).items() if v is not None})

@@ -363,7 +363,7 @@ def graph(self, root=None, title=None, cfg=None, dup_value=False, repr_gen=None,
     """A ``graphviz.Digraph`` of this tree (treevalue's ``graph``; needs the graphviz package):
     ``root`` names the root node (default ``<Tensor #id>``), ``title`` the graph (default
     ``Graph of tree <root>.``); the other options as ``graphics``."""
-    root = root or "<%s #%x>" % (type(self).__name__, _node_id(self))
+    root = "<%s #%x>" % (type(self).__name__, _node_id(self)) if root is None else str(root)
     return _graph.graphics(_is_tree, _node_id, (self, root), title=title or f"Graph of tree {root}.",
                            cfg=cfg, dup_value=dup_value, repr_gen=repr_gen,
                            node_cfg_gen=node_cfg_gen, edge_cfg_gen=edge_cfg_gen)

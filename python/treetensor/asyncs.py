@@ -205,8 +205,9 @@ class thread:
     ``synchronize()``. Tree calls order themselves after the pending jobs whose leaves they
     touch; torch's own calls on a leaf do not: write an operand's leaf in place with torch
     (``x.a.add_(1)``) only after reading the results, or after ``synchronize()``. Tree-level
-    reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
-    ``max``, ``std`` without ``dim``) return a :class:`PendingTensor`. Calls that
+reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
+    ``max``, ``std`` without ``dim``) return a :class:`PendingTensor`; of a result made earlier
+    in the block, they first wait for the jobs making it (its dtypes decide the result's). Calls that
     return several trees or a tensor of unknown shape (``split``/``unbind``, ``masked_select``,
     ``apply`` with a Python function) and calls autograd records into a tensor (a reduction of
     leaves that require grad) run on the worker and wait, as with ``blocking=True``, because

@@ -156,18 +156,18 @@ class ValidationError(Exception):
 def cleaf():
     """The node is a leaf, not a tree."""
 
-def ncheck(fn):
-    """The node itself: fn(node) must be true."""
+def ncheck(fn, name=...):
+    """The node itself: fn(node) must be true (``name``: how messages call the check; default: fn's module and name)."""
 
-def nval(fn):
-    """The node itself: fn(node) must not raise."""
+def nval(fn, name=...):
+    """The node itself: fn(node) must not raise (``name``: how messages call the check; default: fn's module and name)."""
 
 def to_constraint(c):
     """A constraint from None, a type, a dict, a list or tuple of those, or a constraint.
     @raises TypeError for anything else."""
 
-def vcheck(fn):
-    """Every leaf: fn(leaf) must be true."""
+def vcheck(fn, name=...):
+    """Every leaf: fn(leaf) must be true (``name``: how messages call the check; default: fn's module and name)."""
 
-def vval(fn):
-    """Every leaf: fn(leaf) must not raise."""
+def vval(fn, name=...):
+    """Every leaf: fn(leaf) must not raise (``name``: how messages call the check; default: fn's module and name)."""
