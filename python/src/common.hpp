@@ -93,11 +93,58 @@ struct Root : TreeTensor {
   // Bumped by every change of keys (with the GIL held): a pin noted before a change belongs
   // to an access that made no call (see CallPins).
   std::uint64_t version = 0;
-  // keys()/items()' str objects per node (key order), made at a node's first listing while
-  // the keys stay as they were (key_strs_version == version). Touched with the GIL held, and
-  // a Root is destroyed with it held (Python objects and CallPins own Roots).
-  std::unordered_map<const TensorTree*, py::tuple> key_strs;
-  std::uint64_t key_strs_version = 0;
+  /// What listing a node makes that depends only on its keys, kept while they stay.
+  struct NodeCache {
+    py::object keys;  // keys()/items()' str objects, a tuple in key order (null: not made yet)
+    py::object spec;  // tree_flatten's TreeSpec of the node (null: not made yet)
+  };
+  /// The node caches, valid while cache_version == version (cleared at the first use after a
+  /// change of keys). Touched with the GIL held, and a Root is destroyed with it held (Python
+  /// objects and CallPins own Roots).
+  NodeCache& cache(const TensorTree& node) {
+    if (cache_version != version) {
+      node_caches.clear();
+      cache_version = version;
+    }
+    return node_caches[&node];
+  }
+
+ private:
+  std::unordered_map<const TensorTree*, NodeCache> node_caches;
+  std::uint64_t cache_version = 0;
+};
+
+/// Most roots one call pins: node() calls not followed by a tree call (keys(), attribute
+/// access) must not grow the list; a call passes nodes of a few trees (more are copied).
+constexpr std::size_t kMaxPins = 16;
+
+/// Counts the calling code as a user of `root` while it lives: begin_change refuses changes of
+/// its keys meanwhile, so references into the tree stay valid across a GIL release or Python
+/// code (a constraint's callback, a garbage collector's finalizer).
+class RootUse {
+ public:
+  explicit RootUse(Root& r) : r_(r) { r_.users.fetch_add(1, std::memory_order_relaxed); }
+  ~RootUse() { r_.users.fetch_sub(1, std::memory_order_relaxed); }
+  RootUse(const RootUse&) = delete;
+  RootUse& operator=(const RootUse&) = delete;
+
+ private:
+  Root& r_;
+};
+
+/// The same for the roots the calling thread's next nogil() will read (pin_next_call): a tree
+/// call that waits (GIL released) while converting its arguments, after its operands' nodes
+/// were handed out, keeps those nodes.
+class NextCallRootsUse {
+ public:
+  NextCallRootsUse();
+  ~NextCallRootsUse();
+  NextCallRootsUse(const NextCallRootsUse&) = delete;
+  NextCallRootsUse& operator=(const NextCallRootsUse&) = delete;
+
+ private:
+  std::array<std::shared_ptr<Root>, kMaxPins> roots_;
+  std::size_t count_ = 0;
 };
 
 /// Notes that the calling thread's next nogil() reads `root` (see nogil).
@@ -143,11 +190,7 @@ struct PyTree {
   /// user meanwhile, so that no other Python thread changes its keys under the wait.
   void wait_ready(const TensorTree& n) const {
     if (!n.is_pending()) return;
-    root->users.fetch_add(1, std::memory_order_relaxed);
-    struct Unpin {
-      Root& r;
-      ~Unpin() { r.users.fetch_sub(1, std::memory_order_relaxed); }
-    } unpin{*root};
+    const RootUse use(*root);
     py::gil_scoped_release release;
     (void)n.is_leaf();
   }
@@ -217,10 +260,6 @@ at::TensorOptions options(py::handle dtype, py::handle device);
 at::ScalarType to_dtype(py::handle dtype);
 at::Device to_device(py::handle device);
 
-/// Most roots one call pins: node() calls not followed by a tree call (keys(), attribute
-/// access) must not grow the list; a call passes nodes of a few trees (more are copied).
-constexpr std::size_t kMaxPins = 16;
-
 /// The roots the calling thread's PyTree::node() calls named since its last nogil(), counted
 /// as users while the call runs (decremented with the GIL held again). No allocation: this is
 /// on every tree call's path.
@@ -251,13 +290,14 @@ decltype(auto) nogil(F&& f) {
 [[noreturn]] void reraise(py::object exc, const std::string& message);
 
 /// The tree-level reductions (reduce.hpp) that go pending inside a pending asyncs scope.
-enum class TreeLevel { sum, mean, all, any, min, max, std, norm };
+enum class TreeLevel { sum, mean, all, any, min, max, std };
 using TreeLevelFn = std::function<at::Tensor(const TensorTree&)>;
 /// f(n), a tree-level reduction (one tensor). Inside a pending asyncs scope (DESIGN.md §10) it
-/// is queued on the scope's thread and the result is a treetensor.asyncs.PendingTensor over a
-/// preallocated 0-d tensor the job writes, which waits for the job on every read; a pending
-/// operand is waited for first (its dtypes decide the result's), and a call autograd records
-/// runs here as outside a scope. Needs the GIL.
+/// is queued on the scope's thread and the result is a treetensor.asyncs.PendingTensor standing
+/// for a preallocated 0-d tensor the job writes, which waits for the job on every read; a
+/// pending operand is waited for first (its dtypes decide the result's), and a call autograd
+/// records (or of quantized leaves) is made as outside a pending scope: a blocking call on the
+/// scope's thread. Needs the GIL.
 py::object tree_level(TreeLevel op, const char* name, const TensorTree& n, TreeLevelFn f);
 /// A torch.Tensor argument of a tree call as its at::Tensor: a PendingTensor is waited for
 /// first (a tree call reads the tensor without Python's __torch_function__). Needs the GIL.

@@ -36,9 +36,7 @@ std::string repr_of(py::handle h) {
   return py::repr(h).cast<std::string>();
 }
 
-// A new reference to the Python str of a key. keys() and items() fill preallocated lists with
-// the C API, a little cheaper than pybind11's py::str and list.append (100 keys: keys() 2.7 ->
-// 2.5 us, items() 5.6 -> 4.8); making each key's str is what remains.
+// A new reference to the Python str of a key, made with the C API (cheaper than py::str).
 PyObject* key_str(const std::string& key) {
   PyObject* s = PyUnicode_FromStringAndSize(key.data(), static_cast<Py_ssize_t>(key.size()));
   if (!s) throw py::error_already_set();
@@ -47,31 +45,27 @@ PyObject* key_str(const std::string& key) {
 
 // The str objects of node n's keys (n a node of self's root), made once per node while the
 // root's keys stay: a listing then costs a reference per key, not a str (100 keys: keys()
-// 2.1 -> 0.5 us).
-const py::tuple& key_strs(const PyTree& self, const TensorTree& n) {
-  Root& r = *self.root;
-  if (r.key_strs_version != r.version) {
-    r.key_strs.clear();
-    r.key_strs_version = r.version;
-  }
-  auto [it, fresh] = r.key_strs.try_emplace(&n);
-  if (fresh) {
-    py::tuple keys(n.is_leaf() ? 0 : n.size());
-    Py_ssize_t i = 0;
-    for (const auto& e : n) PyTuple_SET_ITEM(keys.ptr(), i++, key_str(e.first));
-    it->second = std::move(keys);
-  }
-  return it->second;
+// 2.1 -> 0.25 us). Stored after it is made: making strs may run a finalizer that lists again.
+py::tuple key_strs(const PyTree& self, const TensorTree& n) {
+  if (const py::object& cached = self.root->cache(n).keys)
+    return py::reinterpret_borrow<py::tuple>(cached);
+  py::tuple keys(n.is_leaf() ? 0 : n.size());
+  Py_ssize_t i = 0;
+  for (const auto& e : n) PyTuple_SET_ITEM(keys.ptr(), i++, key_str(e.first));
+  self.root->cache(n).keys = keys;
+  return keys;
 }
 
 py::object child_object(const PyTree& self, const TensorTree& child, const std::string& key) {
   if (child.is_leaf()) return wrap_tensor(child.leaf());
+  tree::Path path = self.path / key;
   py::object constraint;
-  if (self.constraint) {  // the child's part of it (Constraint.child), None for nothing
+  if (self.constraint) {            // the child's part of it (Constraint.child), None for nothing
+    const RootUse use(*self.root);  // Python code runs: the keys stay
     constraint = self.constraint.attr("child")(key);
     if (constraint.is_none()) constraint = py::object();
   }
-  return py::cast(PyTree{self.root, self.path / key, std::move(constraint)});
+  return py::cast(PyTree{self.root, std::move(path), std::move(constraint)});
 }
 
 // Attribute access of exact trees: a name of the type (a method, a property) as Python's own
@@ -270,6 +264,18 @@ CallPins::CallPins() {
       roots_[count_++] = std::move(r);
     }
   next.clear();
+}
+
+NextCallRootsUse::NextCallRootsUse() {
+  for (const auto& p : next_call_roots())
+    if (auto r = p.root.lock(); r && r->version == p.version) {
+      r->users.fetch_add(1, std::memory_order_relaxed);
+      roots_[count_++] = std::move(r);
+    }
+}
+
+NextCallRootsUse::~NextCallRootsUse() {
+  for (std::size_t i = 0; i < count_; ++i) roots_[i]->users.fetch_sub(1, std::memory_order_relaxed);
 }
 
 CallPins::~CallPins() {
@@ -580,16 +586,19 @@ released while leaf work runs.)");
   cls.def(
       "keys",
       [](const PyTree& self) {
-        PyObject* keys = PySequence_List(key_strs(self, self.node()).ptr());
-        if (!keys) throw py::error_already_set();
-        return py::reinterpret_steal<py::list>(keys);
+        const py::tuple keys = key_strs(self, self.node());
+        PyObject* list = PySequence_List(keys.ptr());
+        if (!list) throw py::error_already_set();
+        return py::reinterpret_steal<py::list>(list);
       },
       "The keys of this node, sorted (a list).");
   cls.def(
       "values",
       [](const PyTree& self) {
+        const TensorTree& n = self.node();
+        const RootUse use(*self.root);  // allocations may run Python: the keys stay
         py::list out;
-        for (const auto& [k, v] : self.node()) out.append(child_object(self, v, k));
+        for (const auto& [k, v] : n) out.append(child_object(self, v, k));
         return out;
       },
       "The children of this node in key order: tensors for leaves, trees for subtrees.");
@@ -597,8 +606,8 @@ released while leaf work runs.)");
       "items",
       [](const PyTree& self) {
         const TensorTree& n = self.node();
-        const py::tuple keys = key_strs(self, n);  // a reference of its own: child_object may
-                                                   // run Python that changes the cache
+        const RootUse use(*self.root);  // allocations may run Python: the keys stay
+        const py::tuple keys = key_strs(self, n);
         py::list out(keys.size());
         Py_ssize_t i = 0;
         for (const auto& [k, v] : n) {

@@ -433,13 +433,6 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
         py::arg("dim") = py::none(), py::arg("keepdim") = false);
   }
   cls.def(
-      "norm",
-      [](const PyTree& s, double p) {
-        return tree_level(TreeLevel::norm, "norm", s.operand(),
-                          [p](T t) { return treetensor::norm(t, p); });
-      },
-      py::arg("p") = 2.0);
-  cls.def(
       "_leaf_norm",
       [](const PyTree& s, double p) {
         const TensorTree& n = s.operand();

@@ -18,25 +18,33 @@
 namespace treetensor::python {
 namespace {
 
-/// The job writing a PendingTensor: wait() blocks with the GIL released and raises the job's
-/// error (type, op, leaf path, "asyncs thread <id>, job <n>") on every call after a failure.
+/// The job writing a PendingTensor. wait() is called by every read: it blocks (GIL released)
+/// while the job runs, then joins the job's streams into the caller's current ones (CUDA: a
+/// read on another stream or thread must wait too) and raises the job's error (type, op, leaf
+/// path, "asyncs thread <id>, job <n>") at every read after a failure.
 struct PendingJob {
   asyncs::Future<void> future;
   void wait() const {
-    if (future.ready() && !future.failed()) return;
-    py::gil_scoped_release release;
-    future.wait();
+    if (!future.ready()) {
+      // A tree call converting this argument has handed out its operands' nodes already.
+      const NextCallRootsUse use;
+      py::gil_scoped_release release;
+      future.wait();
+    }
+    future.wait();  // done: no block, no GIL release
   }
 };
 
 PyTypeObject* pending_type_ = nullptr;  // set with the GIL held by the first result
 
 py::object pending_class() {
-  // Leaked on purpose: no Python object may be destroyed after the interpreter is finalized.
-  static py::object* cls =
-      new py::object(py::module_::import("treetensor.asyncs").attr("PendingTensor"));
-  pending_type_ = reinterpret_cast<PyTypeObject*>(cls->ptr());
-  return *cls;
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> cls;
+  const py::object& c = cls.call_once_and_store_result([] {
+                             return py::module_::import("treetensor.asyncs").attr("PendingTensor");
+                           })
+                            .get_stored();
+  pending_type_ = reinterpret_cast<PyTypeObject*>(c.ptr());
+  return c;
 }
 
 bool integral_or_bool(at::ScalarType t) {
@@ -44,7 +52,7 @@ bool integral_or_bool(at::ScalarType t) {
 }
 
 /// The dtype `op` gives over these leaves, as reduce.cpp computes it: torch's promotion of the
-/// partials' dtypes (sum: integral leaves sum as int64; norm: the real type), the default dtype
+/// partials' dtypes (sum: integral leaves sum as int64), the default dtype
 /// when no partial exists. The job checks it (a mismatch is an internal error, never a cast).
 at::ScalarType result_dtype(TreeLevel op, const std::vector<const at::Tensor*>& leaves,
                             int64_t numel) {
@@ -55,7 +63,6 @@ at::ScalarType result_dtype(TreeLevel op, const std::vector<const at::Tensor*>& 
     if (skip_empty && x->numel() == 0) continue;
     at::ScalarType t = x->scalar_type();
     if (op == TreeLevel::sum && integral_or_bool(t)) t = at::kLong;
-    if (op == TreeLevel::norm) t = c10::toRealValueType(t);
     type = type ? at::promoteTypes(*type, t) : t;
   }
   if (op == TreeLevel::std && numel <= 1) return at::get_default_dtype_as_scalartype();
@@ -116,10 +123,10 @@ py::object tree_level(TreeLevel op, const char* name, const TensorTree& n, TreeL
 }
 
 py::object pending_result(py::handle tensor) {
-  // treetensor/asyncs.py's _ready: one definition of the wait.
-  static py::object* ready =
-      new py::object(py::module_::import("treetensor.asyncs").attr("_ready"));
-  return (*ready)(tensor);
+  // As treetensor/asyncs.py's _ready, without running Python code (which could let another
+  // thread change the trees whose nodes this call has handed out).
+  tensor.attr("_tt_job").cast<const PendingJob&>().wait();
+  return tensor.attr("_tt_out");
 }
 
 bool is_pending_tensor(PyObject* o) noexcept {
@@ -129,8 +136,8 @@ bool is_pending_tensor(PyObject* o) noexcept {
 void bind_pending(py::module_& m) {
   py::class_<PendingJob>(m, "_PendingJob")
       .def("wait", &PendingJob::wait,
-           "Blocks (GIL released) until the job has run; raises its error, at every call.")
-      .def("done", [](const PendingJob& j) { return j.future.ready(); });
+           "Blocks (GIL released) until the job has run, joins its streams; raises its error, "
+           "at every call.");
 }
 
 }  // namespace treetensor::python

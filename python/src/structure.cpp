@@ -49,15 +49,55 @@ std::string spec_repr(const TreeSpec& spec) {
   return text + ")";
 }
 
+// The leaves of n in flatten order (sorted keys, depth first; iterative: any depth). The caller
+// holds the root (RootUse): wrapping a tensor allocates, which may run Python.
+py::list leaves_of(const TensorTree& n) {
+  py::list out;
+  std::vector<const TensorTree*> stack{&n};
+  while (!stack.empty()) {
+    const TensorTree* node = stack.back();
+    stack.pop_back();
+    if (node->is_leaf()) {
+      if (PyList_Append(out.ptr(), wrap_tensor(node->leaf()).ptr()) != 0)
+        throw py::error_already_set();
+      continue;
+    }
+    const auto& children = node->children();
+    for (auto it = children.rbegin(); it != children.rend(); ++it) stack.push_back(&it->second);
+  }
+  return out;
+}
+
+// The Python TreeSpec: the tree layer's spec and its paths() as Python tuples, made at the
+// first paths() call and shared by later ones (the spec is immutable, so they never change).
+struct PySpec {
+  TreeSpec spec;
+  mutable py::object paths;  // a tuple of path tuples, or null
+};
+
+// The spec object is made once per node while the root's keys stay (Root::cache), so
+// flattening an unchanged tree again walks only its leaves and reuses the spec's paths().
 py::tuple flatten_tree(const PyTree& t) {
-  auto flat = tree::flatten(t.node());
-  py::list leaves(flat.leaves.size());
-  for (std::size_t i = 0; i < flat.leaves.size(); ++i) leaves[i] = wrap_tensor(flat.leaves[i]);
-  return py::make_tuple(std::move(leaves), py::cast(std::move(flat.spec)));
+  const TensorTree& n = t.node();
+  const RootUse use(*t.root);
+  py::object spec = t.root->cache(n).spec;
+  if (!spec) {
+    spec = py::cast(PySpec{tree::flatten_refs(n).spec, {}});
+    t.root->cache(n).spec = spec;  // looked up again: making the object may run Python
+  }
+  return py::make_tuple(leaves_of(n), spec);
+}
+
+py::list paths_of(const PySpec& s) {
+  if (!s.paths) s.paths = py::tuple(spec_paths(s.spec));
+  PyObject* out = PySequence_List(s.paths.ptr());
+  if (!out) throw py::error_already_set();
+  return py::reinterpret_steal<py::list>(out);
 }
 
 // Every leaf must be a torch.Tensor: the error names its index and the spec's path for it.
-py::object unflatten_tree(const TreeSpec& spec, const py::sequence& leaves) {
+py::object unflatten_tree(const PySpec& py_spec, const py::sequence& leaves) {
+  const TreeSpec& spec = py_spec.spec;
   const std::size_t n = py::len(leaves);
   if (n != spec.leaf_count())
     throw py::value_error("tree_unflatten: the spec has " + std::to_string(spec.leaf_count()) +
@@ -79,20 +119,24 @@ py::object unflatten_tree(const TreeSpec& spec, const py::sequence& leaves) {
 }  // namespace
 
 void bind_structure(py::module_& m) {
-  py::class_<TreeSpec>(m, "TreeSpec", R"(The structure of a tree without its leaves (keys at
+  py::class_<PySpec>(m, "TreeSpec", R"(The structure of a tree without its leaves (keys at
 their places): what tree_unflatten needs to rebuild it. Immutable and cheap to keep; two specs
 are equal when their trees have the same keys at the same places (hashable, consistent with ==).)")
-      .def_property_readonly("num_leaves", &TreeSpec::leaf_count, "The number of leaves.")
-      .def_property_readonly("num_nodes", &TreeSpec::node_count,
-                             "The number of nodes, leaves and the root included.")
-      .def("paths", &spec_paths,
-           "The leaf paths in flatten order (sorted keys, depth first): tuples of keys.")
+      .def_property_readonly(
+          "num_leaves", [](const PySpec& s) { return s.spec.leaf_count(); },
+          "The number of leaves.")
+      .def_property_readonly(
+          "num_nodes", [](const PySpec& s) { return s.spec.node_count(); },
+          "The number of nodes, leaves and the root included.")
+      .def("paths", &paths_of,
+           "The leaf paths in flatten order (sorted keys, depth first): tuples of keys (a new "
+           "list each call).")
       .def("__eq__",
-           [](const TreeSpec& a, py::handle b) {
-             return py::isinstance<TreeSpec>(b) && a == b.cast<const TreeSpec&>();
+           [](const PySpec& a, py::handle b) {
+             return py::isinstance<PySpec>(b) && a.spec == b.cast<const PySpec&>().spec;
            })
-      .def("__hash__", &TreeSpec::hash)
-      .def("__repr__", &spec_repr);
+      .def("__hash__", [](const PySpec& s) { return s.spec.hash(); })
+      .def("__repr__", [](const PySpec& s) { return spec_repr(s.spec); });
   m.def("tree_flatten", &flatten_tree, py::arg("tree"),
         R"(tree_flatten(tree) -> (leaves, spec): the leaf tensors in flatten order (sorted keys,
 depth first; the same tensor objects) and the tree's TreeSpec (optree's and

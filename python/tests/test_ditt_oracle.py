@@ -372,8 +372,8 @@ def _graph_shape(encoded):
     and colours dropped: ids are node addresses on both sides, the palette is each side's own,
     and statements come in key order here (§1), in dict order there."""
     kind, source = encoded[0], encoded[1]
-    source = re.sub(r"#[0-9a-f]{8}\b", "#colour", re.sub(r"#[0-9a-f]{12}\b|tensor_[0-9a-f]{12}\b",
-                                                          "#id", source))
+    source = re.sub(r'"#[0-9a-f]{8}"', '"#colour"', source)  # colours are quoted; ids are not
+    source = re.sub(r"#[0-9a-f]{6,16}\b|tensor_[0-9a-f]{6,16}\b", "#id", source)
     labels = dict(re.findall(r'^\t((?:node|value)_\w+) \[label=("(?:[^"\\]|\\.)*"|\S+)', source, re.M))
     source = re.sub(r"\b(?:node|value)_\w+", lambda m: "<%s>" % labels.get(m.group(0), "?"), source)
     return (kind, sorted(source.splitlines()))

@@ -287,3 +287,24 @@ def test_keys_and_items_follow_every_change_of_keys():
     assert t.b.w.keys() == [] and t.b.keys() == ["w", "z"]
     t.update({"d": torch.ones(1)})
     assert t.keys() == ["b", "c", "d"] and dict(t.items())["d"].shape == (1,)
+
+
+def test_tree_flatten_spec_follows_every_change_of_keys():
+    """tree_flatten keeps one spec object per node while the keys stay; paths() made once."""
+    t = ttorch.Tensor({"a": torch.ones(1), "b": {"x": torch.zeros(1)}})
+    leaves, spec = ttorch.tree_flatten(t)
+    leaves2, spec2 = ttorch.tree_flatten(t)
+    assert spec2 is spec and leaves2 == leaves and leaves2 is not leaves
+    paths = spec.paths()
+    paths.append(("not", "a", "path"))  # a new list each call
+    assert spec.paths() == [("a",), ("b", "x")]
+    t.b.y = torch.ones(2)  # through a view
+    leaves3, spec3 = ttorch.tree_flatten(t)
+    assert spec3 != spec and spec3.paths() == [("a",), ("b", "x"), ("b", "y")] and len(leaves3) == 3
+    assert spec.paths() == [("a",), ("b", "x")]  # an old spec keeps its structure
+    t.a = torch.full((3,), 7.0)  # a new leaf under the same key: the leaves follow
+    leaves4, spec4 = ttorch.tree_flatten(t)
+    assert spec4 == spec3 and torch.equal(leaves4[0], torch.full((3,), 7.0))
+    assert torch.equal(ttorch.tree_unflatten(spec4, leaves4).b.y, torch.ones(2))
+    sub_leaves, sub_spec = ttorch.tree_flatten(t.b)
+    assert sub_spec.paths() == [("x",), ("y",)] and sub_leaves[1] is t.b.y

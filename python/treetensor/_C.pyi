@@ -627,7 +627,7 @@ class TreeSpec:
     @property
     def num_nodes(self) -> Any: ...
     def paths(self) -> builtins.list:
-        """The leaf paths in flatten order (sorted keys, depth first): tuples of keys."""
+        """The leaf paths in flatten order (sorted keys, depth first): tuples of keys (a new list each call)."""
 
 class _AsyncThread:
     def __init__(self, name: builtins.str = ...) -> None: ...
@@ -647,9 +647,8 @@ class _Guard:
     def close(self) -> None: ...
 
 class _PendingJob:
-    def done(self) -> builtins.bool: ...
     def wait(self) -> None:
-        """Blocks (GIL released) until the job has run; raises its error, at every call."""
+        """Blocks (GIL released) until the job has run, joins its streams; raises its error, at every call."""
 
 def _adam_step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, step: typing.SupportsInt | typing.SupportsIndex, lr: typing.SupportsFloat | typing.SupportsIndex, beta1: typing.SupportsFloat | typing.SupportsIndex, beta2: typing.SupportsFloat | typing.SupportsIndex, eps: typing.SupportsFloat | typing.SupportsIndex, weight_decay: typing.SupportsFloat | typing.SupportsIndex, amsgrad: builtins.bool, maximize: builtins.bool, decoupled: builtins.bool, max_exp_avg_sq: Any = ...) -> None:
     """One Adam (decoupled: AdamW) step in place, single pass (treetensor.optim.Adam)."""

@@ -5,7 +5,9 @@ A constraint is attached to a tree object by ``with_constraints`` (a new object 
 tree: keys and leaves are shared, as treevalue's storage is) and checked only by ``validate()``,
 never by ops or assignments (treevalue's rule). Views carry the part that concerns them:
 ``t.b.constraint`` is the constraint of key ``b`` (a dict constraint's entry, plus every value
-constraint, which holds for all leaves below). Results of ops have none.
+constraint, which holds for all leaves below). Results of ops, copies and pickles have none. A
+tensor tree object is not seen by Python's cycle collector, so a constraint whose function
+refers to its own tree keeps that tree alive.
 
 What ``to_constraint`` takes: None (no constraint); a type (every leaf an instance of it); a
 dict of key -> constraint (a node with those children, each checked against its entry; a key
@@ -43,8 +45,9 @@ def _is_tree(x):
 
 
 class Constraint:
-    """The base: ``check(value, path)`` raises the first failure as a ValidationError;
-    ``child(key)`` is what holds for the child ``key`` (None: nothing)."""
+    """The base: ``validate(value)`` raises the first failure as a ValidationError; ``child(key)``
+    is what holds for the child ``key`` (None: nothing). ``check(value, path)`` is the walk
+    under it, which reports a failure to ``validate`` by raising the internal ``_Failed``."""
 
     def check(self, value, path=()):
         raise NotImplementedError
@@ -187,6 +190,10 @@ class TreeConstraint(Constraint):
     """Children by key: {key: constraint}."""
 
     def __init__(self, children):
+        for k in children:
+            if not isinstance(k, str):
+                raise TypeError(f"Invalid constraint - key {k!r} of a dict constraint is not a str "
+                                f"(tree keys are strings).")
         self.children = dict(sorted(children.items()))
 
     def check(self, value, path=()):

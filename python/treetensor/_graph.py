@@ -17,6 +17,7 @@ twice, or a subtree given beside its tree) is drawn once. The generators ``node_
 ``(tree, name, index)``; ``repr_gen`` with ``(value, path)``; ``dup_value`` (a callable) with
 ``(value, parent, path, parent_path)``.
 """
+import collections
 import colorsys
 import html
 import inspect
@@ -116,7 +117,7 @@ def graphics(is_tree, node_id, *trees, title=None, cfg=None, dup_value=False, re
     node_extra = _arity_call(node_cfg_gen) if node_cfg_gen else (lambda *a: {})
     edge_extra = _arity_call(edge_cfg_gen) if edge_cfg_gen else (lambda *a: {})
     value_id = _value_id_gen(dup_value)
-    drawn, edges, queue = set(), set(), []
+    drawn, edges, queue = set(), set(), collections.deque()
 
     def node_style(color, is_node, is_root):
         line, key, border, value_border, fill, text = color
@@ -138,7 +139,7 @@ def graphics(is_tree, node_id, *trees, title=None, cfg=None, dup_value=False, re
                 node_style(_colors(index), True, True), node_extra(tree, None, [], [], True, True, root)))
             queue.append((rid, tree, root, []))
     while queue:
-        parent_id, parent, root, parent_path = queue.pop(0)
+        parent_id, parent, root, parent_path = queue.popleft()
         line, key_font = _colors(root[2])[:2]
         for key, child in parent.items():
             path = [*parent_path, key]

@@ -3,8 +3,8 @@
     import treetensor.asyncs as asyncs
     with asyncs.thread(1):          # tree calls of this block run on asyncs worker 1
         y = ttorch.sigmoid(x)       # pending: returns at once, the block goes on
-        s = y.sum()                 # a PendingTensor, also pending
-    print(float(s))                 # a read waits (GIL released) for exactly its job
+        s = x.sum()                 # a PendingTensor, pending too (x was made before the block)
+    print(float(s), y.a)            # a read waits (GIL released) for exactly its job
     asyncs.synchronize()            # every asyncs job done; raises a job's unobserved error
 
 ``thread(worker)`` takes an integer id (the same id names the same worker for the life of the
@@ -94,10 +94,7 @@ class Future:
 
 def _ready(x):
     """The plain tensor a PendingTensor stands for, once its job has run (raises its error)."""
-    job = x._tt_job
-    if job is not None:
-        job.wait()  # raises the job's error, at every read
-        x._tt_job = None
+    x._tt_job.wait()  # every read: joins the job's streams, raises its error
     return x._tt_out
 
 
@@ -204,11 +201,12 @@ class thread:
     thread <id>, job <n>") is raised by every read of its result; one never read is raised by
     ``synchronize()``. Tree calls order themselves after the pending jobs whose leaves they
     touch; torch's own calls on a leaf do not: write an operand's leaf in place with torch
-    (``x.a.add_(1)``) only after reading the results, or after ``synchronize()``. Tree-level
-reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
-    ``max``, ``std`` without ``dim``) return a :class:`PendingTensor`; of a result made earlier
-    in the block, they first wait for the jobs making it (its dtypes decide the result's). Calls that
-    return several trees or a tensor of unknown shape (``split``/``unbind``, ``masked_select``,
+    (``x.a.add_(1)``) only after reading the results, or after ``synchronize()``.
+
+    Tree-level reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``, ``max``, ``std``
+    without ``dim``) return a :class:`PendingTensor`; of a result made earlier in the block,
+    they first wait for the jobs making it (its dtypes decide the result's). Calls that return
+    several trees or a tensor of unknown shape (``split``/``unbind``, ``masked_select``,
     ``apply`` with a Python function) and calls autograd records into a tensor (a reduction of
     leaves that require grad) run on the worker and wait, as with ``blocking=True``, because
     their results cannot be handed out before they exist.

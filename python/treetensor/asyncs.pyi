@@ -79,30 +79,31 @@ def synchronize():
 
 class thread:
     """``with thread(worker):`` runs the block's tree calls on an asyncs worker thread
-        (OneFlow's ``oneflow.asyncs.thread``).
+    (OneFlow's ``oneflow.asyncs.thread``).
 
-        worker: an int (a process-wide worker for that number, created on first use) or a Thread.
-        The block yields the Thread.
+    worker: an int (a process-wide worker for that number, created on first use) or a Thread.
+    The block yields the Thread.
 
-        By default the block's tree calls are *pending*: each returns at once a tree whose content
-        is made when first read (``t.a``, ``print(t)``, ``t.to_dict()``, a tree call outside the
-        block or on another thread, ``synchronize()``), which waits, with the GIL released, for
-        exactly the job it needs; the block's code goes on meanwhile. In-place calls leave their
-        tree pending the same way. A failed call's error (its type, op, leaf path and "asyncs
-        thread <id>, job <n>") is raised by every read of its result; one never read is raised by
-        ``synchronize()``. Tree calls order themselves after the pending jobs whose leaves they
-        touch; torch's own calls on a leaf do not: write an operand's leaf in place with torch
-        (``x.a.add_(1)``) only after reading the results, or after ``synchronize()``. Tree-level
-    reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``,
-        ``max``, ``std`` without ``dim``) return a :class:`PendingTensor`; of a result made earlier
-        in the block, they first wait for the jobs making it (its dtypes decide the result's). Calls that
-        return several trees or a tensor of unknown shape (``split``/``unbind``, ``masked_select``,
-        ``apply`` with a Python function) and calls autograd records into a tensor (a reduction of
-        leaves that require grad) run on the worker and wait, as with ``blocking=True``, because
-        their results cannot be handed out before they exist.
+    By default the block's tree calls are *pending*: each returns at once a tree whose content
+    is made when first read (``t.a``, ``print(t)``, ``t.to_dict()``, a tree call outside the
+    block or on another thread, ``synchronize()``), which waits, with the GIL released, for
+    exactly the job it needs; the block's code goes on meanwhile. In-place calls leave their
+    tree pending the same way. A failed call's error (its type, op, leaf path and "asyncs
+    thread <id>, job <n>") is raised by every read of its result; one never read is raised by
+    ``synchronize()``. Tree calls order themselves after the pending jobs whose leaves they
+    touch; torch's own calls on a leaf do not: write an operand's leaf in place with torch
+    (``x.a.add_(1)``) only after reading the results, or after ``synchronize()``.
 
-        blocking=True: every tree call of the block runs on the worker and the caller waits for it
-        (values are ready when the call returns; errors are raised by the call itself)."""
+    Tree-level reductions (``t.sum()``, ``mean``, ``all``, ``any``, ``min``, ``max``, ``std``
+    without ``dim``) return a :class:`PendingTensor`; of a result made earlier in the block,
+    they first wait for the jobs making it (its dtypes decide the result's). Calls that return
+    several trees or a tensor of unknown shape (``split``/``unbind``, ``masked_select``,
+    ``apply`` with a Python function) and calls autograd records into a tensor (a reduction of
+    leaves that require grad) run on the worker and wait, as with ``blocking=True``, because
+    their results cannot be handed out before they exist.
+
+    blocking=True: every tree call of the block runs on the worker and the caller waits for it
+    (values are ready when the call returns; errors are raised by the call itself)."""
     def __enter__(self): ...
     def __exit__(self, *exc): ...
     def __init__(self, worker=..., blocking=...): ...

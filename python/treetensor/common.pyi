@@ -20,8 +20,9 @@ __all__ = [
 ]
 
 class Constraint:
-    """The base: ``check(value, path)`` raises the first failure as a ValidationError;
-    ``child(key)`` is what holds for the child ``key`` (None: nothing)."""
+    """The base: ``validate(value)`` raises the first failure as a ValidationError; ``child(key)``
+    is what holds for the child ``key`` (None: nothing). ``check(value, path)`` is the walk
+    under it, which reports a failure to ``validate`` by raising the internal ``_Failed``."""
     def __eq__(self, other): ...
     def check(self, value, path=...): ...
     def child(self, key): ...
