@@ -86,7 +86,8 @@ class EmptyConstraint(Constraint):
 
 
 class _LeafWise(Constraint):
-    """A constraint on every leaf value below the node (treevalue's value constraints)."""
+    """A constraint on every leaf value below the node (treevalue's value constraints):
+    ``check_one(leaf)`` raises what is wrong with one leaf."""
 
     def check(self, value, path=()):
         if _is_tree(value):
@@ -94,7 +95,7 @@ class _LeafWise(Constraint):
                 self.check(v, (*path, k))
             return
         try:
-            self.check_leaf(value)
+            self.check_one(value)
         except Exception as e:  # noqa: BLE001  (the check's own error, kept as the cause)
             self._fail(value, path, e)
 
@@ -102,11 +103,21 @@ class _LeafWise(Constraint):
         return self
 
 
+class _NodeWise(Constraint):
+    """A constraint on the node it is attached to, not on its children: ``check_one(node)``."""
+
+    def check(self, value, path=()):
+        try:
+            self.check_one(value)
+        except Exception as e:  # noqa: BLE001
+            self._fail(value, path, e)
+
+
 class TypeConstraint(_LeafWise):
     def __init__(self, type_):
         self.type = type_
 
-    def check_leaf(self, value):
+    def check_one(self, value):
         if not isinstance(value, self.type):
             raise TypeError(f"Invalid type, {self.type!r} expected but {type(value)!r} found - {value!r}.")
 
@@ -117,68 +128,46 @@ class TypeConstraint(_LeafWise):
         return f"<TypeConstraint {self.type!r}>"
 
 
-def _name(fn):
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+class _UserFunction:
+    """A user's function as the check (``vval``/``nval``: it must not raise; ``vcheck``/
+    ``ncheck``, ``must_be_true``: its result must be true), named in messages by ``name``."""
 
+    must_be_true = False
 
-class ValueValidateConstraint(_LeafWise):
     def __init__(self, fn, name=None):
-        self.fn, self.name = fn, name or _name(fn)
+        self.fn = fn
+        self.name = name or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
-    def check_leaf(self, value):
-        self.fn(value)
+    def check_one(self, x):
+        result = self.fn(x)  # a vval function's result is not looked at
+        if self.must_be_true and not result:
+            raise AssertionError(f"Check of {self.name!r} failed.")
 
     def _key(self):
         return (self.fn, self.name)
 
     def __repr__(self):
-        return f"<ValueValidateConstraint {self.name}>"
+        return f"<{type(self).__name__} {self.name}>"
 
 
-class ValueCheckConstraint(ValueValidateConstraint):
-    def check_leaf(self, value):
-        if not self.fn(value):
-            raise AssertionError(f"Check of {self.name!r} failed.")
-
-    def __repr__(self):
-        return f"<ValueCheckConstraint {self.name}>"
+class ValueValidateConstraint(_UserFunction, _LeafWise):
+    pass
 
 
-class _NodeWise(Constraint):
-    """A constraint on the node it is attached to, not on its children."""
-
-    def check(self, value, path=()):
-        try:
-            self.check_node(value)
-        except Exception as e:  # noqa: BLE001
-            self._fail(value, path, e)
+class ValueCheckConstraint(_UserFunction, _LeafWise):
+    must_be_true = True
 
 
-class NodeValidateConstraint(_NodeWise):
-    def __init__(self, fn, name=None):
-        self.fn, self.name = fn, name or _name(fn)
-
-    def check_node(self, node):
-        self.fn(node)
-
-    def _key(self):
-        return (self.fn, self.name)
-
-    def __repr__(self):
-        return f"<NodeValidateConstraint {self.name}>"
+class NodeValidateConstraint(_UserFunction, _NodeWise):
+    pass
 
 
-class NodeCheckConstraint(NodeValidateConstraint):
-    def check_node(self, node):
-        if not self.fn(node):
-            raise AssertionError(f"Check of {self.name!r} failed.")
-
-    def __repr__(self):
-        return f"<NodeCheckConstraint {self.name}>"
+class NodeCheckConstraint(_UserFunction, _NodeWise):
+    must_be_true = True
 
 
 class LeafConstraint(_NodeWise):
-    def check_node(self, node):
+    def check_one(self, node):
         if _is_tree(node):
             raise TypeError(f"Tree leaf expected, but node found:\n{node!r}")
 
