@@ -52,10 +52,11 @@ bool integral_or_bool(at::ScalarType t) {
 }
 
 /// The dtype `op` gives over these leaves, as reduce.cpp computes it: torch's promotion of the
-/// partials' dtypes (sum: integral leaves sum as int64), the default dtype
-/// when no partial exists. The job checks it (a mismatch is an internal error, never a cast).
-at::ScalarType result_dtype(TreeLevel op, const std::vector<const at::Tensor*>& leaves,
-                            int64_t numel) {
+/// partials' dtypes (sum: integral leaves sum as int64). None where reduce.cpp gives a constant
+/// (0 or NaN) in the default dtype: no partial exists, or std of at most one element.
+std::optional<at::ScalarType> result_dtype(TreeLevel op,
+                                           const std::vector<const at::Tensor*>& leaves,
+                                           int64_t numel) {
   if (op == TreeLevel::all || op == TreeLevel::any) return at::kBool;
   const bool skip_empty = op == TreeLevel::min || op == TreeLevel::max;
   std::optional<at::ScalarType> type;
@@ -65,8 +66,8 @@ at::ScalarType result_dtype(TreeLevel op, const std::vector<const at::Tensor*>& 
     if (op == TreeLevel::sum && integral_or_bool(t)) t = at::kLong;
     type = type ? at::promoteTypes(*type, t) : t;
   }
-  if (op == TreeLevel::std && numel <= 1) return at::get_default_dtype_as_scalartype();
-  return type.value_or(at::get_default_dtype_as_scalartype());
+  if (op == TreeLevel::std && numel <= 1) return std::nullopt;
+  return type;
 }
 
 /// A result and the job writing it (invalid: the result is made).
@@ -93,11 +94,15 @@ std::optional<Queued> queue(const asyncs::PendingTarget& target, TreeLevel op, s
     reads.push_back(*x);
   }
   const at::Device device = flat.leaves.empty() ? at::Device(at::kCPU) : flat.leaves[0]->device();
-  at::Tensor out =
-      at::empty({}, at::TensorOptions(result_dtype(op, flat.leaves, numel)).device(device));
-  auto body = [copy = TreeTensor(n), out, f = std::move(f), name] {
+  // A default-dtype constant takes the default dtype of the call: the job may run after a
+  // set_default_dtype, and 0 and NaN convert exactly.
+  const auto type = result_dtype(op, flat.leaves, numel);
+  at::Tensor out = at::empty(
+      {}, at::TensorOptions(type.value_or(at::get_default_dtype_as_scalartype())).device(device));
+  auto body = [copy = TreeTensor(n), out, f = std::move(f), name, constant = !type] {
     const at::Tensor r = f(copy);
-    if (r.scalar_type() != out.scalar_type() || r.dim() != 0 || r.device() != out.device())
+    if ((r.scalar_type() != out.scalar_type() && !constant) || r.dim() != 0 ||
+        r.device() != out.device())
       throw std::logic_error("treetensor internal error: tree-level " + name + " gave " +
                              c10::toString(r.scalar_type()) + " on " + r.device().str() +
                              " where its pending result was made " +

@@ -425,6 +425,27 @@ def test_tree_level_reduction_in_a_scope_equals_the_call_outside(tree, name):
     w.close()
 
 
+@pytest.mark.parametrize("tree,name", [("no_leaves", "sum"), ("no_leaves", "mean"),
+                                       ("no_leaves", "std"), ("one_element", "std")])
+def test_a_default_dtype_constant_takes_the_default_dtype_of_the_call(tree, name):
+    """0 or NaN in the default dtype: the job runs after set_default_dtype changed it back."""
+    x = TREES[tree]()
+    w = asyncs.Thread("default dtype")
+    ev = gated(w)
+    torch.set_default_dtype(torch.float64)
+    try:
+        with asyncs.thread(w):
+            got = getattr(x, name)()
+        want = getattr(x, name)()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    ev.set()
+    assert type(got) is asyncs.PendingTensor
+    assert got.dtype == want.dtype == torch.float64
+    assert torch.equal(got, want) or (want.isnan() and got.isnan())
+    w.close()
+
+
 def test_tree_level_reduction_error_is_raised_at_every_read_and_by_tree_calls():
     x = ttorch.Tensor({"a": torch.arange(3), "b": {"c": torch.arange(2)}})  # mean: integer
     w = asyncs.Thread("error")
