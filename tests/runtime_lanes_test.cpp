@@ -264,6 +264,33 @@ TEST_P(Lanes, CallsFromManyThreadsAtOnce) {
 INSTANTIATE_TEST_SUITE_P(Lanes, Lanes, ::testing::Values(1, 2, 4, 8),
                          [](const auto& info) { return "lanes" + std::to_string(info.param); });
 
+TEST(LaneFork, AForkedChildStartsItsOwnWorkers) {
+  if (rt_test::under_tsan) GTEST_SKIP() << "ThreadSanitizer ends children that start threads";
+  {
+    rt::StreamGuard guard(2);
+    run_leaves("parent", 8, [](std::size_t) {});
+  }
+  ASSERT_GE(rt::detail::worker_count(), 1u);
+  const int status = rt_test::in_forked_child(20s, [] {
+    if (rt::detail::worker_count() != 0) return 1;  // the parent's are not in this process
+    std::mutex m;
+    std::set<std::thread::id> threads;
+    std::atomic<int> ran{0};
+    rt::StreamGuard guard(2);
+    for (int rep = 0; rep < 50 && threads.size() < 2; ++rep)
+      run_leaves("child", 16, [&](std::size_t) {
+        std::this_thread::sleep_for(200us);
+        ++ran;
+        std::lock_guard lock(m);
+        threads.insert(std::this_thread::get_id());
+      });
+    if (rt::detail::worker_count() != 1) return 2;
+    return threads.size() == 2 && ran % 16 == 0 ? 0 : 3;
+  });
+  EXPECT_EQ(status, 0) << "1: parent's workers counted, 2: none started, 3: no worker took "
+                          "part, -1: hung";
+}
+
 TEST(LaneIdle, IdleLanesUseNoCpu) {
   {
     rt::StreamGuard guard(8);

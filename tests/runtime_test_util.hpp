@@ -1,14 +1,18 @@
 #pragma once
-// Helpers shared by the runtime tests: one-line tree calls and a deadlock watchdog.
+// Helpers shared by the runtime tests: one-line tree calls, a deadlock watchdog, a forked child.
 
 #include "treetensor/runtime/dispatch.hpp"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -68,5 +72,38 @@ inline constexpr bool under_tsan = true;
 #else
 inline constexpr bool under_tsan = false;
 #endif
+
+/// Runs `body` in a forked child and returns its exit status: body's result, 100 when it
+/// threw (the message on stderr), -1 when the child did not end within `limit` (killed) or
+/// the fork failed. The child never returns into the test framework.
+template <class F>
+int in_forked_child(std::chrono::seconds limit, F&& body) {
+  std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    int code = 100;
+    try {
+      code = body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "forked child: %s\n", e.what());
+    }
+    std::fflush(nullptr);
+    _exit(code);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      std::fprintf(stderr, "forked child still running after %lld s (hung): killed\n",
+                   static_cast<long long>(limit.count()));
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
 
 }  // namespace rt_test

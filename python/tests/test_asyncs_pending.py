@@ -2,7 +2,10 @@
 tree calls return at once, every read waits (with the GIL released) for exactly its job, errors
 are raised at the first read. Values are checked against torch on the same leaves."""
 import copy
+import json
+import os
 import pickle
+import select
 import threading
 import time
 
@@ -518,4 +521,75 @@ def test_tree_level_reduction_in_inference_mode():
     with torch.inference_mode(), asyncs.thread(w):
         s = x.mean()
     assert torch.equal(s, x.mean())
+    w.close()
+
+
+def in_forked_child(body, limit=30):
+    """body() run in a forked child; its result (JSON) back, or a failure when it hangs."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover  (the child)
+        try:
+            out = body()
+        except BaseException as e:  # noqa: BLE001
+            out = f"child raised {type(e).__name__}: {e}"
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], limit)
+    if not ready:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert ready, f"the forked child hung for {limit} s"
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    return json.loads(data)
+
+
+def test_a_forked_child_fails_the_jobs_in_flight_and_starts_its_own_workers():
+    """fork() copies only the forking thread: in the child, jobs queued at the fork raise
+    at every read, the parent's Thread objects refuse work, thread(k) and stream(2) start new
+    workers. The parent is unaffected."""
+    x = ttorch.Tensor({"a": torch.arange(3.0), "b": {"c": torch.ones(2)}})
+    with ttorch.stream(2):
+        x + 1  # the lanes' workers exist in the parent
+    with asyncs.thread(1):
+        x + 1  # so does the worker of thread(1)
+    asyncs.synchronize()
+    w = asyncs.Thread("forked")
+    ev = gated(w)
+    with asyncs.thread(w):
+        y = x + 1
+        s = x.sum()
+
+    def child():
+        out = {}
+        for name, read in [("leaf", lambda: y.a), ("sum", lambda: float(s)),
+                           ("submit", lambda: w.submit(int)), ("scope", lambda: asyncs.thread(w).__enter__()),
+                           ("synchronize", asyncs.synchronize)]:
+            try:
+                read()
+                out[name] = "no error"
+            except RuntimeError as e:
+                out[name] = str(e)
+        w.close()
+        with asyncs.thread(1):
+            z = x * 2 + 1
+        with ttorch.stream(2):
+            v = x - 1
+        out["new"] = [torch.equal(z.a, x.a * 2 + 1), torch.equal(z.b.c, x.b.c * 2 + 1),
+                      torch.equal(v.b.c, x.b.c - 1)]
+        return out
+
+    out = in_forked_child(child)
+    ev.set()
+    for name in ("leaf", "sum", "synchronize"):
+        assert "was in flight when the process forked" in out[name], (name, out[name])
+    assert "'tree call add'" in out["leaf"] and "'tree call sum'" in out["sum"]
+    for name in ("submit", "scope"):
+        assert "was started before this process forked" in out[name], (name, out[name])
+    assert out["new"] == [True, True, True]
+    assert torch.equal(y.a, x.a + 1) and float(s) == 5.0  # the parent's jobs ran
     w.close()

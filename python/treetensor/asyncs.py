@@ -13,9 +13,17 @@ are queued on that worker in FIFO order and return pending results; a leaf error
 the first read with its type, the op, the leaf path and the worker ("asyncs thread <id>, job
 <n>"). ``thread(worker, blocking=True)`` makes the caller wait for each call instead. Scopes
 nest; the innermost wins. Only the Python thread that entered the block is affected.
+
+After ``os.fork()`` (a DataLoader worker, multiprocessing's fork start method) the child has
+none of the parent's worker threads: ``thread(k)`` starts new ones there; a :class:`Thread`
+made before the fork raises RuntimeError when used (``close()`` returns at once); a job that
+was still queued or running at the fork never runs in the child, and every read of its results
+there raises RuntimeError saying so (the parent is unaffected). Read what a child needs, or call
+:func:`synchronize`, before forking.
 """
 import atexit as _atexit
 import copy as _copy
+import os as _os
 import threading as _threading
 import weakref as _weakref
 
@@ -176,6 +184,17 @@ def _close_all():
 
 _workers = {}
 _workers_lock = _threading.Lock()
+
+
+def _after_fork_in_child():
+    # The parent's workers do not exist here (asyncs::Thread, fork()): thread(k) starts new
+    # ones. The lock may have been held by a thread that the fork did not copy.
+    global _workers_lock
+    _workers_lock = _threading.Lock()
+    _workers.clear()  # their close() returns at once
+
+
+_os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _worker(key):

@@ -12,6 +12,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/Stream.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -61,14 +62,24 @@ class Worker {
   bool stopping = false;
   bool sleeping = false;  // waiting on `wake`: only then does a submit pay for a notify
   bool detached = false;  // its Thread was destroyed from its own job: it ends on its own
+  // Set in a forked child (by the only thread there) for the parent's workers, whose OS threads
+  // do not exist in it: they refuse work and are never joined or destroyed.
+  bool forked = false;
   // Workers whose work this worker's running job (or a lane running its leaves) is blocked on,
   // one entry per blocked wait, with the awaited job (null: all of that worker's work): the
   // wait-for graph WaitEdge checks for cycles.
   std::vector<std::pair<const Worker*, const JobState*>> waits_on;
   std::condition_variable wake;
+  // Set once the worker is past its start-up (which initialises the kernel libraries' thread
+  // settings): Thread's constructor waits for it, so a fork() after it never copies a library
+  // lock that this start-up held (MKL's, for one), which would hang the child's first worker.
+  std::atomic<bool> started{false};
   // Started by Thread's constructor, joined by its destructor.
   std::thread os;
 };
+
+/// @throws AsyncsUsageError: `w` is a worker of the parent process (Worker::forked).
+[[noreturn]] void throw_forked(const Worker& w);
 
 /// Parses `text`, the value of environment variable `name` (null when unset), as a decimal
 /// count in min..max; `fallback` when unset or empty.

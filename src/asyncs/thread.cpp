@@ -8,10 +8,13 @@
 #include "treetensor/runtime/errors.hpp"
 #include "treetensor/tree/internal_error.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <system_error>
 
 namespace treetensor::asyncs {
 namespace detail {
@@ -133,6 +136,8 @@ std::shared_ptr<Worker> release_detached(AsyncsState& rt, Worker& w) {
 void worker_main(Worker& w) {
   install_streams(w.streams);
   if (w.kernels == KernelThreads::one) runtime::detail::pin_intra_op_to_one_thread();
+  w.started.store(true, std::memory_order_release);
+  w.started.notify_all();
   AsyncsState& rt = asyncs_state();
   std::shared_ptr<Worker> self;  // a detached worker's last owner: dropped after the lock
   for (;;) {
@@ -323,6 +328,45 @@ bool route_call(const runtime::LeafCall& call, runtime::Proceed proceed) {
   return true;
 }
 
+AsyncsState* new_state();
+AsyncsState*& state_slot();
+
+// fork() copies only the forking thread. The state is locked across it, so the child's copy is
+// consistent; there the parent's workers, their queues and the state itself (with its lock and
+// condition variables, which the parent's threads may have been waiting on) are left untouched
+// and leaked; their jobs fail, and a fresh state takes over.
+void lock_for_fork() {
+  asyncs_state().mu.lock();
+}
+void unlock_after_fork() {
+  asyncs_state().mu.unlock();
+}
+
+void lose_job(JobState& s, std::vector<std::shared_ptr<JobState>>& lost,
+              const std::shared_ptr<JobState>& owner) {
+  s.error = std::make_exception_ptr(AsyncsUsageError(
+      "treetensor asyncs: " + job_context(s) +
+      " was in flight when the process forked: only the forking thread exists in this child, "
+      "so the job never ran here; read the results the child needs (or call synchronize()) "
+      "before forking"));
+  s.done.store(true, std::memory_order_release);
+  lost.push_back(owner);
+}
+
+void fail_forked_jobs() {
+  AsyncsState& old = asyncs_state();  // locked by lock_for_fork, in this thread
+  AsyncsState* fresh = new_state();
+  fresh->next_seq = old.next_seq;
+  fresh->unobserved = old.unobserved;
+  for (const auto& w : old.live) {
+    w->forked = true;
+    // A joinable std::thread must never be destroyed: leaked with the worker and the old state.
+    if (w->running != nullptr) lose_job(*w->running->state, fresh->unobserved, w->running->state);
+    for (const auto& job : w->queue) lose_job(*job->state, fresh->unobserved, job->state);
+  }
+  state_slot() = fresh;
+}
+
 // Installed by the first Thread: before it no job and no scope can exist, so tree calls of
 // programs without asyncs threads never pay for the hook.
 void install_hooks() {
@@ -330,6 +374,8 @@ void install_hooks() {
   std::call_once(once, [] {
     runtime::add_synchronize_hook(synchronize_jobs);
     runtime::add_call_hook(route_call);
+    if (const int err = pthread_atfork(lock_for_fork, unlock_after_fork, fail_forked_jobs))
+      throw std::system_error(err, std::generic_category(), "treetensor asyncs: pthread_atfork");
   });
 }
 
@@ -358,14 +404,23 @@ Acting& acting() noexcept {
   return a;
 }
 
+namespace {
+AsyncsState* new_state() {
+  auto* r = new AsyncsState();
+  r->id_taken.assign(max_threads(), false);
+  return r;
+}
+
+// Leaked on purpose: worker threads and futures may outlive static destruction order. A forked
+// child replaces it (fail_forked_jobs).
+AsyncsState*& state_slot() {
+  static AsyncsState* rt = new_state();
+  return rt;
+}
+}  // namespace
+
 AsyncsState& asyncs_state() {
-  // Leaked on purpose: worker threads and futures may outlive static destruction order.
-  static AsyncsState* rt = [] {
-    auto* r = new AsyncsState();
-    r->id_taken.assign(max_threads(), false);
-    return r;
-  }();
-  return *rt;
+  return *state_slot();
 }
 
 std::string job_context(const JobState& job) {
@@ -424,6 +479,12 @@ WaitEdge::~WaitEdge() {
   v.erase(std::find(v.begin(), v.end(), to_));
 }
 
+void throw_forked(const Worker& w) {
+  throw AsyncsUsageError("treetensor asyncs: asyncs thread " + std::to_string(w.id) +
+                         " was started before this process forked; its OS thread exists only "
+                         "in the parent: start a new asyncs thread in the child");
+}
+
 void enqueue(Worker& w, std::shared_ptr<JobState> state, std::unique_ptr<Task> task,
              c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes, std::string label) {
   auto job = std::make_unique<Job>();  // captures the submitter's thread-local state
@@ -439,6 +500,7 @@ void enqueue(Worker& w, std::shared_ptr<JobState> state, std::unique_ptr<Task> t
 
   AsyncsState& rt = asyncs_state();
   std::unique_lock lock(rt.mu);
+  if (w.forked) throw_forked(w);
   // The worker's own jobs never wait for back-pressure: the queue cannot drain meanwhile.
   if (self.worker != &w) {
     wait_progress(
@@ -547,6 +609,7 @@ Thread::Thread(std::string name, KernelThreads kernels) {
   try {
     worker_ = std::make_shared<Worker>(id, std::move(name), kernels);
     worker_->os = std::thread(detail::worker_main, std::ref(*worker_));
+    worker_->started.wait(false, std::memory_order_acquire);
   } catch (...) {
     std::lock_guard lock(rt.mu);
     rt.id_taken[id - 1] = false;
@@ -565,6 +628,11 @@ Thread::~Thread() {
 
 void Thread::close() {
   if (closed()) return;
+  if (worker_ && worker_->forked) {  // nothing to drain or join in this child: see fork()
+    closed_id_ = worker_->id;
+    worker_.reset();
+    return;
+  }
   Worker& w = worker();
   closed_id_ = w.id;
   // The Worker stays alive for futures, scopes and the live list; this Thread lets go of it.
@@ -604,6 +672,7 @@ detail::Worker& Thread::worker() const {
     throw AsyncsUsageError("treetensor asyncs: asyncs thread " + std::to_string(closed_id_) +
                            " is closed: cannot schedule new jobs after close()");
   if (!worker_) throw AsyncsUsageError("treetensor asyncs: use of a moved-from asyncs::Thread");
+  if (worker_->forked) detail::throw_forked(*worker_);
   return *worker_;
 }
 

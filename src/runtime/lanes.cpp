@@ -7,6 +7,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <pthread.h>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -80,9 +82,20 @@ struct Pool {
   }
 };
 
+// A forked child has none of the parent's workers (only the forking thread is copied): it
+// starts a fresh pool, whose workers are made on demand, and leaks the parent's, whose lock and
+// condition variable the parent's threads may have held or waited on.
+Pool*& pool_slot() {
+  static Pool* instance = [] {
+    if (const int err = pthread_atfork(nullptr, nullptr, [] { pool_slot() = new Pool; }))
+      throw std::system_error(err, std::generic_category(), "treetensor lanes: pthread_atfork");
+    return new Pool;
+  }();
+  return instance;
+}
+
 Pool& pool() {
-  static Pool* const instance = new Pool;
-  return *instance;
+  return *pool_slot();
 }
 
 }  // namespace

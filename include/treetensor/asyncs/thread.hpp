@@ -34,6 +34,12 @@
 //    Errors still unobserved when the process exits (std::exit or a return from main) are
 //    printed to stderr, one line each: "treetensor: asyncs thread <id>, job <n>: error never
 //    observed: <message>".
+//  - fork(): only the forking thread survives in the child, so no worker does. In the child,
+//    every job that was queued or running at the fork has failed with AsyncsUsageError ("...
+//    in flight when the process forked"), raised by its futures, the reads of its results and
+//    synchronize(); a Thread made before the fork throws AsyncsUsageError on every use but
+//    close() and destruction, which return at once; new Threads work as usual (ids start
+//    again from 1). The parent is unaffected. Read what the child needs before forking.
 //  - Environment: TREETENSOR_WATCHDOG_MS and TREETENSOR_ASYNCS_MAX_IN_FLIGHT are read once, by
 //    the first use of the getters below. An invalid value never terminates the process: the
 //    default stays in force and every Thread construction throws std::invalid_argument naming
@@ -320,7 +326,8 @@ class Thread {
   ///                (Trees of operands: treetensor::submit in treetensor/tensor/submit.hpp.)
   /// @param label   short text naming the job in errors and watchdog reports.
   /// @returns a Future for the job's value or error.
-  /// @throws AsyncsUsageError on a moved-from or closed Thread; WatchdogTimeout while blocked for
+  /// @throws AsyncsUsageError on a moved-from or closed Thread, or one made before this process
+  ///         forked (see fork() above); WatchdogTimeout while blocked for
   ///         back-pressure. Never blocks for back-pressure when called from this thread's own
   ///         jobs (the queue could not drain meanwhile).
   template <class F>
