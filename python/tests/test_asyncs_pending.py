@@ -583,8 +583,10 @@ def test_a_forked_child_fails_the_jobs_in_flight_and_starts_its_own_workers():
                       torch.equal(v.b.c, x.b.c - 1)]
         return out
 
-    out = in_forked_child(child)
-    ev.set()
+    try:
+        out = in_forked_child(child)
+    finally:
+        ev.set()  # else the Thread's close drains a job that waits for ever
     for name in ("leaf", "sum", "synchronize"):
         assert "was in flight when the process forked" in out[name], (name, out[name])
     assert "'tree call add'" in out["leaf"] and "'tree call sum'" in out["sum"]
