@@ -235,6 +235,10 @@ inline py::object wrap_tensor(const at::Tensor& t) {
 /// string keys (torch.Tensor leaves are shared, other leaves go through torch.as_tensor).
 /// @throws TypeError naming the path of a key that is not a string.
 TreeTensor to_tree(py::handle h, const tree::Path& at = {});
+/// The nested dict of a treevalue TreeValue (treetensor.common._foreign_dict: DI-treetensor's
+/// trees read where a dict is taken), or None. Costs a sys.modules lookup when treevalue was
+/// never imported: call it only where a dict, tree, tensor and number have been ruled out.
+py::object foreign_dict(py::handle h);
 /// A nested dict of torch.Tensor from a tree (the same Python tensor objects).
 py::object to_dict(const TensorTree& t);
 

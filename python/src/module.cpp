@@ -353,6 +353,7 @@ struct DictWalk {
     if (is_tree(h)) return as_tree(h).node();
     if (PyDict_Check(h.ptr())) return dict(h);
     if (is_tensor(h)) return TensorTree(unpack_tensor(h));
+    if (py::object d = foreign_dict(h); !d.is_none()) return dict(d);
     py::object t;
     try {
       t = py::module_::import("torch").attr("as_tensor")(h);
@@ -364,6 +365,12 @@ struct DictWalk {
   }
 };
 }  // namespace
+
+py::object foreign_dict(py::handle h) {
+  PyObject* const treevalue = PyDict_GetItemString(PyImport_GetModuleDict(), "treevalue");
+  if (treevalue == nullptr) return py::none();  // nothing can be a TreeValue yet
+  return py::module_::import("treetensor.common").attr("_foreign_dict")(h);
+}
 
 TreeTensor to_tree(py::handle h, const tree::Path& at) {
   DictWalk walk{at, {}};
@@ -397,7 +404,7 @@ Operand Args::add(py::handle h) {
     return ops_.emplace_back(at::Scalar(static_cast<int64_t>(v)));
   }
   if (PyFloat_Check(o)) return ops_.emplace_back(at::Scalar(PyFloat_AS_DOUBLE(o)));
-  if (PyDict_Check(o)) {
+  if (PyDict_Check(o) || !foreign_dict(h).is_none()) {
     any_tree_ = true;
     return ops_.emplace_back(trees_.emplace_back(to_tree(h)));
   }

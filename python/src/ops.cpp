@@ -18,7 +18,8 @@ py::object torch_attr(const char* name) {
 }
 
 bool tree_like(py::handle h) {
-  return is_tree(h) || PyDict_Check(h.ptr());
+  return is_tree(h) || PyDict_Check(h.ptr()) ||
+         (!is_tensor(h) && !PyNumber_Check(h.ptr()) && !foreign_dict(h).is_none());
 }
 
 /// Calls f(const TensorTree&) on x's tree (a tree object's node, or a dict converted).
@@ -100,6 +101,7 @@ ShapeTree to_shapes(py::handle h, const tree::Path& at = {}) {
     }
     return ShapeTree::from_children(std::move(ch));
   }
+  if (py::object d = foreign_dict(h); !d.is_none()) return to_shapes(d, at);
   try {
     return ShapeTree(int_list(h));
   } catch (py::type_error&) {

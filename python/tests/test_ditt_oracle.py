@@ -533,3 +533,60 @@ def test_readme_lists_the_names_only_one_side_has(oracle):
     readme = pathlib.Path(ROOT, "README.md").read_text()
     assert ditt_names.section(theirs["names"], ours["names"]) in readme, \
         "README.md's DI-treetensor name list is stale: run scripts/ditt_names.py"
+
+
+TREEVALUE_INTEROP = r'''
+import sys
+sys.path.insert(0, sys.argv[1])  # ours before DI-treetensor's package of the same name
+import numpy as np
+import torch
+from treevalue import FastTreeValue, TreeValue
+import treetensor
+import treetensor.common as tcommon
+import treetensor.numpy as tnp
+import treetensor.torch as ttorch
+
+assert treetensor.__file__.startswith(sys.argv[1]), treetensor.__file__
+shapes = TreeValue({"a": (2, 3), "x": {"c": (4,)}})
+for name in ("zeros", "ones", "empty", "randn", "rand"):
+    t = getattr(ttorch, name)(shapes)
+    assert type(t) is ttorch.Tensor and t.a.shape == (2, 3) and t.x.c.shape == (4,), name
+assert torch.equal(ttorch.full(shapes, 2.5).x.c, torch.full((4,), 2.5))
+assert ttorch.randint(5, shapes).a.shape == (2, 3) and ttorch.randint(1, 5, shapes).x.c.min() >= 1
+d = FastTreeValue({"a": torch.ones(2), "x": {"c": torch.arange(3.0)}})
+t = ttorch.Tensor(d)
+assert t.a is d.a and t.x.c is d.x.c  # the leaves are shared, as from a dict
+assert torch.equal(ttorch.Tensor(d, dtype=torch.float64).x.c, torch.arange(3.0, dtype=torch.float64))
+assert torch.equal(ttorch.tensor(TreeValue({"a": [1, 2]})).a, torch.tensor([1, 2]))
+assert torch.equal(ttorch.as_tensor(TreeValue({"a": [1, 2]})).a, torch.tensor([1, 2]))
+# (d + t is treevalue's own operator: Python asks the left operand first)
+for r in (t + d, ttorch.add(d, t), ttorch.add(t, d)):
+    assert type(r) is ttorch.Tensor and torch.equal(r.x.c, torch.arange(3.0) * 2)
+assert torch.equal(ttorch.softmax(d, 0).a, torch.full((2,), 0.5))  # the fallback to torch
+assert ttorch.isclose(torch.ones(2), TreeValue({"a": torch.ones(2)})).a.all()  # tree not first
+assert torch.equal(ttorch.cat([d, t]).a, torch.ones(4))
+assert ttorch.Size(TreeValue({"a": [1, 2]})).a == torch.Size([1, 2])
+assert tcommon.Object(TreeValue({"q": 1, "r": {"s": "x"}})).r.s == "x"
+assert (tnp.array(TreeValue({"a": [1, 2]})).a == np.array([1, 2])).all()
+try:
+    ttorch.Tensor(TreeValue({"a": object()}))
+except TypeError as e:
+    assert "'a'" in str(e), e  # the path, as for a dict
+else:
+    raise AssertionError("a leaf torch cannot take was accepted")
+print("ok")
+'''
+
+
+def test_treevalue_trees_are_read_as_dicts(tmp_path):
+    """A treevalue TreeValue (DI-treetensor's trees are ones) is read where a dict is taken:
+    construction, shapes, operands of C++ ops, torch's fallback, Object, numpy. Run in the peers'
+    venv, which has treevalue, with our package first on sys.path."""
+    import treetensor
+    ours = str(pathlib.Path(treetensor.__file__).resolve().parent.parent)
+    script = tmp_path / "interop.py"
+    script.write_text(TREEVALUE_INTEROP)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([_peers_python(), str(script), ours], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=str(tmp_path))
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr

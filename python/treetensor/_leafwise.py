@@ -4,7 +4,7 @@ that treetensor does not bind in C++: the calls run on the calling thread with t
 one Python call per leaf, as DI-treetensor's do.
 """
 from . import _C
-from .common import Object
+from .common import Object, _foreign_dict, _is_foreign_tree
 
 _Tree = _C.Tensor
 _kinds = {}  # leaf type -> tree class, filled by treetensor.torch and treetensor.numpy
@@ -21,7 +21,7 @@ def tree_dict(x):
         return x.to_dict()
     if isinstance(x, Object):
         return x._d
-    return None
+    return _foreign_dict(x)  # a treevalue TreeValue, or None
 
 
 class _Slot:
@@ -160,11 +160,8 @@ def _leaves(d):
 
 def _more_trees(args, kwargs, subside):
     """Whether an argument after the first is (or, subsided, may hold) a tree."""
-    for a in args[1:]:
-        if isinstance(a, (_Tree, Object)) or (subside and type(a) in (list, tuple)):
-            return True
-    for a in kwargs.values():
-        if isinstance(a, (_Tree, Object)) or (subside and type(a) in (list, tuple)):
+    for a in (*args[1:], *kwargs.values()):
+        if isinstance(a, (_Tree, Object)) or _is_foreign_tree(a) or (subside and type(a) in (list, tuple)):
             return True
     return False
 

@@ -10,8 +10,15 @@ argument, and a leaf facing a subtree of another tree, broadcast into it (treeva
 (``rise``; torch's named tuples keep their type). The result is a tree of the leaves' kind:
 ``treetensor.torch.Tensor`` when every leaf is a tensor, ``treetensor.numpy.ndarray`` when
 every leaf is a numpy array, else an ``Object``.
+
+A treevalue ``TreeValue`` (DI-treetensor's trees are ones, and so are treevalue's
+``FastTreeValue``) given where a dict is taken is read as its nested dict: ``Object(tv)``,
+``ttorch.Tensor(tv)``, ``ttorch.zeros(tree_of_shapes)``, an operand of a tree call or of a
+leaf-wise call. treevalue is never imported here: an object can only be a TreeValue once the
+program has imported treevalue.
 """
-import builtins
+import builtins as _builtins
+import sys as _sys
 
 __all__ = ["Object", "Constraint", "ValidationError", "to_constraint", "vval", "vcheck", "nval",
            "ncheck", "cleaf"]
@@ -29,14 +36,18 @@ class Object:
     def __new__(cls, data=None):
         if data is None:
             data = {}
-        if not isinstance(data, (dict, Object)):
+        if not isinstance(data, (dict, Object)) and _foreign_dict(data) is None:
             return data
         return super().__new__(cls)
 
     def __init__(self, data=None):
         if data is None:
             data = {}
-        object.__setattr__(self, "_d", data.to_dict() if isinstance(data, Object) else data)
+        if isinstance(data, Object):
+            data = data.to_dict()
+        elif not isinstance(data, dict):
+            data = _foreign_dict(data)
+        object.__setattr__(self, "_d", data)
         object.__setattr__(self, "_c", None)
 
     def _child(self, k):
@@ -106,11 +117,11 @@ class Object:
 
     def all(self):
         """Whether every leaf is true (``builtins.all``; DI-treetensor's ``Object.all``)."""
-        return builtins.all(self.leaves())
+        return _builtins.all(self.leaves())
 
     def any(self):
         """Whether some leaf is true (``builtins.any``)."""
-        return builtins.any(self.leaves())
+        return _builtins.any(self.leaves())
 
     def __eq__(self, other):
         if isinstance(other, Object):
@@ -139,6 +150,20 @@ class Object:
         out = [f"<{type(self).__name__}>"]
         self._lines(out, "")
         return "\n".join(out)
+
+
+def _is_foreign_tree(x):
+    """Whether x is a treevalue TreeValue."""
+    treevalue = _sys.modules.get("treevalue")
+    return treevalue is not None and isinstance(x, treevalue.TreeValue)
+
+
+def _foreign_dict(x):
+    """The nested dict of a treevalue TreeValue (its subtrees as dicts, its leaves as they are),
+    None for anything else."""
+    if not _is_foreign_tree(x):
+        return None
+    return {k: _foreign_dict(v) if _is_foreign_tree(v) else v for k, v in x.items()}
 
 
 def _leaves(d):

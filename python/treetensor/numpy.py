@@ -16,7 +16,7 @@ import numpy as _np
 from torch import from_numpy as _torch_from_numpy
 
 from . import _leafwise
-from .common import Object
+from .common import Object, _foreign_dict
 
 __all__ = ["ndarray", "array", "all", "any", "equal", "array_equal", "stack", "concatenate", "split",
            "zeros", "ones"]
@@ -114,7 +114,8 @@ def _as_ndarray(r):
 
 def _tree(x):
     # A nested dict argument is a tree here (DI-treetensor's numpy functions take dicts).
-    return ndarray(x) if isinstance(x, dict) else x
+    d = x if isinstance(x, dict) else _foreign_dict(x)  # a treevalue TreeValue's too
+    return x if d is None else ndarray(d)
 
 
 def _function(np_fn, name, subside=False, as_ndarray=True):

@@ -40,12 +40,32 @@ import warnings as _warnings
 import torch as _torch
 
 from . import _C, _leafwise, _ops, _treevalue
-from .common import Object
+from .common import Object, _foreign_dict, _is_foreign_tree
 
 Tensor = _C.Tensor
 _leafwise.register_kind(_torch.Tensor, Tensor)
 
 __all__ = ["Tensor", "Size", "Object", "stream", "apply", "synchronize"]
+
+
+# ---- tree data: dicts, and treevalue TreeValues read as theirs (treetensor.common) ------------
+def _plain_dict(x):
+    """x, or the nested dict of a treevalue TreeValue."""
+    if type(x) is dict or x is None:
+        return x
+    d = _foreign_dict(x)
+    return x if d is None else d
+
+
+def _is_data_tree(x):
+    """A dict, an Object or a treevalue TreeValue: a tree given as data (shapes, values)."""
+    return isinstance(x, (dict, Object)) or _is_foreign_tree(x)
+
+
+def _tree_arg(a):
+    """A dict or a treevalue TreeValue given as an operand, as a Tensor tree; else a itself."""
+    a = _plain_dict(a)
+    return Tensor(a) if isinstance(a, dict) else a
 
 
 # ---- trees of values (shape, dtype, ...) ------------------------------------------------------
@@ -58,7 +78,7 @@ class Size(Object):
     __slots__ = ()
 
     def __new__(cls, data=None):
-        if data is not None and not isinstance(data, (dict, Object)):
+        if data is not None and not _is_data_tree(data):
             return _torch.Size(data)
         return object.__new__(cls)
 
@@ -90,6 +110,7 @@ _tree_meta_call = type(Tensor).__call__
 
 
 def _construct(cls, data=None, *args, **kwargs):
+    data = _plain_dict(data)
     # Tensor(dict, dtype=..., ...): torch.as_tensor(leaf, ...) of every leaf (DI-treetensor).
     if (args or kwargs) and isinstance(data, dict):
         data = _map_dict(data, lambda v: _torch.as_tensor(v, *args, **kwargs))
@@ -170,7 +191,7 @@ Tensor.apply = lambda self, fn, *args, **kwargs: apply(fn, self, *args, **kwargs
 
 # ---- module functions ---------------------------------------------------------------------------
 def _is_tree(x):
-    return isinstance(x, (Tensor, dict))
+    return isinstance(x, (Tensor, dict)) or _is_foreign_tree(x)
 
 
 def _export(names):
@@ -195,13 +216,12 @@ def _method_fn(name, doc=None):
     tfn = getattr(_torch, name, None)
 
     def f(input, *args, **kwargs):
-        if isinstance(input, dict):
-            input = Tensor(input)
+        input = _tree_arg(input)
         if isinstance(input, Tensor):
             return getattr(input, name)(*args, **kwargs)
         if _builtins.any(_is_tree(a) for a in args) or _builtins.any(_is_tree(v) for v in kwargs.values()):
             # the tree is not the first argument (ttorch.isclose(tensor, tree))
-            args = [Tensor(a) if isinstance(a, dict) else a for a in args]
+            args = [_tree_arg(a) for a in args]
             return _leafwise.treelized(tfn, name)(input, *args, **kwargs)
         return tfn(input, *args, **kwargs)
 
@@ -328,7 +348,7 @@ def _inheriting(cpp, fallback, name):
             if "inherit" not in str(e) or _builtins.sum(
                     _is_tree(a) for a in (*args, *kwargs.values())) < 2:
                 raise
-        args = [Tensor(a) if isinstance(a, dict) else a for a in args]
+        args = [_tree_arg(a) for a in args]
         return _leafwise.wrap(_leafwise.call(fallback, args, kwargs, name)[0])
 
     f.__name__ = f.__qualname__ = name
@@ -367,7 +387,7 @@ def _inheriting_inplace(cpp, fallback, name):
             if "inherit" not in str(e):
                 raise
             err = e
-        args = [Tensor(a) if isinstance(a, dict) else a for a in args]
+        args = [_tree_arg(a) for a in args]
         for a in args:
             _target_covers(self, a, err)
         _leafwise.call(fallback, [self, *args], kwargs, name)
@@ -639,11 +659,11 @@ __all__ += ["equal", "allclose", "lerp", "addcmul", "addcdiv", "cat", "stack"]
 def _shapes(x):
     if isinstance(x, Object):
         return x.to_dict()
-    return x
+    return _plain_dict(x)
 
 
 def _shape_arg(args):
-    return len(args) == 1 and isinstance(args[0], (dict, Object))
+    return len(args) == 1 and _is_data_tree(args[0])
 
 
 def _factory(name):
@@ -668,14 +688,14 @@ for _n in ["randn", "rand", "zeros", "ones", "empty"]:
 
 def full(size, fill_value, **kwargs):
     """A tree of torch.full leaves from a tree of shapes."""
-    if isinstance(size, (dict, Object)):
+    if _is_data_tree(size):
         return _C._full(_shapes(size), fill_value, **kwargs)
     return _torch.full(size, fill_value, **kwargs)
 
 
 def randint(*args, **kwargs):
     """``randint([low=0,] high, tree_of_shapes, *, dtype=torch.int64, device=None)``."""
-    if args and isinstance(args[-1], (dict, Object)):
+    if args and _is_data_tree(args[-1]):
         if len(args) == 2:
             low, high = 0, args[0]
         elif len(args) == 3:
@@ -718,6 +738,7 @@ def _map_dict(d, fn):
 
 def tensor(data, *args, **kwargs):
     """A tree of torch.tensor(leaf) from a nested dict of values; torch.tensor otherwise."""
+    data = _plain_dict(data)
     if isinstance(data, dict):
         return Tensor(_map_dict(data, lambda v: _torch.tensor(v, *args, **kwargs)))
     if isinstance(data, Tensor):
@@ -727,6 +748,7 @@ def tensor(data, *args, **kwargs):
 
 def as_tensor(data, dtype=None, device=None):
     """A tree sharing the leaves that already have dtype and device (torch.as_tensor)."""
+    data = _plain_dict(data)
     if isinstance(data, dict):
         data = Tensor(_map_dict(data, lambda v: _torch.as_tensor(v, dtype=dtype, device=device)))
     if isinstance(data, Tensor):
