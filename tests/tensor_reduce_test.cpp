@@ -202,6 +202,19 @@ TEST_P(TensorReduce, EmptyTreesAndTreesWithoutElements) {
   // Empty leaves contribute nothing to min/max.
   TreeTensor some{{"a", at::zeros({0})}, {"b", at::tensor({3.0f, -1.0f})}};
   EXPECT_EQ(tt::min(some).item<float>(), -1.0f);
+
+  // No degree of freedom: NaN in the dtype torch gives all the elements, not the default one.
+  for (const bool unbiased : {true, false}) {
+    TreeTensor few{{"a", at::zeros({0}, at::kDouble)},
+                   {"b", at::ones({unbiased ? 1 : 0}, at::kHalf)}};
+    const at::Tensor want =
+        at::cat({at::zeros({0}, at::kDouble), at::ones({unbiased ? 1 : 0}, at::kHalf)})
+            .std(unbiased);
+    const at::Tensor got = tt::std(few, unbiased);
+    EXPECT_EQ(got.scalar_type(), at::kDouble);
+    EXPECT_EQ(got.scalar_type(), want.scalar_type());
+    EXPECT_TRUE(std::isnan(got.item<double>()) && std::isnan(want.item<double>()));
+  }
 }
 
 TEST_P(TensorReduce, PerLeafFormsMatchNativeLoop) {

@@ -28,6 +28,7 @@ struct PendingJob {
     if (!future.ready()) {
       // A tree call converting this argument has handed out its operands' nodes already.
       const NextCallRootsUse use;
+      wait_interruptibly([this](auto slice) { return future.wait_for(slice); });
       py::gil_scoped_release release;
       future.wait();
     }
@@ -53,10 +54,9 @@ bool integral_or_bool(at::ScalarType t) {
 
 /// The dtype `op` gives over these leaves, as reduce.cpp computes it: torch's promotion of the
 /// partials' dtypes (sum: integral leaves sum as int64). None where reduce.cpp gives a constant
-/// (0 or NaN) in the default dtype: no partial exists, or std of at most one element.
+/// (0 or NaN) in the default dtype: no partial exists.
 std::optional<at::ScalarType> result_dtype(TreeLevel op,
-                                           const std::vector<const at::Tensor*>& leaves,
-                                           int64_t numel) {
+                                           const std::vector<const at::Tensor*>& leaves) {
   if (op == TreeLevel::all || op == TreeLevel::any) return at::kBool;
   const bool skip_empty = op == TreeLevel::min || op == TreeLevel::max;
   std::optional<at::ScalarType> type;
@@ -66,7 +66,6 @@ std::optional<at::ScalarType> result_dtype(TreeLevel op,
     if (op == TreeLevel::sum && integral_or_bool(t)) t = at::kLong;
     type = type ? at::promoteTypes(*type, t) : t;
   }
-  if (op == TreeLevel::std && numel <= 1) return std::nullopt;
   return type;
 }
 
@@ -82,7 +81,6 @@ struct Queued {
 std::optional<Queued> queue(const asyncs::PendingTarget& target, TreeLevel op, std::string name,
                             const TensorTree& n, TreeLevelFn f) {
   const auto flat = tree::flatten_refs(n);
-  int64_t numel = 0;
   std::vector<at::Tensor> reads;
   reads.reserve(flat.leaves.size());
   for (const at::Tensor* x : flat.leaves) {
@@ -90,13 +88,12 @@ std::optional<Queued> queue(const asyncs::PendingTarget& target, TreeLevel op, s
     // known only from the data.
     if ((x->requires_grad() && c10::GradMode::is_enabled()) || x->is_quantized())
       return std::nullopt;
-    numel += x->numel();
     reads.push_back(*x);
   }
   const at::Device device = flat.leaves.empty() ? at::Device(at::kCPU) : flat.leaves[0]->device();
   // A default-dtype constant takes the default dtype of the call: the job may run after a
   // set_default_dtype, and 0 and NaN convert exactly.
-  const auto type = result_dtype(op, flat.leaves, numel);
+  const auto type = result_dtype(op, flat.leaves);
   at::Tensor out = at::empty(
       {}, at::TensorOptions(type.value_or(at::get_default_dtype_as_scalartype())).device(device));
   auto body = [copy = TreeTensor(n), out, f = std::move(f), name, constant = !type] {

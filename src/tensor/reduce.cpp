@@ -125,7 +125,9 @@ at::Tensor std(const TensorTree& t, bool unbiased) {
   require_floating("std", t);
   const int64_t n = total_numel(t);
   const int64_t dof = n - (unbiased ? 1 : 0);
-  if (dof <= 0) return default_scalar(std::numeric_limits<double>::quiet_NaN());
+  // No degree of freedom: NaN as torch gives it for all elements (the leaves' promoted dtype;
+  // the default dtype without leaves).
+  if (dof <= 0) return all_elements(t).std(unbiased);
   const at::Tensor m = mean(t);
   auto s = stacked(partials("std", t, [&](const at::Tensor& x) { return (x - m).square().sum(); }));
   return (s.sum() / static_cast<double>(dof)).sqrt();
