@@ -466,6 +466,33 @@ TEST_F(AsyncsThread, AForkedChildFailsInFlightJobsRefusesOldThreadsAndStartsNewO
   EXPECT_EQ(queued.get(), 7) << "the parent is unaffected";
 }
 
+TEST_F(AsyncsThread, AChildForkedInsideAJobIsNoWorkerAndEndsWhenTheJobReturns) {
+  if (rt_test::under_tsan) GTEST_SKIP() << "ThreadSanitizer ends children that start threads";
+  asyncs::Thread t;
+  const pid_t pid = t.submit([] {
+                       const pid_t p = fork();
+                       if (p != 0) return p;
+                       // The child: this job runs on, on a thread that is no worker here.
+                       if (asyncs::current_thread_id()) _exit(2);
+                       asyncs::Thread fresh;
+                       if (fresh.submit([] { return 6; }).get() != 6) _exit(3);
+                       return p;  // the job returns: the child ends, status 0
+                     }).get();
+  ASSERT_GT(pid, 0);
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL() << "the child forked inside a job hung";
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: the child's thread is a worker, 3: no new worker";
+}
+
 TEST(AsyncsEnv, CountsParseStrictlyWithTheirRangeInTheError) {
   using asyncs::detail::parse_env_count;
   const char* wd = "TREETENSOR_WATCHDOG_MS";

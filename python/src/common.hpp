@@ -14,6 +14,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -154,6 +155,15 @@ void pin_next_call(const std::shared_ptr<Root>& root);
 ///         call or from another Python thread).
 void begin_change(Root& root, const tree::Path& where);
 
+/// Waits with the GIL released until `done_within(slice)` says the awaited work is done,
+/// running Python's signal handlers between slices of 50 ms, so that Ctrl-C raises
+/// KeyboardInterrupt here (the work goes on; a later read waits again). Returns at once, for
+/// the caller's own blocking wait (with its usage checks and watchdog) to follow, off Python's
+/// main thread (only it handles signals), inside an asyncs job, and once the asyncs watchdog's
+/// timeout has passed. Needs the GIL.
+/// @throws py::error_already_set: what a signal handler raised.
+void wait_interruptibly(const std::function<bool(std::chrono::milliseconds)>& done_within);
+
 /// The object behind `treetensor.torch.Tensor`: a node of a shared root tree. A root has an
 /// empty path; `t.a` is a view (the same root, path "a"), so `t.a.b = x` and in-place ops on
 /// `t.a` change `t`. The node is looked up at each use, so a view whose path has been removed
@@ -191,6 +201,8 @@ struct PyTree {
   void wait_ready(const TensorTree& n) const {
     if (!n.is_pending()) return;
     const RootUse use(*root);
+    if (const auto* source = n.pending_source())
+      wait_interruptibly([source](auto slice) { return source->wait_for(slice); });
     py::gil_scoped_release release;
     (void)n.is_leaf();
   }
@@ -235,9 +247,12 @@ inline py::object wrap_tensor(const at::Tensor& t) {
 /// string keys (torch.Tensor leaves are shared, other leaves go through torch.as_tensor).
 /// @throws TypeError naming the path of a key that is not a string.
 TreeTensor to_tree(py::handle h, const tree::Path& at = {});
-/// The nested dict of a treevalue TreeValue (treetensor.common._foreign_dict: DI-treetensor's
-/// trees read where a dict is taken), or None. Costs a sys.modules lookup when treevalue was
-/// never imported: call it only where a dict, tree, tensor and number have been ruled out.
+/// Whether `h` is a treevalue TreeValue (DI-treetensor's trees, read where a dict is taken). A
+/// sys.modules lookup when treevalue was never imported, else a Python call: ask only where a
+/// dict, tree, tensor and number have been ruled out.
+bool is_foreign_tree(py::handle h);
+/// The nested dict of a treevalue TreeValue (treetensor.common._foreign_dict), or None; as
+/// is_foreign_tree costs.
 py::object foreign_dict(py::handle h);
 /// A nested dict of torch.Tensor from a tree (the same Python tensor objects).
 py::object to_dict(const TensorTree& t);

@@ -149,6 +149,8 @@ class FromPython {
     if (PyDict_Check(o)) return dict(h);
     if (py::isinstance(h, object_class())) return dict(h.attr("to_dict")());
     if (PyList_Check(o) || PyTuple_Check(o) || PyAnySet_CheckExact(o)) return sequence(h);
+    if (!PyLong_Check(o) && !PyFloat_Check(o) && !PyUnicode_Check(o) && !is_tensor(h))
+      if (py::object d = foreign_dict(h); !d.is_none()) return dict(d);  // a treevalue TreeValue
     return ValueTree(leaf(h));
   }
 

@@ -3,6 +3,7 @@
 // Python-facing documentation lives in the docstrings here and in python/treetensor/*.py.
 
 #include <c10/util/Exception.h>
+#include <pybind11/detail/exception_translation.h>
 #include <pybind11/eval.h>
 #include <pybind11/stl.h>
 
@@ -81,9 +82,21 @@ PyObject* tree_getattro(PyObject* self, PyObject* name) {
     PyErr_Clear();
     return PyObject_CallFunctionObjArgs(g_getattr, self, name, nullptr);
   }
+  const PyTree& tree = py::handle(self).cast<const PyTree&>();
+  const TensorTree* node = nullptr;
   try {
-    const PyTree& tree = py::handle(self).cast<const PyTree&>();
-    const TensorTree& n = tree.node();
+    // Raised here, not retried through __getattr__: a pending tree's job error (raised by the
+    // first read only, for an in-place call's target) and a KeyboardInterrupt of its wait.
+    node = &tree.node();
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    return nullptr;
+  }
+  try {
+    const TensorTree& n = *node;
     Py_ssize_t size = 0;
     const char* key = PyUnicode_AsUTF8AndSize(name, &size);
     if (key && !n.is_leaf()) {
@@ -353,7 +366,8 @@ struct DictWalk {
     if (is_tree(h)) return as_tree(h).node();
     if (PyDict_Check(h.ptr())) return dict(h);
     if (is_tensor(h)) return TensorTree(unpack_tensor(h));
-    if (py::object d = foreign_dict(h); !d.is_none()) return dict(d);
+    if (!PyLong_Check(h.ptr()) && !PyFloat_Check(h.ptr()))
+      if (py::object d = foreign_dict(h); !d.is_none()) return dict(d);
     py::object t;
     try {
       t = py::module_::import("torch").attr("as_tensor")(h);
@@ -366,10 +380,30 @@ struct DictWalk {
 };
 }  // namespace
 
+namespace {
+// treetensor.common's function `name`, looked up once.
+const py::object& common_function(const char* name,
+                                  py::gil_safe_call_once_and_store<py::object>& slot) {
+  return slot
+      .call_once_and_store_result(
+          [name] { return py::module_::import("treetensor.common").attr(name); })
+      .get_stored();
+}
+
+bool treevalue_imported() {
+  return PyDict_GetItemString(PyImport_GetModuleDict(), "treevalue") != nullptr;
+}
+}  // namespace
+
+bool is_foreign_tree(py::handle h) {
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> fn;
+  return treevalue_imported() && common_function("_is_foreign_tree", fn)(h).cast<bool>();
+}
+
 py::object foreign_dict(py::handle h) {
-  PyObject* const treevalue = PyDict_GetItemString(PyImport_GetModuleDict(), "treevalue");
-  if (treevalue == nullptr) return py::none();  // nothing can be a TreeValue yet
-  return py::module_::import("treetensor.common").attr("_foreign_dict")(h);
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> fn;
+  if (!treevalue_imported()) return py::none();  // nothing can be a TreeValue yet
+  return common_function("_foreign_dict", fn)(h);
 }
 
 TreeTensor to_tree(py::handle h, const tree::Path& at) {
@@ -404,12 +438,16 @@ Operand Args::add(py::handle h) {
     return ops_.emplace_back(at::Scalar(static_cast<int64_t>(v)));
   }
   if (PyFloat_Check(o)) return ops_.emplace_back(at::Scalar(PyFloat_AS_DOUBLE(o)));
-  if (PyDict_Check(o) || !foreign_dict(h).is_none()) {
+  if (PyDict_Check(o)) {
     any_tree_ = true;
     return ops_.emplace_back(trees_.emplace_back(to_tree(h)));
   }
+  if (py::object d = foreign_dict(h); !d.is_none()) {
+    any_tree_ = true;
+    return ops_.emplace_back(trees_.emplace_back(to_tree(d)));
+  }
   throw_type("treetensor: unsupported operand " + repr_of(h) +
-             " (a tree, a dict of tensors, a torch.Tensor or a number)");
+             " (a tree, a dict of tensors or a treevalue TreeValue, a torch.Tensor or a number)");
 }
 
 at::ScalarType to_dtype(py::handle dtype) {

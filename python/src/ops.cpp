@@ -19,7 +19,7 @@ py::object torch_attr(const char* name) {
 
 bool tree_like(py::handle h) {
   return is_tree(h) || PyDict_Check(h.ptr()) ||
-         (!is_tensor(h) && !PyNumber_Check(h.ptr()) && !foreign_dict(h).is_none());
+         (!is_tensor(h) && !PyLong_Check(h.ptr()) && !PyFloat_Check(h.ptr()) && is_foreign_tree(h));
 }
 
 /// Calls f(const TensorTree&) on x's tree (a tree object's node, or a dict converted).

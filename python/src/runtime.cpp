@@ -2,15 +2,18 @@
 // callbacks: the leaf jobs run on the runtime's lanes with the GIL released by the caller and
 // re-acquired around each callback, so lanes never deadlock on the GIL.
 
+#include <pthread.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -120,6 +123,7 @@ struct PyFuture {
   std::shared_ptr<PyFailure> failure;  // where the job puts its exception, if it raises
   // Waits (GIL released); the outcome, its exception now read.
   const PyOutcome& outcome() const {
+    wait_interruptibly([this](auto slice) { return future.wait_for(slice); });
     const PyOutcome* out = nullptr;
     nogil([&] { out = &future.get(); });
     if (out->raised) mark_read(failure);
@@ -176,7 +180,44 @@ struct CallbackError {
   throw py::error_already_set();
 }
 
+namespace {
+bool on_python_main_thread() {
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<unsigned long> main_ident;
+  const unsigned long main = main_ident
+                                 .call_once_and_store_result([] {
+                                   return py::module_::import("threading")
+                                       .attr("main_thread")()
+                                       .attr("ident")
+                                       .cast<unsigned long>();
+                                 })
+                                 .get_stored();
+  return PyThread_get_thread_ident() == main;
+}
+}  // namespace
+
+void wait_interruptibly(const std::function<bool(std::chrono::milliseconds)>& done_within) {
+  if (!on_python_main_thread() || asyncs::current_thread_id()) return;
+  const auto watchdog = asyncs::watchdog_timeout();
+  const auto until = std::chrono::steady_clock::now() + watchdog;
+  for (;;) {
+    bool done = false;
+    {
+      py::gil_scoped_release release;
+      done = done_within(std::chrono::milliseconds(50));
+    }
+    if (done) return;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (watchdog.count() != 0 && std::chrono::steady_clock::now() >= until) return;
+  }
+}
+
 void bind_runtime(py::module_& m) {
+  // Unread::m is taken by submit with the GIL released: a child forked meanwhile must not
+  // inherit it locked (DESIGN.md §10, fork()).
+  unread();
+  if (const int err = pthread_atfork([] { unread().m.lock(); }, [] { unread().m.unlock(); },
+                                     [] { unread().m.unlock(); }))
+    throw std::system_error(err, std::generic_category(), "treetensor: pthread_atfork");
   m.def(
       "set_stream",
       [](py::handle mode) {
@@ -291,7 +332,7 @@ void bind_runtime(py::module_& m) {
         std::vector<Operand> ops;
         std::vector<int> slot;  // per Python argument: operand index, or -1 (passed as is)
         for (auto a : args) {
-          if (is_tree(a) || PyDict_Check(a.ptr())) {
+          if (is_tree(a) || PyDict_Check(a.ptr()) || (!is_tensor(a) && is_foreign_tree(a))) {
             slot.push_back(static_cast<int>(ops.size()));
             ops.push_back(keep.add(a));
           } else {

@@ -568,6 +568,27 @@ assert torch.equal(ttorch.cat([d, t]).a, torch.ones(4))
 assert ttorch.Size(TreeValue({"a": [1, 2]})).a == torch.Size([1, 2])
 assert tcommon.Object(TreeValue({"q": 1, "r": {"s": "x"}})).r.s == "x"
 assert (tnp.array(TreeValue({"a": [1, 2]})).a == np.array([1, 2])).all()
+r = ttorch.apply(lambda a, b: a * b, d, t)  # leaf by leaf, as with a dict
+assert type(r) is ttorch.Tensor and torch.equal(r.x.c, torch.arange(3.0) ** 2)
+bounds = TreeValue({"a": torch.zeros(2), "x": {"c": torch.ones(3)}})
+assert torch.equal(t.clamp(min=bounds).x.c, torch.tensor([1.0, 1.0, 2.0]))  # (a dict: TypeError,
+assert torch.equal(ttorch.clamp(t.clone(), bounds, None).x.c, torch.tensor([1.0, 1.0, 2.0]))
+assert torch.equal(t.clone().clamp_(max=bounds).x.c, torch.tensor([0.0, 1.0, 1.0]))  # as theirs)
+ttorch.save(d, "d.pt")
+saved = torch.load("d.pt")
+assert torch.equal(saved["x"]["c"], d.x.c) and torch.equal(saved["a"], d.a)
+deep = TreeValue({"v": torch.ones(1)})
+for _ in range(3000):  # deeper than Python's recursion limit
+    deep = TreeValue({"n": deep})
+assert ttorch.Tensor(deep).sum().item() == 1.0
+loop = FastTreeValue({"b": {"x": torch.ones(1)}})
+loop.b.d = loop
+try:
+    ttorch.Tensor(loop)
+except ValueError as e:
+    assert "deeper than" in str(e), e
+else:
+    raise AssertionError("a TreeValue containing itself was accepted")
 try:
     ttorch.Tensor(TreeValue({"a": object()}))
 except TypeError as e:

@@ -158,12 +158,30 @@ def _is_foreign_tree(x):
     return treevalue is not None and isinstance(x, treevalue.TreeValue)
 
 
+_MAX_DEPTH = 10000  # as the C++ reader of nested dicts
+
+
 def _foreign_dict(x):
     """The nested dict of a treevalue TreeValue (its subtrees as dicts, its leaves as they are),
-    None for anything else."""
+    None for anything else. No recursion: any depth up to 10000 levels; deeper (a tree that
+    contains itself) is a ValueError."""
     if not _is_foreign_tree(x):
         return None
-    return {k: _foreign_dict(v) if _is_foreign_tree(v) else v for k, v in x.items()}
+    tree_value = _sys.modules["treevalue"].TreeValue
+    out = {}
+    todo = [(x, out, 0)]
+    while todo:
+        node, d, depth = todo.pop()
+        if depth >= _MAX_DEPTH:
+            raise ValueError(f"treetensor: a treevalue TreeValue nested deeper than {_MAX_DEPTH} "
+                             "levels (one that contains itself?)")
+        for k, v in node.items():
+            if isinstance(v, tree_value):
+                d[k] = {}
+                todo.append((v, d[k], depth + 1))
+            else:
+                d[k] = v
+    return out
 
 
 def _leaves(d):

@@ -68,6 +68,13 @@ def _tree_arg(a):
     return Tensor(a) if isinstance(a, dict) else a
 
 
+def _foreign_arg(a):
+    """A treevalue TreeValue as a Tensor tree; else a itself (where a dict is no tree: clamp's
+    bounds are torch's, which refuse a dict, as DI-treetensor does)."""
+    d = _foreign_dict(a)
+    return a if d is None else Tensor(d)
+
+
 # ---- trees of values (shape, dtype, ...) ------------------------------------------------------
 class Size(Object):
     """A tree of ``torch.Size`` (``t.shape``); also accepted as a tree of shapes by the
@@ -216,7 +223,8 @@ def _method_fn(name, doc=None):
     tfn = getattr(_torch, name, None)
 
     def f(input, *args, **kwargs):
-        input = _tree_arg(input)
+        if not isinstance(input, Tensor):
+            input = _tree_arg(input)
         if isinstance(input, Tensor):
             return getattr(input, name)(*args, **kwargs)
         if _builtins.any(_is_tree(a) for a in args) or _builtins.any(_is_tree(v) for v in kwargs.values()):
@@ -432,6 +440,7 @@ globals()["where"] = _inheriting(_C.where, _torch.where, "where")
 def _clamp(self, min=None, max=None):  # noqa: A002  (torch's names)
     """Every leaf clamped to [min, max] (numbers: in C++; trees of bounds: torch.clamp per leaf
     pair, a leaf bound broadcasting into a subtree; DI-treetensor)."""
+    min, max = _foreign_arg(min), _foreign_arg(max)  # noqa: A001
     if isinstance(min, Tensor) or isinstance(max, Tensor):
         return _leafwise.wrap(_leafwise.call(_torch.clamp, (self, min, max), {}, "clamp")[0])
     return _tree_clamp(self, min, max)
@@ -439,6 +448,7 @@ def _clamp(self, min=None, max=None):  # noqa: A002  (torch's names)
 
 def _clamp_(self, min=None, max=None):  # noqa: A002
     """In place: every leaf clamped to [min, max] (see clamp); returns the tree."""
+    min, max = _foreign_arg(min), _foreign_arg(max)  # noqa: A001
     if isinstance(min, Tensor) or isinstance(max, Tensor):
         for name, bound in (("min", min), ("max", max)):
             where = _leaf_facing_subtree(self, bound)

@@ -9,6 +9,7 @@
 #include "treetensor/tree/internal_error.hpp"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -105,12 +106,16 @@ void run_job(Worker& w, Job& job) {
   job.task.reset();  // user destructors run here: outside the lock, with the context set
 }
 
+void report_unobserved_at_exit_once() {
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(report_unobserved_at_exit); });
+}
+
 void finish_job(AsyncsState& rt, Worker& w, Job& job) {
   unregister_operands(rt, job);
   if (job.state->error) {
     rt.unobserved.push_back(job.state);
-    static std::once_flag at_exit;
-    std::call_once(at_exit, [] { std::atexit(report_unobserved_at_exit); });
+    report_unobserved_at_exit_once();
   }
   job.state->done.store(true, std::memory_order_release);
   w.running = nullptr;
@@ -131,6 +136,18 @@ std::shared_ptr<Worker> release_detached(AsyncsState& rt, Worker& w) {
   rt.id_taken[w.id - 1] = false;
   w.os.detach();  // nobody joins a detached worker; its std::thread dies with `self`
   return self;
+}
+
+// The job forked and this is the child, whose only thread this is: nothing is left for the
+// worker to do there (its queue and state are the parent's), so the process ends.
+[[noreturn]] void end_forked_child(const Worker& w, const Job& job) {
+  std::fprintf(stderr,
+               "treetensor asyncs: a process forked from job %llu of asyncs thread %d ends as "
+               "that job returns (%s); end such a child with exec or _exit inside the job\n",
+               static_cast<unsigned long long>(job.state->number), w.id,
+               job.state->error ? "with an error, exit status 1" : "exit status 0");
+  std::fflush(nullptr);
+  _exit(job.state->error ? 1 : 0);
 }
 
 void worker_main(Worker& w) {
@@ -159,6 +176,7 @@ void worker_main(Worker& w) {
       w.running = job.get();
     }
     run_job(w, *job);
+    if (w.forked) end_forked_child(w, *job);  // set only in a child, by this very thread
     {
       std::lock_guard lock(rt.mu);
       finish_job(rt, w, *job);
@@ -355,15 +373,19 @@ void lose_job(JobState& s, std::vector<std::shared_ptr<JobState>>& lost,
 
 void fail_forked_jobs() {
   AsyncsState& old = asyncs_state();  // locked by lock_for_fork, in this thread
+  // Forked from a job: that job runs on in the child, on a thread that is no worker there.
+  Worker* const forking = acting().worker;
+  acting() = Acting{};
   AsyncsState* fresh = new_state();
-  fresh->next_seq = old.next_seq;
-  fresh->unobserved = old.unobserved;
+  fresh->next_seq = old.next_seq;  // the parent's unobserved errors stay the parent's to report
   for (const auto& w : old.live) {
     w->forked = true;
     // A joinable std::thread must never be destroyed: leaked with the worker and the old state.
-    if (w->running != nullptr) lose_job(*w->running->state, fresh->unobserved, w->running->state);
+    if (w->running != nullptr && w.get() != forking)
+      lose_job(*w->running->state, fresh->unobserved, w->running->state);
     for (const auto& job : w->queue) lose_job(*job->state, fresh->unobserved, job->state);
   }
+  if (!fresh->unobserved.empty()) report_unobserved_at_exit_once();
   state_slot() = fresh;
 }
 
@@ -372,10 +394,11 @@ void fail_forked_jobs() {
 void install_hooks() {
   static std::once_flag once;
   std::call_once(once, [] {
-    runtime::add_synchronize_hook(synchronize_jobs);
-    runtime::add_call_hook(route_call);
+    // First: when it fails, nothing is installed and the next Thread tries again.
     if (const int err = pthread_atfork(lock_for_fork, unlock_after_fork, fail_forked_jobs))
       throw std::system_error(err, std::generic_category(), "treetensor asyncs: pthread_atfork");
+    runtime::add_synchronize_hook(synchronize_jobs);
+    runtime::add_call_hook(route_call);
   });
 }
 
@@ -517,6 +540,15 @@ void enqueue(Worker& w, std::shared_ptr<JobState> state, std::unique_ptr<Task> t
   const bool wake = w.sleeping;
   lock.unlock();
   if (wake) w.wake.notify_one();
+}
+
+bool wait_job_for(const JobState& s, std::chrono::milliseconds timeout) {
+  if (s.done.load(std::memory_order_acquire)) return true;
+  AsyncsState& rt = asyncs_state();
+  std::unique_lock lock(rt.mu);
+  const ProgressWaiter waiter(rt);
+  return rt.progress.wait_for(lock, timeout,
+                              [&] { return s.done.load(std::memory_order_relaxed); });
 }
 
 void wait_job(JobState& s) {

@@ -75,8 +75,9 @@ LaunchResult launch(const std::string& program, const std::vector<std::string>& 
                                 std::to_string(options.nprocs));
   const int port = options.master_port ? options.master_port : free_port();
 
-  // Everything execve needs is built before fork: the child only calls async-signal-safe
-  // functions (the parent is multithreaded).
+  // Everything execve needs is built before fork: past the atfork handlers (treetensor's own
+  // allocate, as glibc lets a fork child do) the child only calls async-signal-safe functions
+  // (the parent is multithreaded).
   std::vector<std::string> argv_s{program};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;

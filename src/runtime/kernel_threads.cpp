@@ -1,5 +1,7 @@
 #include "runtime/kernel_threads.hpp"
 
+#include "runtime/fork.hpp"
+
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
@@ -39,6 +41,8 @@ const Symbols& symbols() {
 std::mutex blas_mutex;
 int blas_users = 0;
 int blas_saved = 0;
+// Taken by every lane batch: a child forked meanwhile must not inherit it locked.
+const int blas_mutex_held_over_fork = (hold_over_fork(blas_mutex), 0);
 
 }  // namespace
 

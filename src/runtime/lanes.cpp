@@ -3,11 +3,11 @@
 #include "runtime/kernel_threads.hpp"
 #include "treetensor/runtime/stream.hpp"
 
+#include <pthread.h>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
-#include <pthread.h>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -84,18 +84,21 @@ struct Pool {
 
 // A forked child has none of the parent's workers (only the forking thread is copied): it
 // starts a fresh pool, whose workers are made on demand, and leaks the parent's, whose lock and
-// condition variable the parent's threads may have held or waited on.
-Pool*& pool_slot() {
-  static Pool* instance = [] {
-    if (const int err = pthread_atfork(nullptr, nullptr, [] { pool_slot() = new Pool; }))
-      throw std::system_error(err, std::generic_category(), "treetensor lanes: pthread_atfork");
-    return new Pool;
-  }();
-  return instance;
-}
+// condition variable the parent's threads may have held or waited on. The child's handler
+// writes the pointer itself: a static's initialisation guard, held by a thread the child does
+// not have, would hang it.
+std::atomic<Pool*> the_pool{nullptr};
+std::once_flag pool_made;
 
 Pool& pool() {
-  return *pool_slot();
+  if (Pool* p = the_pool.load(std::memory_order_acquire)) return *p;
+  std::call_once(pool_made, [] {
+    if (const int err = pthread_atfork(nullptr, nullptr,
+                                       [] { the_pool.store(new Pool, std::memory_order_relaxed); }))
+      throw std::system_error(err, std::generic_category(), "treetensor lanes: pthread_atfork");
+    the_pool.store(new Pool, std::memory_order_release);
+  });
+  return *the_pool.load(std::memory_order_acquire);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 // the caller, which keeps automatic within a few percent of linear on every shape.
 #include "runtime/policy.hpp"
 
+#include "runtime/fork.hpp"
 #include "runtime/lanes.hpp"
 
 #include <ATen/ATen.h>
@@ -137,6 +138,8 @@ struct Entry {
 };
 
 std::mutex learner_mutex;
+// Every tree call takes it, on any thread: a child forked meanwhile must not inherit it locked.
+const int learner_mutex_held_over_fork = (hold_over_fork(learner_mutex), 0);
 std::unordered_map<std::uint64_t, Entry>& entries() {
   static auto* map = new std::unordered_map<std::uint64_t, Entry>;
   return *map;

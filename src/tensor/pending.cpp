@@ -3,6 +3,7 @@
 #include "tensor/pending.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -73,6 +74,9 @@ class PendingResult final : public PendingSource {
 
  private:
   TensorTree wait() const override { return future_.get(); }
+  bool wait_for(std::chrono::milliseconds timeout) const override {
+    return future_.wait_for(timeout);
+  }
   std::optional<std::vector<at::Tensor>> known_leaves() const override {
     if (!future_.ready() || future_.failed()) return std::nullopt;  // see known_leaves()
     return content_leaves(future_.get());
@@ -99,6 +103,9 @@ class PendingWrite final : public PendingSource {
       if (!raised_.exchange(true)) throw;
     }
     return call_->tree(arg_);
+  }
+  bool wait_for(std::chrono::milliseconds timeout) const override {
+    return future_.wait_for(timeout);
   }
   std::optional<std::vector<at::Tensor>> known_leaves() const override {
     if (leaves_) return leaves_;

@@ -39,7 +39,10 @@
 //    in flight when the process forked"), raised by its futures, the reads of its results and
 //    synchronize(); a Thread made before the fork throws AsyncsUsageError on every use but
 //    close() and destruction, which return at once; new Threads work as usual (ids start
-//    again from 1). The parent is unaffected. Read what the child needs before forking.
+//    again from 1). The parent is unaffected. Read what the child needs before forking. A job
+//    that forks runs on in the child on a thread that is no worker there; when it returns, the
+//    child ends (exit status 0, or 1 if the job failed, with a line on stderr): end such a
+//    child with exec or _exit inside the job.
 //  - Environment: TREETENSOR_WATCHDOG_MS and TREETENSOR_ASYNCS_MAX_IN_FLIGHT are read once, by
 //    the first use of the getters below. An invalid value never terminates the process: the
 //    default stays in force and every Thread construction throws std::invalid_argument naming
@@ -220,6 +223,9 @@ void enqueue(Worker& worker, std::shared_ptr<JobState> state, std::unique_ptr<Ta
              c10::ArrayRef<at::Tensor> reads, c10::ArrayRef<at::Tensor> writes, std::string label);
 /// Blocks until `state` is done (watchdog), joins streams, marks its error observed, rethrows it.
 void wait_job(JobState& state);
+/// Blocks until `state` is done or `timeout` has passed; whether it is done. No watchdog, no
+/// usage checks, nothing rethrown or observed.
+bool wait_job_for(const JobState& state, std::chrono::milliseconds timeout);
 /// Registers more operands of an unfinished job (Future::add_operands).
 void add_operands(const std::shared_ptr<JobState>& state, c10::ArrayRef<at::Tensor> reads,
                   c10::ArrayRef<at::Tensor> writes);
@@ -246,6 +252,13 @@ class Future {
   ///         the same thread for a job queued behind it, from a job whose wait would close a
   ///         cycle of waits, or on an invalid future.
   void wait() const { detail::wait_job(checked()); }
+  /// Blocks until the job has finished or `timeout` has passed; returns ready(). Neither
+  /// rethrows, joins streams nor counts as observing an error; no watchdog (a caller waiting in
+  /// slices, e.g. to let Python handle Ctrl-C between them, then calls wait()).
+  /// @throws AsyncsUsageError on an invalid future.
+  bool wait_for(std::chrono::milliseconds timeout) const {
+    return detail::wait_job_for(checked(), timeout);
+  }
   /// wait(), then the job's value (a reference valid while a future of this job lives).
   typename detail::GetResult<T>::type get() const {
     wait();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -116,6 +117,11 @@ class Tree {
     virtual ~Source() = default;
     virtual Tree make() const = 0;
     virtual bool pending() const noexcept { return false; }
+    /// A pending source: blocks until make() would no longer wait for the work, or `timeout`
+    /// has passed; whether it would not (a reader waiting in slices, e.g. to let Python handle
+    /// Ctrl-C between them). Never throws the work's error: make() does. By default true:
+    /// make() does all the waiting.
+    virtual bool wait_for(std::chrono::milliseconds /*timeout*/) const { return true; }
   };
 
   /// The empty tree (an internal node without children).
