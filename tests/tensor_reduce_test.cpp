@@ -203,6 +203,15 @@ TEST_P(TensorReduce, EmptyTreesAndTreesWithoutElements) {
   TreeTensor some{{"a", at::zeros({0})}, {"b", at::tensor({3.0f, -1.0f})}};
   EXPECT_EQ(tt::min(some).item<float>(), -1.0f);
 
+  // Complex leaves: torch's std is real, from |x - mean|^2.
+  const at::Tensor ca =
+      at::complex(at::tensor({1.0f, 2.0f, 0.0f}), at::tensor({1.0f, -1.0f, 0.0f}));
+  const at::Tensor cb = at::complex(at::tensor({0.5f, -1.0f}), at::tensor({0.0f, 2.0f}));
+  TreeTensor complex{{"a", ca}, {"b", cb}};
+  const at::Tensor flat = at::cat({ca, cb});
+  EXPECT_EQ(tt::std(complex).scalar_type(), at::kFloat);
+  EXPECT_NEAR(tt::std(complex).item<float>(), flat.std().item<float>(), 1e-6);
+
   // No degree of freedom: NaN in the dtype torch gives all the elements, not the default one.
   for (const bool unbiased : {true, false}) {
     TreeTensor few{{"a", at::zeros({0}, at::kDouble)},

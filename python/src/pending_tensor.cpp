@@ -64,6 +64,7 @@ std::optional<at::ScalarType> result_dtype(TreeLevel op,
     if (skip_empty && x->numel() == 0) continue;
     at::ScalarType t = x->scalar_type();
     if (op == TreeLevel::sum && integral_or_bool(t)) t = at::kLong;
+    if (op == TreeLevel::std) t = c10::toRealValueType(t);  // |x - m|^2 is real
     type = type ? at::promoteTypes(*type, t) : t;
   }
   return type;

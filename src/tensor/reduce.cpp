@@ -129,7 +129,11 @@ at::Tensor std(const TensorTree& t, bool unbiased) {
   // the default dtype without leaves).
   if (dof <= 0) return all_elements(t).std(unbiased);
   const at::Tensor m = mean(t);
-  auto s = stacked(partials("std", t, [&](const at::Tensor& x) { return (x - m).square().sum(); }));
+  // |x - m|^2: real for complex leaves too, as torch's std is
+  auto s = stacked(partials("std", t, [&](const at::Tensor& x) {
+    const at::Tensor d = x - m;
+    return (d.is_complex() ? d.abs() : d).square().sum();
+  }));
   return (s.sum() / static_cast<double>(dof)).sqrt();
 }
 
