@@ -5,10 +5,12 @@
 #include <pthread.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -181,6 +183,39 @@ struct CallbackError {
 }
 
 namespace {
+// A Python job that forked returns in the child (its only thread): the process ends here, with
+// the GIL held, before anything drops a Python reference or the GIL on a thread state that
+// CPython's fork handling has reset (asyncs::Thread, fork()).
+[[noreturn]] void end_forked_job(int status) {
+  for (const char* stream : {"stdout", "stderr"}) {
+    try {
+      py::module_::import("sys").attr(stream).attr("flush")();
+    } catch (py::error_already_set&) {  // NOLINT(bugprone-empty-catch): ending regardless
+    }
+  }
+  std::fprintf(stderr,
+               "treetensor asyncs: a process forked from an asyncs job ends as that job returns "
+               "(exit status %d); end such a child with os._exit inside the job\n",
+               status);
+  std::fflush(nullptr);
+  _exit(status);
+}
+
+// The exit status of a forked job that raised `e`: sys.exit's code, else 1 (traceback printed).
+int forked_job_status(py::error_already_set& e) {
+  if (e.matches(PyExc_SystemExit)) {
+    const py::object code = e.value().attr("code");
+    if (code.is_none()) return 0;
+    if (!PyLong_Check(code.ptr())) return 1;
+    const long v = PyLong_AsLong(code.ptr());
+    PyErr_Clear();  // out of range: -1, as the status of a failure
+    return static_cast<int>(v);
+  }
+  e.restore();
+  PyErr_Print();
+  return 1;
+}
+
 bool on_python_main_thread() {
   PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<unsigned long> main_ident;
   const unsigned long main = main_ident
@@ -289,12 +324,15 @@ void bind_runtime(py::module_& m) {
             auto failure = std::make_shared<PyFailure>();
             auto job = [f = PyRef(fn), a = PyRef(args), k = PyRef(kwargs), failure]() {
               py::gil_scoped_acquire gil;
+              const pid_t pid = getpid();
               try {
-                return PyOutcome{PyRef(py::reinterpret_borrow<py::function>(f.p)(
-                                     *py::reinterpret_borrow<py::tuple>(a.p),
-                                     **py::reinterpret_borrow<py::dict>(k.p))),
-                                 false};
+                py::object r = py::reinterpret_borrow<py::function>(f.p)(
+                    *py::reinterpret_borrow<py::tuple>(a.p),
+                    **py::reinterpret_borrow<py::dict>(k.p));
+                if (getpid() != pid) end_forked_job(0);
+                return PyOutcome{PyRef(std::move(r)), false};
               } catch (py::error_already_set& e) {
+                if (getpid() != pid) end_forked_job(forked_job_status(e));
                 failure->exc.p = e.value().inc_ref().ptr();
                 Unread& u = unread();
                 std::lock_guard lock(u.m);

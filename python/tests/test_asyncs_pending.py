@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import select
+import sys
 import threading
 import time
 
@@ -706,3 +707,31 @@ def test_a_failed_in_place_call_is_raised_by_a_first_read_of_a_leaf():
     with pytest.raises(RuntimeError, match=r"asyncs thread \d+, job \d+ 'tree call add_'"):
         t.a
     assert torch.equal(t.a, torch.ones(3))  # the leaf the failed call did not write
+
+
+@pytest.mark.parametrize("end,status", [("return", 0), ("raise", 1), ("exit", 3)])
+def test_a_child_forked_inside_a_job_ends_when_the_job_returns(end, status):
+    """Returning from the job in the child ends the child (its only thread is done), with the
+    job's outcome as its exit status, instead of hanging or aborting."""
+    w = asyncs.Thread("forks and returns")
+
+    def job():
+        pid = os.fork()
+        if pid == 0:
+            if end == "raise":
+                raise ValueError("the child's job failed")
+            if end == "exit":
+                sys.exit(3)
+            return None
+        return pid
+
+    pid = w.submit(job).result()
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child forked inside a job did not end")
+        time.sleep(0.01)
+    assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == status, done[1]
+    w.close()
