@@ -567,7 +567,7 @@ released while leaf work runs.)");
       const TensorTree& n = self.node();
       const TensorTree* c = n.is_leaf() ? nullptr : n.find(tree::Path{k});
       if (!c)
-        throw py::key_error("treetensor: no key '" + k + "' at '" + (self.path / k).describe() +
+        throw py::key_error("treetensor: no key '" + k + "' at '" + self.path.describe() +
                             "'; available keys: " + key_list(n));
       return child_object(self, *c, k);
     }

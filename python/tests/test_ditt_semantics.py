@@ -276,7 +276,7 @@ def test_clamp_in_place_with_tree_bounds():
     with pytest.raises(ValueError, match="clamp_: the tree has a leaf at 'b' where min has a subtree"):
         short.clamp_(min=ttorch.Tensor(sample()))
     assert torch.equal(short.b, torch.zeros(1))  # refused before any leaf was written
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="clamp: max is a dict, not a tree of bounds"):
         t.clamp(max={"a": torch.ones(1)})  # a dict is not a tree bound (DI-treetensor: TypeError)
 
 

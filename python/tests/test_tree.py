@@ -53,7 +53,7 @@ def test_missing_keys_name_the_path():
     t = ttorch.Tensor(sample())
     with pytest.raises(AttributeError, match="no key 'q' at 'b'"):
         t.b.q
-    with pytest.raises(KeyError, match=r"b\.q"):
+    with pytest.raises(KeyError, match="no key 'q' at 'b'"):  # as the attribute says
         t["b"]["q"]
     assert not hasattr(t, "nope")
     with pytest.raises(TypeError, match="not a string"):

@@ -437,10 +437,20 @@ for _name in ("isclose", "where"):  # methods taking more trees than self
 globals()["where"] = _inheriting(_C.where, _torch.where, "where")
 
 
+def _bounds(min, max, name):  # noqa: A002
+    """clamp's bounds: a treevalue TreeValue is a tree; a dict is refused (torch.clamp refuses
+    it, and so does DI-treetensor) with a TypeError saying what to pass instead."""
+    for which, bound in (("min", min), ("max", max)):
+        if isinstance(bound, dict):
+            raise TypeError(f"treetensor: {name}: {which} is a dict, not a tree of bounds (as in "
+                            f"DI-treetensor): pass ttorch.Tensor({which}), a number or a tensor")
+    return _foreign_arg(min), _foreign_arg(max)
+
+
 def _clamp(self, min=None, max=None):  # noqa: A002  (torch's names)
     """Every leaf clamped to [min, max] (numbers: in C++; trees of bounds: torch.clamp per leaf
     pair, a leaf bound broadcasting into a subtree; DI-treetensor)."""
-    min, max = _foreign_arg(min), _foreign_arg(max)  # noqa: A001
+    min, max = _bounds(min, max, "clamp")  # noqa: A001
     if isinstance(min, Tensor) or isinstance(max, Tensor):
         return _leafwise.wrap(_leafwise.call(_torch.clamp, (self, min, max), {}, "clamp")[0])
     return _tree_clamp(self, min, max)
@@ -448,7 +458,7 @@ def _clamp(self, min=None, max=None):  # noqa: A002  (torch's names)
 
 def _clamp_(self, min=None, max=None):  # noqa: A002
     """In place: every leaf clamped to [min, max] (see clamp); returns the tree."""
-    min, max = _foreign_arg(min), _foreign_arg(max)  # noqa: A001
+    min, max = _bounds(min, max, "clamp_")  # noqa: A001
     if isinstance(min, Tensor) or isinstance(max, Tensor):
         for name, bound in (("min", min), ("max", max)):
             where = _leaf_facing_subtree(self, bound)
