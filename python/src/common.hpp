@@ -156,10 +156,10 @@ void pin_next_call(const std::shared_ptr<Root>& root);
 void begin_change(Root& root, const tree::Path& where);
 
 /// Waits with the GIL released until `done_within(slice)` says the awaited work is done,
-/// running Python's signal handlers between slices of 50 ms, so that Ctrl-C raises
-/// KeyboardInterrupt here (the work goes on; a later read waits again). Returns at once, for
-/// the caller's own blocking wait (with its usage checks and watchdog) to follow, off Python's
-/// main thread (only it handles signals), inside an asyncs job, and once the asyncs watchdog's
+/// running Python's signal handlers between slices of 50 ms (on the main thread: Python runs
+/// them nowhere else), so that Ctrl-C raises KeyboardInterrupt here (the work goes on; a later
+/// read waits again). Returns at once, for the caller's own blocking wait (with its usage
+/// checks and watchdog) to follow, inside an asyncs job, and once the asyncs watchdog's
 /// timeout has passed. Needs the GIL.
 /// @throws py::error_already_set: what a signal handler raised.
 void wait_interruptibly(const std::function<bool(std::chrono::milliseconds)>& done_within);

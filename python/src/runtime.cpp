@@ -216,22 +216,10 @@ int forked_job_status(py::error_already_set& e) {
   return 1;
 }
 
-bool on_python_main_thread() {
-  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<unsigned long> main_ident;
-  const unsigned long main = main_ident
-                                 .call_once_and_store_result([] {
-                                   return py::module_::import("threading")
-                                       .attr("main_thread")()
-                                       .attr("ident")
-                                       .cast<unsigned long>();
-                                 })
-                                 .get_stored();
-  return PyThread_get_thread_ident() == main;
-}
 }  // namespace
 
 void wait_interruptibly(const std::function<bool(std::chrono::milliseconds)>& done_within) {
-  if (!on_python_main_thread() || asyncs::current_thread_id()) return;
+  if (asyncs::current_thread_id()) return;
   const auto watchdog = asyncs::watchdog_timeout();
   const auto until = std::chrono::steady_clock::now() + watchdog;
   for (;;) {
