@@ -479,18 +479,8 @@ TEST_F(AsyncsThread, AChildForkedInsideAJobIsNoWorkerAndEndsWhenTheJobReturns) {
                        return p;  // the job returns: the child ends, status 0
                      }).get();
   ASSERT_GT(pid, 0);
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      FAIL() << "the child forked inside a job hung";
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: the child's thread is a worker, 3: no new worker";
+  EXPECT_EQ(rt_test::wait_for_child(pid, 20s), 0)
+      << "2: the child's thread is a worker, 3: no new worker, -1: hung or killed";
 }
 
 TEST(AsyncsEnv, CountsParseStrictlyWithTheirRangeInTheError) {

@@ -73,6 +73,24 @@ inline constexpr bool under_tsan = true;
 inline constexpr bool under_tsan = false;
 #endif
 
+/// The exit status of child process `pid`, or -1 when it did not end within `limit` (then it is
+/// killed) or ended by a signal.
+inline int wait_for_child(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      std::fprintf(stderr, "forked child still running after %lld s (hung): killed\n",
+                   static_cast<long long>(limit.count()));
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 /// Runs `body` in a forked child and returns its exit status: body's result, 100 when it
 /// threw (the message on stderr), -1 when the child did not end within `limit` (killed) or
 /// the fork failed. The child never returns into the test framework.
@@ -91,19 +109,7 @@ int in_forked_child(std::chrono::seconds limit, F&& body) {
     std::fflush(nullptr);
     _exit(code);
   }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      std::fprintf(stderr, "forked child still running after %lld s (hung): killed\n",
-                   static_cast<long long>(limit.count()));
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return wait_for_child(pid, limit);
 }
 
 }  // namespace rt_test

@@ -125,7 +125,7 @@ struct PyFuture {
   std::shared_ptr<PyFailure> failure;  // where the job puts its exception, if it raises
   // Waits (GIL released); the outcome, its exception now read.
   const PyOutcome& outcome() const {
-    wait_interruptibly([this](auto slice) { return future.wait_for(slice); });
+    if (!future.ready()) wait_interruptibly([this](auto slice) { return future.wait_for(slice); });
     const PyOutcome* out = nullptr;
     nogil([&] { out = &future.get(); });
     if (out->raised) mark_read(failure);

@@ -525,8 +525,8 @@ def test_tree_level_reduction_in_inference_mode():
     w.close()
 
 
-def in_forked_child(body, limit=30):
-    """body() run in a forked child; its result (JSON) back, or a failure when it hangs."""
+def fork_child(body):
+    """Forks a child that runs body() and writes its result (JSON) to a pipe: (pid, read end)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover  (the child)
@@ -537,6 +537,11 @@ def in_forked_child(body, limit=30):
         os.write(w, json.dumps(out).encode())
         os._exit(0)
     os.close(w)
+    return pid, r
+
+
+def child_output(pid, r, limit=30):
+    """The result fork_child's child wrote, or a failure when it hangs (it is killed)."""
     ready, _, _ = select.select([r], [], [], limit)
     if not ready:
         os.kill(pid, 9)
@@ -548,6 +553,11 @@ def in_forked_child(body, limit=30):
     os.close(r)
     assert data, f"the forked child wrote nothing (wait status {status})"
     return json.loads(data)
+
+
+def in_forked_child(body, limit=30):
+    """body() run in a forked child; its result (JSON) back, or a failure when it hangs."""
+    return child_output(*fork_child(body), limit)
 
 
 def test_a_forked_child_fails_the_jobs_in_flight_and_starts_its_own_workers():
@@ -641,30 +651,12 @@ def test_a_fork_inside_a_job_leaves_a_child_that_is_no_worker():
     x = ttorch.Tensor({"a": torch.ones(3)})
     w = asyncs.Thread("forking")
 
-    def job():
-        r, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                u = asyncs.Thread("child")
-                with asyncs.thread(u):
-                    z = ttorch.sin(x)
-                out = [asyncs.current_thread_id(), torch.equal(z.a, torch.sin(x.a))]
-            except BaseException as e:  # noqa: BLE001
-                out = f"child raised {type(e).__name__}: {e}"
-            os.write(wfd, json.dumps(out).encode())
-            os._exit(0)
-        os.close(wfd)
-        return pid, r
+    def child():
+        with asyncs.thread(asyncs.Thread("child")):
+            z = ttorch.sin(x)
+        return [asyncs.current_thread_id(), torch.equal(z.a, torch.sin(x.a))]
 
-    pid, r = w.submit(job).result()
-    ready, _, _ = select.select([r], [], [], 30)
-    if not ready:
-        os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    assert ready, "the child forked inside a job hung"
-    assert json.loads(os.read(r, 65536)) == [None, True]
-    os.close(r)
+    assert child_output(*w.submit(fork_child, child).result()) == [None, True]
     w.close()
 
 

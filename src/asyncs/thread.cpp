@@ -360,15 +360,15 @@ void unlock_after_fork() {
   asyncs_state().mu.unlock();
 }
 
-void lose_job(JobState& s, std::vector<std::shared_ptr<JobState>>& lost,
-              const std::shared_ptr<JobState>& owner) {
+void lose_job(const std::shared_ptr<JobState>& job, std::vector<std::shared_ptr<JobState>>& lost) {
+  JobState& s = *job;
   s.error = std::make_exception_ptr(AsyncsUsageError(
       "treetensor asyncs: " + job_context(s) +
       " was in flight when the process forked: only the forking thread exists in this child, "
       "so the job never ran here; read the results the child needs (or call synchronize()) "
       "before forking"));
   s.done.store(true, std::memory_order_release);
-  lost.push_back(owner);
+  lost.push_back(job);
 }
 
 void fail_forked_jobs() {
@@ -381,9 +381,8 @@ void fail_forked_jobs() {
   for (const auto& w : old.live) {
     w->forked = true;
     // A joinable std::thread must never be destroyed: leaked with the worker and the old state.
-    if (w->running != nullptr && w.get() != forking)
-      lose_job(*w->running->state, fresh->unobserved, w->running->state);
-    for (const auto& job : w->queue) lose_job(*job->state, fresh->unobserved, job->state);
+    if (w->running != nullptr && w.get() != forking) lose_job(w->running->state, fresh->unobserved);
+    for (const auto& job : w->queue) lose_job(job->state, fresh->unobserved);
   }
   if (!fresh->unobserved.empty()) report_unobserved_at_exit_once();
   state_slot() = fresh;
