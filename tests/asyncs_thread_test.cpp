@@ -344,6 +344,28 @@ TEST_F(AsyncsThread, BackPressureBlocksTheSubmitterUntilTheQueueDrains) {
   EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
 }
 
+// The timed waits a caller uses in slices (Python's Ctrl-C between them): false while the work
+// is blocked, true once it is done; neither reports the work's errors.
+TEST_F(AsyncsThread, TimedWaitsSayWhetherTheWorkSubmittedSoFarIsDone) {
+  asyncs::Thread t;
+  asyncs::Thread other;
+  Gate gate;
+  auto blocked = t.submit([wait = gate.waiter()] { wait(); });
+  auto failing = other.submit([]() -> int { throw std::runtime_error("left for synchronize"); });
+  EXPECT_FALSE(t.wait_idle_for(20ms));
+  EXPECT_FALSE(asyncs::wait_all_for(20ms));
+  EXPECT_FALSE(blocked.wait_for(20ms));
+  EXPECT_TRUE(other.wait_idle_for(10s));  // its failed job is done, its error not reported
+  EXPECT_TRUE(failing.ready());
+  gate.open();
+  EXPECT_TRUE(t.wait_idle_for(10s));
+  EXPECT_TRUE(asyncs::wait_all_for(10s));
+  EXPECT_TRUE(blocked.wait_for(0ms));
+  EXPECT_THROW(rt::synchronize(), std::runtime_error);  // reported here, once
+  t.close();
+  EXPECT_TRUE(t.wait_idle_for(0ms));
+}
+
 TEST_F(AsyncsThread, DestructorDrainsPendingJobsAndKeepsTheirErrors) {
   std::atomic<int> ran{0};
   int id = 0;

@@ -271,12 +271,14 @@ void bind_runtime(py::module_& m) {
   m.def(
       "synchronize",
       [] {
+        wait_interruptibly([](auto slice) { return asyncs::wait_all_for(slice); });
         nogil([] { runtime::synchronize(); });
         raise_unread();
       },
       "Waits for every tree call and asyncs job in flight; raises the first unobserved asyncs "
       "job error (C++ tree-call errors first, then Python jobs' exceptions no result() read), "
-      "naming how many more there were.");
+      "naming how many more there were. Ctrl-C interrupts the wait (KeyboardInterrupt; the "
+      "jobs run on).");
 
   // Before _AsyncThread, whose submit returns one: its signature then names the Python type.
   py::class_<PyFuture>(m, "_Future")
@@ -304,7 +306,11 @@ void bind_runtime(py::module_& m) {
            py::arg("name") = "")
       .def_property_readonly("id", [](const PyThread& t) { return t.thread->id(); })
       .def("in_flight", [](const PyThread& t) { return t.thread->in_flight(); })
-      .def("wait_idle", [](const PyThread& t) { nogil([&] { t.thread->wait_idle(); }); })
+      .def("wait_idle",
+           [](const PyThread& t) {
+             wait_interruptibly([&](auto slice) { return t.thread->wait_idle_for(slice); });
+             nogil([&] { t.thread->wait_idle(); });
+           })
       .def("close", [](PyThread& t) { nogil([&] { t.thread->close(); }); })
       .def(
           "submit",

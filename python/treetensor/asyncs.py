@@ -51,7 +51,8 @@ class Thread:
         return self._c.in_flight()
 
     def wait_idle(self):
-        """Blocks (GIL released) until every job submitted so far has run."""
+        """Blocks (GIL released) until every job submitted so far has run. Ctrl-C interrupts
+        the wait (KeyboardInterrupt; the jobs run on)."""
         self._c.wait_idle()
 
     def submit(self, fn, *args, **kwargs):
@@ -256,7 +257,8 @@ def synchronize():
     """Waits (GIL released) for every tree call and asyncs job in flight; raises the first job
     error nobody has observed yet, with its type and context ("asyncs thread <id>, job <n>"),
     the original chained as ``__cause__``, and how many more there were. Each error is
-    reported once: by a ``Future.result()`` or by one synchronize()."""
+    reported once: by a ``Future.result()`` or by one synchronize(). Ctrl-C interrupts the
+    wait (KeyboardInterrupt; the jobs run on, and a later synchronize() waits for them)."""
     _C.synchronize()
 
 

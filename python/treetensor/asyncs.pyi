@@ -66,7 +66,8 @@ class Thread:
         The job takes the GIL to run Python; its tree calls release it again. Blocks (GIL
         released) while the worker has too many jobs in flight (back-pressure)."""
     def wait_idle(self):
-        """Blocks (GIL released) until every job submitted so far has run."""
+        """Blocks (GIL released) until every job submitted so far has run. Ctrl-C interrupts
+        the wait (KeyboardInterrupt; the jobs run on)."""
 
 def current_thread_id():
     """The asyncs worker id running the calling code, or None."""
@@ -75,7 +76,8 @@ def synchronize():
     """Waits (GIL released) for every tree call and asyncs job in flight; raises the first job
     error nobody has observed yet, with its type and context ("asyncs thread <id>, job <n>"),
     the original chained as ``__cause__``, and how many more there were. Each error is
-    reported once: by a ``Future.result()`` or by one synchronize()."""
+    reported once: by a ``Future.result()`` or by one synchronize(). Ctrl-C interrupts the
+    wait (KeyboardInterrupt; the jobs run on, and a later synchronize() waits for them)."""
 
 class thread:
     """``with thread(worker):`` runs the block's tree calls on an asyncs worker thread

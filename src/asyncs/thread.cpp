@@ -732,6 +732,28 @@ void Thread::wait_idle() const {
       lock, [&] { return w.finished >= target; }, what);
 }
 
+bool Thread::wait_idle_for(std::chrono::milliseconds timeout) const {
+  if (closed()) return true;
+  Worker& w = worker();
+  AsyncsState& rt = asyncs_state();
+  std::unique_lock lock(rt.mu);
+  const auto target = w.submitted;
+  const detail::ProgressWaiter waiter(rt);
+  return rt.progress.wait_for(lock, timeout, [&] { return w.finished >= target; });
+}
+
+bool wait_all_for(std::chrono::milliseconds timeout) {
+  AsyncsState& rt = asyncs_state();
+  std::unique_lock lock(rt.mu);
+  std::vector<std::pair<std::shared_ptr<Worker>, std::uint64_t>> targets;
+  for (const auto& w : rt.live) targets.emplace_back(w, w->submitted);
+  const detail::ProgressWaiter waiter(rt);
+  return rt.progress.wait_for(lock, timeout, [&] {
+    return std::all_of(targets.begin(), targets.end(),
+                       [](const auto& t) { return t.first->finished >= t.second; });
+  });
+}
+
 // --- ThreadScope -----------------------------------------------------------------------------
 
 ThreadScope::ThreadScope(const Thread& thread, ScopeMode mode)

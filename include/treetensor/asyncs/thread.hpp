@@ -131,6 +131,13 @@ std::chrono::milliseconds watchdog_timeout() noexcept;
 void set_max_in_flight(std::size_t jobs);
 std::size_t max_in_flight() noexcept;
 
+/// Blocks until every asyncs job submitted so far, on any thread, has finished or `timeout` has
+/// passed; returns whether they have. Neither reports errors, joins streams nor has a watchdog:
+/// a caller waiting in slices (e.g. to let Python handle Ctrl-C between them) then calls
+/// runtime::synchronize(). Thread safety: safe from any thread but a job's own (where it would
+/// wait for itself and only time out).
+bool wait_all_for(std::chrono::milliseconds timeout);
+
 /// Id of the asyncs thread whose job the calling OS thread is running — on the worker itself
 /// or in a lane running a leaf of a tree call made by that job — or nullopt.
 std::optional<int> current_thread_id() noexcept;
@@ -364,6 +371,11 @@ class Thread {
   /// not throw job errors (they stay with futures and synchronize()). @throws WatchdogTimeout;
   /// AsyncsUsageError when called from this thread's own jobs or on a moved-from Thread.
   void wait_idle() const;
+  /// Blocks until the jobs submitted to this thread so far have finished or `timeout` has passed;
+  /// returns whether they have (true at once once closed). No watchdog and no cycle check (a
+  /// caller waiting in slices then calls wait_idle()). @throws AsyncsUsageError on a
+  /// moved-from Thread.
+  bool wait_idle_for(std::chrono::milliseconds timeout) const;
   /// Drains (or, from its own job, detaches) and frees the id now, as the destructor would;
   /// afterwards the Thread is closed (see the class comment). A second call does nothing.
   /// Never throws job errors; @throws AsyncsUsageError on a moved-from Thread.
