@@ -122,6 +122,21 @@ TEST(RuntimeErrors, OthersKeepTheirFirstLineOnly) {
   }
 }
 
+// A further failure with its own list (a failed tree call, listed by synchronize()) shows as a
+// count, so the lists do not run into each other.
+TEST(RuntimeErrors, OthersOwnListsAreFoldedIntoACount) {
+  auto nested = rethrown(
+      std::make_exception_ptr(std::runtime_error("first")),
+      {"job 2: add at leaf 'a': bad; 3 other failure(s): 'b': bad; 'c': bad", "job 3: one; two"});
+  try {
+    std::rethrow_exception(nested);
+  } catch (const std::runtime_error& err) {
+    EXPECT_EQ(std::string(err.what()),
+              "matmul at leaf 'a.b': first; 2 other failure(s): job 2: add at leaf 'a': bad (and "
+              "3 other failure(s)); job 3: one; two");
+  }
+}
+
 TEST(RuntimeErrors, BadAllocAndUnknownTypesPassUnchanged) {
   auto alloc = std::make_exception_ptr(std::bad_alloc());
   EXPECT_THROW(std::rethrow_exception(rethrown(alloc)), std::bad_alloc);

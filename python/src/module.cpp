@@ -120,7 +120,8 @@ PyObject* tree_getattro(PyObject* self, PyObject* name) {
 
 // A leaf-wise Python callback with the GIL held (indexing with Python keys): the leaf work is
 // Python's own, so there is nothing to release.
-// Errors name the leaf: "<op> at leaf 'a.b': <type>: <message>", with the original chained.
+// Errors keep their type and name the leaf: "<op> at leaf 'a.b': <message>", with the original
+// chained.
 TensorTree map_py(const TensorTree& t, const py::function& fn, const char* op, tree::Path& where) {
   if (t.is_leaf()) {
     py::object r;
@@ -128,8 +129,8 @@ TensorTree map_py(const TensorTree& t, const py::function& fn, const char* op, t
       r = fn(wrap_tensor(t.leaf()));
     } catch (py::error_already_set& e) {
       py::object exc = e.value();
-      reraise(exc, std::string(op) + " at leaf '" + where.describe() + "': " +
-                       Py_TYPE(exc.ptr())->tp_name + ": " + py::str(exc).cast<std::string>());
+      reraise(exc, std::string(op) + " at leaf '" + where.describe() +
+                       "': " + py::str(exc).cast<std::string>());
     }
     if (!is_tensor(r))
       throw_type(std::string(op) + " at leaf '" + where.describe() +

@@ -77,7 +77,16 @@ struct PySpec {
 
 // The spec object is made once per node while the root's keys stay (Root::cache), so
 // flattening an unchanged tree again walks only its leaves and reuses the spec's paths().
-py::tuple flatten_tree(const PyTree& t) {
+py::tuple flatten_tree(py::handle h) {
+  if (!is_tree(h)) {  // a nested dict or a TreeValue, as torch.utils._pytree takes them
+    if (!py::isinstance<py::dict>(h) && !is_foreign_tree(h))
+      throw py::type_error(std::string("tree_flatten: expected a treetensor tree, a nested dict "
+                                       "of tensors or a treevalue TreeValue, got ") +
+                           Py_TYPE(h.ptr())->tp_name);
+    const py::object tree = wrap(to_tree(h));
+    return flatten_tree(tree);
+  }
+  const PyTree& t = as_tree(h);
   const TensorTree& n = t.node();
   const RootUse use(*t.root);
   py::object spec = t.root->cache(n).spec;
@@ -140,7 +149,9 @@ are equal when their trees have the same keys at the same places (hashable, cons
   m.def("tree_flatten", &flatten_tree, py::arg("tree"),
         R"(tree_flatten(tree) -> (leaves, spec): the leaf tensors in flatten order (sorted keys,
 depth first; the same tensor objects) and the tree's TreeSpec (optree's and
-torch.utils._pytree's calling). A consolidated tree's leaves are its views.)");
+torch.utils._pytree's calling). A consolidated tree's leaves are its views. A nested dict of
+tensors or a treevalue TreeValue is read as the tree it makes (non-tensor leaves through
+torch.as_tensor); anything else is a TypeError.)");
   m.def("tree_unflatten", &unflatten_tree, py::arg("spec"), py::arg("leaves"),
         R"(tree_unflatten(spec, leaves) -> tree: the tree of spec's structure holding `leaves`
 (torch.Tensor, in flatten order; the same objects). Raises ValueError when their number is not

@@ -457,7 +457,7 @@ def test_tree_level_reduction_error_is_raised_at_every_read_and_by_tree_calls():
         m = x.mean()  # returns at once: the error belongs to the first read
     for read in (float, repr, lambda v: v + 1, lambda v: x.float() * v, lambda v: x.clamp(max=v),
                  lambda v: torch.as_tensor(v, dtype=torch.float64), lambda v: torch.full((1,), v)):
-        with pytest.raises(ValueError, match=r"asyncs thread \d+, job \d+ 'tree call mean'.*"
+        with pytest.raises(RuntimeError, match=r"asyncs thread \d+, job \d+ 'tree call mean'.*"
                                              r"leaf 'a' is Long"):
             read(m)
     w.close()
@@ -660,10 +660,10 @@ def test_a_fork_inside_a_job_leaves_a_child_that_is_no_worker():
     w.close()
 
 
-@pytest.mark.parametrize("read", ["leaf", "sum", "future"])
+@pytest.mark.parametrize("read", ["leaf", "sum", "future", "synchronize", "wait_idle"])
 def test_ctrl_c_interrupts_a_wait_and_the_job_runs_on(read):
-    """A read waiting for a job runs Python's signal handlers every 50 ms: Ctrl-C raises
-    KeyboardInterrupt at once, and a later read gets the value."""
+    """A read (or synchronize(), wait_idle()) waiting for a job runs Python's signal handlers
+    every 50 ms: Ctrl-C raises KeyboardInterrupt at once, and a later read gets the value."""
     x = ttorch.Tensor({"a": torch.arange(3.0), "b": torch.ones(2)})
     w = asyncs.Thread("interrupted")
     ev = gated(w)
@@ -671,7 +671,8 @@ def test_ctrl_c_interrupts_a_wait_and_the_job_runs_on(read):
         y = x + 1
         s = x.sum()
     f = w.submit(lambda: 42)
-    reads = {"leaf": lambda: y.a, "sum": lambda: float(s), "future": f.result}
+    reads = {"leaf": lambda: y.a, "sum": lambda: float(s), "future": f.result,
+             "synchronize": asyncs.synchronize, "wait_idle": w.wait_idle}
     timer = threading.Timer(0.1, _thread.interrupt_main)
     fallback = threading.Timer(3.0, ev.set)  # a wait deaf to Ctrl-C fails instead of hanging
     timer.start()

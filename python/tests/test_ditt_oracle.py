@@ -323,6 +323,7 @@ CASES = [
     ("Object-subside", "tc.Object.subside([tc.Object({'a': 1}), tc.Object({'a': 2})])", None),
     ("Object-rise", "tc.Object({'a': ([1, 2], 5), 'b': ([3, 4], 6)}).rise()", None),
     ("Object-func", "tc.Object.func()(lambda a: a * 2)(tc.Object({'a': 1, 'b': {'c': 2}}))", None),
+    ("Object-of-Objects", "tc.Object({'a': tc.Object({'b': 1, 'c': {'d': 2}}), 'e': 3})", None),
     ("Object-setitem", "(lambda o: (o.__setitem__('z', 5), o.__delitem__('a'), o)[2])(tc.Object({'a': 1}))", None),
     # bad input: the exception's type
     ("error-sigmoid-str", "ttorch.sigmoid('x')", None),
@@ -338,6 +339,8 @@ CASES = [
     ("error-structure-fallback", "T('t').type_as(T('e'))", None),
     ("error-unpack-missing", "T('t').unpack('zz')", None),
     ("error-popitem-empty", "tc.Object({}).popitem()", None),
+    ("error-std-int", "ttorch.std(ttorch.tensor({'a': [1, 2], 'b': {'x': [3]}}))", None),
+    ("error-mean-int", "ttorch.tensor({'a': [1, 2]}).mean()", None),
     # treevalue's graphviz drawing (the DOT source; ids and colours normalised: DIFFERENCES)
     ("graph", "T('t').graph('t').source", None),
     ("graph-defaults", "T('t').graph().source", None),
@@ -567,6 +570,8 @@ assert ttorch.isclose(torch.ones(2), TreeValue({"a": torch.ones(2)})).a.all()  #
 assert torch.equal(ttorch.cat([d, t]).a, torch.ones(4))
 assert ttorch.Size(TreeValue({"a": [1, 2]})).a == torch.Size([1, 2])
 assert tcommon.Object(TreeValue({"q": 1, "r": {"s": "x"}})).r.s == "x"
+inner = tcommon.Object({"u": TreeValue({"v": 3})})  # a TreeValue among a dict's values: a subtree
+assert inner.json() == {"u": {"v": 3}} and type(inner.u) is tcommon.Object and inner.u.v == 3
 assert (tnp.array(TreeValue({"a": [1, 2]})).a == np.array([1, 2])).all()
 r = ttorch.apply(lambda a, b: a * b, d, t)  # leaf by leaf, as with a dict
 assert type(r) is ttorch.Tensor and torch.equal(r.x.c, torch.arange(3.0) ** 2)

@@ -190,6 +190,11 @@ def test_size_and_object():
     assert not o.all() and o.any() and tc.Object(1) == 1
     assert o.get("a") is True and o.get("z", 3) == 3 and "b" in o
     assert pickle.loads(pickle.dumps(o)) == o
+    nested = tc.Object({"a": o, "b": {"c": tc.Object({"d": 1})}, "e": 2})  # Objects as subtrees
+    assert nested.json() == {"a": {"a": True, "b": {"c": False}}, "b": {"c": {"d": 1}}, "e": 2}
+    assert type(nested.b.c) is tc.Object and nested.b.c.d == 1 and not nested.all()
+    plain = {"x": {"y": 1}}
+    assert tc.Object(plain).to_dict() is plain  # no Object inside: the dict itself, no copy
 
 
 def test_numpy_trees():

@@ -60,6 +60,25 @@ def test_missing_keys_name_the_path():
         ttorch.Tensor({"a": {1: torch.ones(1)}})
 
 
+def test_errors_name_the_call_and_the_leaf_a_user_wrote():
+    """The op as the user called it, the leaf's path, the type once."""
+    t = ttorch.Tensor({"a": torch.arange(3.0), "b": {"c": torch.ones(2)}})
+    with pytest.raises(IndexError, match=r"^sum at leaf 'a': Dimension out of range"):
+        t.sum(dim=5)
+    with pytest.raises(IndexError, match=r"^index at leaf 'a': index 5 is out of bounds"):
+        t[5]
+    for make in (ttorch.tensor, ttorch.as_tensor):
+        with pytest.raises(ValueError, match=rf"^{make.__name__} at leaf 'b.x': expected sequence of length 2") as info:
+            make({"a": [1, 2], "b": {"x": [[1, 2], [3]]}})
+        assert isinstance(info.value.__cause__, ValueError)
+    with pytest.raises(TypeError, match=r"Tensor at leaf 'q': .*str"):
+        ttorch.Tensor({"q": "text"}, dtype=torch.float32)
+    for fn in (ttorch.cat, ttorch.stack):
+        with pytest.raises(TypeError, match=rf"^{fn.__name__}: expects a list or tuple of trees or tensors"):
+            fn(t, t)  # the list forgotten: a tree iterates its keys
+    assert ttorch.cat((t, t)).a.shape == (6,) and ttorch.stack([t, t]).b.c.shape == (2, 2)
+
+
 def test_printing_layout():
     t = ttorch.Tensor({"a": torch.tensor([1.0, 2.0]), "b": {"x": torch.tensor([3, 4])}})
     assert str(t) == (
@@ -143,7 +162,7 @@ def test_leafwise_indexing():
     dicts_equal(t[:, -1], {"a": torch.tensor([2, 5]), "b": torch.tensor([1, 3])})
     t[0] = 7
     assert t.a[0].tolist() == [7, 7, 7] and t.b[0].tolist() == [7, 7]
-    with pytest.raises(IndexError, match=r"index at leaf 'a': IndexError: index 2 is out of bounds") as info:
+    with pytest.raises(IndexError, match=r"index at leaf 'a': index 2 is out of bounds") as info:
         t[2]  # both leaves have 2 rows; 'a' comes first
     assert isinstance(info.value.__cause__, IndexError)
     with pytest.raises(ZeroDivisionError, match=r"map at leaf 'a'"):
@@ -262,8 +281,22 @@ def test_tree_unflatten_refuses_what_does_not_fit():
         ttorch.tree_unflatten(spec, leaves[:2])
     with pytest.raises(TypeError, match=r"leaf 1 \(at 'b\.x'\) is a float, not a torch\.Tensor"):
         ttorch.tree_unflatten(spec, [leaves[0], 1.5, leaves[2]])
-    with pytest.raises(TypeError):
-        ttorch.tree_flatten({"a": torch.ones(1)})  # a dict is not a tree here: Tensor(d) first
+    with pytest.raises(TypeError, match="expected a treetensor tree, a nested dict of tensors "
+                       "or a treevalue TreeValue, got list"):
+        ttorch.tree_flatten([torch.ones(1)])
+
+
+def test_tree_flatten_reads_a_nested_dict_as_its_tree():
+    """As torch.utils._pytree: a nested dict is flattened as the tree it makes (the same tensor
+    objects; a number leaf through torch.as_tensor)."""
+    d = {"z": torch.ones(1), "b": {"y": torch.zeros(2), "x": torch.arange(3)}}
+    leaves, spec = ttorch.tree_flatten(d)
+    assert spec == ttorch.tree_flatten(ttorch.Tensor(d))[1] and spec.paths() == [("b", "x"), ("b", "y"), ("z",)]
+    assert leaves[0] is d["b"]["x"] and leaves[1] is d["b"]["y"] and leaves[2] is d["z"]
+    leaves, spec = ttorch.tree_flatten({"a": 2.5})
+    assert torch.equal(leaves[0], torch.tensor(2.5)) and spec.paths() == [("a",)]
+    with pytest.raises(TypeError, match="key 1 at '<root>' is not a string"):
+        ttorch.tree_flatten({1: torch.ones(1)})
 
 
 def test_keys_and_items_follow_every_change_of_keys():

@@ -926,7 +926,7 @@ def square(input: Any) -> Any:
 def sub(input: Any, other: Any, *, alpha: _Number = ...) -> Any: ...
 
 def synchronize() -> None:
-    """Waits for every tree call and asyncs job in flight; raises the first unobserved asyncs job error (C++ tree-call errors first, then Python jobs' exceptions no result() read), naming how many more there were."""
+    """Waits for every tree call and asyncs job in flight; raises the first unobserved asyncs job error (C++ tree-call errors first, then Python jobs' exceptions no result() read), naming how many more there were. Ctrl-C interrupts the wait (KeyboardInterrupt; the jobs run on)."""
 
 def tan(input: Any) -> Any:
     """tan(t): tangent (radians), on every leaf (torch.tan without a tree)."""
@@ -936,10 +936,12 @@ def tanh(input: Any) -> Any:
 
 def to_dict(tree: Any) -> Any: ...
 
-def tree_flatten(tree: Tensor) -> builtins.tuple:
+def tree_flatten(tree: Any) -> builtins.tuple:
     """tree_flatten(tree) -> (leaves, spec): the leaf tensors in flatten order (sorted keys,
     depth first; the same tensor objects) and the tree's TreeSpec (optree's and
-    torch.utils._pytree's calling). A consolidated tree's leaves are its views."""
+    torch.utils._pytree's calling). A consolidated tree's leaves are its views. A nested dict of
+    tensors or a treevalue TreeValue is read as the tree it makes (non-tensor leaves through
+    torch.as_tensor); anything else is a TypeError."""
 
 def tree_unflatten(spec: TreeSpec, leaves: collections.abc.Sequence) -> Any:
     """tree_unflatten(spec, leaves) -> tree: the tree of spec's structure holding `leaves`

@@ -28,7 +28,8 @@ class Object:
     """A tree of arbitrary Python values: attribute and item access, ``keys/values/items``
     (sorted keys), ``len``, ``in``, ``get(key, default)``, ``all()/any()`` over the leaves,
     ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout.
-    ``Object(non_dict)`` is the value itself (DI-treetensor)."""
+    ``Object(non_dict)`` is the value itself; an Object or treevalue TreeValue among a dict's
+    values is a subtree, not a leaf (DI-treetensor)."""
 
     # _c: treevalue's constraint of this object (treetensor/_constraint.py) or None.
     __slots__ = ("_d", "_c")
@@ -45,10 +46,20 @@ class Object:
             data = {}
         if isinstance(data, Object):
             data = data.to_dict()
-        elif not isinstance(data, dict):
+        elif isinstance(data, dict):
+            data = _with_subtrees(data)
+        else:
             data = _foreign_dict(data)
         object.__setattr__(self, "_d", data)
         object.__setattr__(self, "_c", None)
+
+    @classmethod
+    def _view(cls, d, c=None):
+        """A tree over the dict `d` as it is (one of ours: its subtrees already dicts)."""
+        t = object.__new__(cls)
+        object.__setattr__(t, "_d", d)
+        object.__setattr__(t, "_c", c)
+        return t
 
     def _child(self, k):
         """The child `k`: a view (a tree over the same dict, with its part of the constraint)
@@ -56,18 +67,13 @@ class Object:
         v = self._d[k]
         if not isinstance(v, dict):
             return v
-        t = type(self)(v)
-        if self._c is not None:
-            object.__setattr__(t, "_c", self._c.child(k))
-        return t
+        return self._view(v, None if self._c is None else self._c.child(k))
 
     def _constraint(self):
         return self._c
 
     def _with_constraint(self, c):
-        t = type(self)(self._d)
-        object.__setattr__(t, "_c", c)
-        return t
+        return self._view(self._d, c)
 
     @classmethod
     def _wrap(cls, v):
@@ -181,6 +187,46 @@ def _foreign_dict(x):
                 todo.append((v, d[k], depth + 1))
             else:
                 d[k] = v
+    return out
+
+
+def _with_subtrees(d):
+    """`d` with every Object and treevalue TreeValue among its values, at any depth, read as a
+    subtree (its nested dict), as DI-treetensor builds trees from them: `d` itself when it holds
+    none, else a new dict (the dicts on the way copied). Any depth up to 10000 levels; deeper
+    (a dict that contains itself) is a ValueError."""
+    treevalue = _sys.modules.get("treevalue")
+    trees = (Object, treevalue.TreeValue) if treevalue is not None else Object
+    todo = [(d, 0)]
+    while todo:
+        node, depth = todo.pop()
+        if depth >= _MAX_DEPTH:
+            raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels "
+                             "(one that contains itself?)")
+        for v in node.values():
+            if isinstance(v, dict):
+                todo.append((v, depth + 1))
+            elif isinstance(v, trees):
+                return _copy_with_subtrees(d, trees)
+    return d
+
+
+def _copy_with_subtrees(d, trees):
+    out = {}
+    todo = [(d, out, 0)]
+    while todo:
+        node, copy, depth = todo.pop()
+        if depth >= _MAX_DEPTH:
+            raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels "
+                             "(one that contains itself?)")
+        for k, v in node.items():
+            if isinstance(v, trees):
+                v = v._d if isinstance(v, Object) else _foreign_dict(v)
+            if isinstance(v, dict):
+                copy[k] = {}
+                todo.append((v, copy[k], depth + 1))
+            else:
+                copy[k] = v
     return out
 
 

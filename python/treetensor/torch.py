@@ -92,7 +92,7 @@ class Size(Object):
     def __init__(self, data=None):
         super().__init__(data)
         if not _builtins.all(isinstance(v, _torch.Size) for v in self.leaves()):
-            object.__setattr__(self, "_d", _map_dict(self._d, _torch.Size))
+            object.__setattr__(self, "_d", _map_dict(self._d, _torch.Size, "Size"))
 
     def numel(self):
         return _builtins.sum(s.numel() for s in self.leaves())
@@ -120,7 +120,7 @@ def _construct(cls, data=None, *args, **kwargs):
     data = _plain_dict(data)
     # Tensor(dict, dtype=..., ...): torch.as_tensor(leaf, ...) of every leaf (DI-treetensor).
     if (args or kwargs) and isinstance(data, dict):
-        data = _map_dict(data, lambda v: _torch.as_tensor(v, *args, **kwargs))
+        data = _map_dict(data, lambda v: _torch.as_tensor(v, *args, **kwargs), "Tensor")
         args, kwargs = (), {}
     return _tree_meta_call(cls, data, *args, **kwargs)
 
@@ -656,9 +656,17 @@ addcmul = _inheriting(addcmul, _torch.addcmul, "addcmul")
 addcdiv = _inheriting(addcdiv, _torch.addcdiv, "addcdiv")
 
 
+def _sequence_of_trees(tensors, name):
+    """`tensors` as a list; a single tree (whose iteration gives its keys) is a TypeError."""
+    if _is_tree(tensors):
+        raise TypeError(f"{name}: expects a list or tuple of trees or tensors, as torch.{name} "
+                        f"does ({name}([t, u], dim)), got a single {type(tensors).__name__} tree")
+    return list(tensors)
+
+
 def cat(tensors, dim=0):
     """Leaf p of the result is torch.cat of leaf p of every tree (same structures)."""
-    tensors = list(tensors)
+    tensors = _sequence_of_trees(tensors, "cat")
     if tensors and _is_tree(tensors[0]):
         return _C._cat(tensors, dim)
     return _torch.cat(tensors, dim)
@@ -666,7 +674,7 @@ def cat(tensors, dim=0):
 
 def stack(tensors, dim=0):
     """Leaf p of the result is torch.stack of leaf p of every tree (same structures)."""
-    tensors = list(tensors)
+    tensors = _sequence_of_trees(tensors, "stack")
     if tensors and _is_tree(tensors[0]):
         return _C._stack(tensors, dim)
     return _torch.stack(tensors, dim)
@@ -752,15 +760,29 @@ def randint_like(input, *args, **kwargs):
     return _torch.randint_like(input, *args, **kwargs)
 
 
-def _map_dict(d, fn):
-    return {k: _map_dict(v, fn) if isinstance(v, dict) else fn(v) for k, v in d.items()}
+def _map_dict(d, fn, name="treetensor", path=()):
+    """fn over the leaves of the nested dict d; a leaf's exception keeps its type, with the op
+    and the leaf's path prepended (as leaf-wise calls do)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out[k] = _map_dict(v, fn, name, path + (str(k),))
+            continue
+        try:
+            out[k] = fn(v)
+        except Exception as e:  # noqa: BLE001  (re-raised with its type and the path)
+            new = _leafwise._leaf_error(name, path + (str(k),), e)
+            if new is e:
+                raise
+            raise new from e
+    return out
 
 
 def tensor(data, *args, **kwargs):
     """A tree of torch.tensor(leaf) from a nested dict of values; torch.tensor otherwise."""
     data = _plain_dict(data)
     if isinstance(data, dict):
-        return Tensor(_map_dict(data, lambda v: _torch.tensor(v, *args, **kwargs)))
+        return Tensor(_map_dict(data, lambda v: _torch.tensor(v, *args, **kwargs), "tensor"))
     if isinstance(data, Tensor):
         return data.clone() if not (args or kwargs) else data.clone().to(*args, **kwargs)
     return _torch.tensor(data, *args, **kwargs)
@@ -770,7 +792,8 @@ def as_tensor(data, dtype=None, device=None):
     """A tree sharing the leaves that already have dtype and device (torch.as_tensor)."""
     data = _plain_dict(data)
     if isinstance(data, dict):
-        data = Tensor(_map_dict(data, lambda v: _torch.as_tensor(v, dtype=dtype, device=device)))
+        data = Tensor(_map_dict(data, lambda v: _torch.as_tensor(v, dtype=dtype, device=device),
+                                "as_tensor"))
     if isinstance(data, Tensor):
         return _C._as_tensor(data, dtype=dtype, device=device)
     return _torch.as_tensor(data, dtype=dtype, device=device)

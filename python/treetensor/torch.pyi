@@ -217,7 +217,8 @@ class Object:
     """A tree of arbitrary Python values: attribute and item access, ``keys/values/items``
     (sorted keys), ``len``, ``in``, ``get(key, default)``, ``all()/any()`` over the leaves,
     ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout.
-    ``Object(non_dict)`` is the value itself (DI-treetensor)."""
+    ``Object(non_dict)`` is the value itself; an Object or treevalue TreeValue among a dict's
+    values is a subtree, not a leaf (DI-treetensor)."""
     def __contains__(self, k): ...
     def __delitem__(self, key): ...
     def __eq__(self, other): ...

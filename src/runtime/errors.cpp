@@ -9,19 +9,31 @@
 namespace treetensor::runtime {
 namespace {
 
+constexpr std::string_view kOthers = " other failure(s)";
+
+// One further failure as a list entry: its first line (a torch error's later lines, dispatcher
+// dumps and backtraces, would bury the list; the first failure keeps its whole message), and
+// its own list of failures, if it has one (a failed tree call reported by synchronize()),
+// folded into a count so that the lists do not run into each other.
+std::string entry(std::string_view other) {
+  other = other.substr(0, other.find('\n'));
+  const std::size_t list = other.find(std::string(kOthers) + ": ");
+  if (list == std::string_view::npos) return std::string(other);
+  const std::size_t count = other.rfind("; ", list);
+  if (count == std::string_view::npos) return std::string(other);
+  const std::string_view n = other.substr(count + 2, list - count - 2);
+  return std::string(other.substr(0, count)) + " (and " + std::string(n) + std::string(kOthers) +
+         ")";
+}
+
 std::string with_context(std::string_view context, std::string_view message,
                          const std::vector<std::string>& others) {
   std::string text;
   text.reserve(context.size() + message.size() + 2);
   text.append(context).append(": ").append(message);
   if (others.empty()) return text;
-  text += "; " + std::to_string(others.size()) + " other failure(s): ";
-  for (std::size_t i = 0; i < others.size(); ++i) {
-    if (i > 0) text += "; ";
-    // First line only: a torch error's later lines (dispatcher dumps, backtraces) would bury
-    // the list; the first failure keeps its whole message above.
-    text += std::string_view(others[i]).substr(0, others[i].find('\n'));
-  }
+  text += "; " + std::to_string(others.size()) + std::string(kOthers) + ": ";
+  for (std::size_t i = 0; i < others.size(); ++i) text += (i > 0 ? "; " : "") + entry(others[i]);
   return text;
 }
 

@@ -62,9 +62,9 @@ void require_floating(std::string_view op, const TensorTree& t) {
   for (std::size_t i = 0; i < flat.leaves.size(); ++i)
     if (!at::isFloatingType(flat.leaves[i]->scalar_type()) &&
         !at::isComplexType(flat.leaves[i]->scalar_type()))
-      throw std::invalid_argument(std::string(op) + ": needs floating leaves, leaf '" +
-                                  flat.spec.paths()[i].describe() + "' is " +
-                                  c10::toString(flat.leaves[i]->scalar_type()));
+      TORCH_CHECK(false, op, ": needs floating or complex leaves, leaf '",
+                  flat.spec.paths()[i].describe(), "' is ",
+                  c10::toString(flat.leaves[i]->scalar_type()));
 }
 
 // Every element of every leaf as one 1-D tensor (promoted dtype; the default dtype for an
@@ -162,40 +162,36 @@ at::Tensor masked_select(const TensorTree& t, const Operand& mask) {
 }
 
 TreeTensor leaf_sum(const TensorTree& t) {
-  return map1_owned("leaf_sum", t, [](const at::Tensor& x) { return x.sum(); });
+  return map1_owned("sum", t, [](const at::Tensor& x) { return x.sum(); });
 }
 TreeTensor leaf_sum(const TensorTree& t, at::IntArrayRef dim, bool keepdim) {
-  return map1_owned("leaf_sum", t, [dim = dim.vec(), keepdim](const at::Tensor& x) {
-    return x.sum(dim, keepdim);
-  });
+  return map1_owned(
+      "sum", t, [dim = dim.vec(), keepdim](const at::Tensor& x) { return x.sum(dim, keepdim); });
 }
 TreeTensor leaf_mean(const TensorTree& t) {
-  return map1_owned("leaf_mean", t, [](const at::Tensor& x) { return x.mean(); });
+  return map1_owned("mean", t, [](const at::Tensor& x) { return x.mean(); });
 }
 TreeTensor leaf_mean(const TensorTree& t, at::IntArrayRef dim, bool keepdim) {
-  return map1_owned("leaf_mean", t, [dim = dim.vec(), keepdim](const at::Tensor& x) {
-    return x.mean(dim, keepdim);
-  });
+  return map1_owned(
+      "mean", t, [dim = dim.vec(), keepdim](const at::Tensor& x) { return x.mean(dim, keepdim); });
 }
 TreeTensor leaf_all(const TensorTree& t) {
-  return map1_owned("leaf_all", t, [](const at::Tensor& x) { return x.all(); });
+  return map1_owned("all", t, [](const at::Tensor& x) { return x.all(); });
 }
 TreeTensor leaf_all(const TensorTree& t, int64_t dim, bool keepdim) {
-  return map1_owned("leaf_all", t,
-                    [dim, keepdim](const at::Tensor& x) { return x.all(dim, keepdim); });
+  return map1_owned("all", t, [dim, keepdim](const at::Tensor& x) { return x.all(dim, keepdim); });
 }
 TreeTensor leaf_any(const TensorTree& t) {
-  return map1_owned("leaf_any", t, [](const at::Tensor& x) { return x.any(); });
+  return map1_owned("any", t, [](const at::Tensor& x) { return x.any(); });
 }
 TreeTensor leaf_any(const TensorTree& t, int64_t dim, bool keepdim) {
-  return map1_owned("leaf_any", t,
-                    [dim, keepdim](const at::Tensor& x) { return x.any(dim, keepdim); });
+  return map1_owned("any", t, [dim, keepdim](const at::Tensor& x) { return x.any(dim, keepdim); });
 }
 TreeTensor leaf_min(const TensorTree& t) {
-  return map1_owned("leaf_min", t, [](const at::Tensor& x) { return x.min(); });
+  return map1_owned("min", t, [](const at::Tensor& x) { return x.min(); });
 }
 TreeTensor leaf_max(const TensorTree& t) {
-  return map1_owned("leaf_max", t, [](const at::Tensor& x) { return x.max(); });
+  return map1_owned("max", t, [](const at::Tensor& x) { return x.max(); });
 }
 
 namespace {
@@ -207,7 +203,7 @@ std::tuple<TreeTensor, TreeTensor> values_indices(std::vector<TreeTensor> trees,
 }  // namespace
 
 std::tuple<TreeTensor, TreeTensor> leaf_min(const TensorTree& t, int64_t dim, bool keepdim) {
-  return values_indices(multi1("leaf_min", t,
+  return values_indices(multi1("min", t,
                                [&](const at::Tensor& x) {
                                  auto [v, i] = x.min(dim, keepdim);
                                  return std::vector<at::Tensor>{v, i};
@@ -215,7 +211,7 @@ std::tuple<TreeTensor, TreeTensor> leaf_min(const TensorTree& t, int64_t dim, bo
                         t);
 }
 std::tuple<TreeTensor, TreeTensor> leaf_max(const TensorTree& t, int64_t dim, bool keepdim) {
-  return values_indices(multi1("leaf_max", t,
+  return values_indices(multi1("max", t,
                                [&](const at::Tensor& x) {
                                  auto [v, i] = x.max(dim, keepdim);
                                  return std::vector<at::Tensor>{v, i};
@@ -223,15 +219,15 @@ std::tuple<TreeTensor, TreeTensor> leaf_max(const TensorTree& t, int64_t dim, bo
                         t);
 }
 TreeTensor leaf_std(const TensorTree& t, bool unbiased) {
-  return map1_owned("leaf_std", t, [unbiased](const at::Tensor& x) { return x.std(unbiased); });
+  return map1_owned("std", t, [unbiased](const at::Tensor& x) { return x.std(unbiased); });
 }
 TreeTensor leaf_std(const TensorTree& t, at::IntArrayRef dim, bool unbiased, bool keepdim) {
-  return map1_owned("leaf_std", t, [dim = dim.vec(), unbiased, keepdim](const at::Tensor& x) {
+  return map1_owned("std", t, [dim = dim.vec(), unbiased, keepdim](const at::Tensor& x) {
     return x.std(dim, unbiased, keepdim);
   });
 }
 TreeTensor leaf_norm(const TensorTree& t, double p) {
-  return map1_owned("leaf_norm", t, [p](const at::Tensor& x) { return x.norm(p); });
+  return map1_owned("norm", t, [p](const at::Tensor& x) { return x.norm(p); });
 }
 TreeTensor leaf_masked_select(const TensorTree& t, const Operand& mask) {
   const Operand args[] = {Operand(t), mask};

@@ -15,7 +15,8 @@ namespace treetensor::runtime {
 
 /// Rethrows `e` as an exception of the same dynamic type whose message is
 /// "<context>: <original message>", followed — when `others` is not empty — by
-/// "; N other failure(s): <others[0]>; <others[1]>; ..." (the first line of each).
+/// "; N other failure(s): <others[0]>; <others[1]>; ..." (the first line of each, all of them;
+/// an entry's own "; M other failure(s): ..." list folded to " (and M other failure(s))").
 ///
 /// Rebuilt with the new message (the type is kept exactly):
 ///  - c10::Error and its subclasses IndexError, ValueError, TypeError, NotImplementedError,

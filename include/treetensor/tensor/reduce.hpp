@@ -19,8 +19,9 @@
 //   ("no elements"), as at::min of an empty tensor does. Leaves with no elements contribute
 //   nothing to min/max.
 //
-// Errors: a leaf's torch error (e.g. mean or std of integer leaves: std::invalid_argument
-// naming the leaf) with the op and leaf path added. Thread safety: as at::Tensor.
+// Errors: a leaf's torch error with the op and leaf path added; mean or std of integer or bool
+// leaves is a c10::Error naming the leaf (as at::mean's; Python: RuntimeError, as torch's).
+// Thread safety: as at::Tensor.
 
 #include <ATen/core/Tensor.h>
 
