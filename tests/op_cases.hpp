@@ -286,6 +286,41 @@ const std::vector<TensorBinaryCase> tensor_binary_cases = {
      [](const at::Tensor& x, const at::Tensor& y) { return at::logical_xor(x, y); }},
 };
 
+struct TernaryValueCase {
+  const char* name;
+  TreeTensor (*tree)(const tt::Operand&, const tt::Operand&, const tt::Operand&, const at::Scalar&);
+  TreeTensor& (*tree_)(TreeTensor&, const tt::Operand&, const tt::Operand&, const at::Scalar&);
+  at::Tensor (*native)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&);
+  void (*native_)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&);
+};
+const std::vector<TernaryValueCase> ternary_value_cases = {
+    {"addcmul",
+     [](const tt::Operand& a, const tt::Operand& b, const tt::Operand& c, const at::Scalar& v) { return tt::addcmul(a, b, c, v); },
+     [](TreeTensor& a, const tt::Operand& b, const tt::Operand& c, const at::Scalar& v) -> TreeTensor& { return tt::addcmul_(a, b, c, v); },
+     [](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z, const at::Scalar& v) { return at::addcmul(x, y, z, v); },
+     [](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z, const at::Scalar& v) { x.addcmul_(y, z, v); }},
+    {"addcdiv",
+     [](const tt::Operand& a, const tt::Operand& b, const tt::Operand& c, const at::Scalar& v) { return tt::addcdiv(a, b, c, v); },
+     [](TreeTensor& a, const tt::Operand& b, const tt::Operand& c, const at::Scalar& v) -> TreeTensor& { return tt::addcdiv_(a, b, c, v); },
+     [](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z, const at::Scalar& v) { return at::addcdiv(x, y, z, v); },
+     [](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z, const at::Scalar& v) { x.addcdiv_(y, z, v); }},
+};
+
+struct BinaryWeightCase {
+  const char* name;
+  TreeTensor (*tree)(const tt::Operand&, const tt::Operand&, const at::Scalar&);
+  TreeTensor& (*tree_)(TreeTensor&, const tt::Operand&, const at::Scalar&);
+  at::Tensor (*native)(const at::Tensor&, const at::Tensor&, const at::Scalar&);
+  void (*native_)(const at::Tensor&, const at::Tensor&, const at::Scalar&);
+};
+const std::vector<BinaryWeightCase> binary_weight_cases = {
+    {"lerp",
+     [](const tt::Operand& a, const tt::Operand& b, const at::Scalar& w) { return tt::lerp(a, b, w); },
+     [](TreeTensor& a, const tt::Operand& b, const at::Scalar& w) -> TreeTensor& { return tt::lerp_(a, b, w); },
+     [](const at::Tensor& x, const at::Tensor& y, const at::Scalar& w) { return at::lerp(x, y, w); },
+     [](const at::Tensor& x, const at::Tensor& y, const at::Scalar& w) { x.lerp_(y, w); }},
+};
+
 /// Whether ATen computes op `name` with a libm-style function (the registry's libm
 /// column): a consolidated buffer and the per-leaf loop agree within the ulp bound
 /// there, bitwise for every other op.

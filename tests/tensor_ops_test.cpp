@@ -107,6 +107,49 @@ TEST_P(TensorOps, BinaryTableMatchesNativeLoop) {
   }
 }
 
+// The registry's ops with a scalar argument (addcmul's value, lerp's weight): tree operands, a
+// number operand (a wrapped-number tensor, as torch's), and in place on the same leaf tensors
+// (stream(fused): at::_foreach_f_).
+TEST_P(TensorOps, ScalarArgumentTablesMatchNativeLoop) {
+  const TreeTensor a = mixed_float_tree(), b = same_structure_float(a);
+  const TreeTensor c = tt::abs(same_structure_float(a)) + 0.5;  // divisors away from 0
+  const at::Tensor two = at::native::wrapped_scalar_tensor(2.0);
+  const auto al = leaves(a), bl = leaves(b), cl = leaves(c);
+  const auto spec = tt::tree::flatten(a).spec;
+  const auto expect_in_place = [&](const TreeTensor& got, const TreeTensor& want,
+                                   const std::vector<at::Tensor>& impls) {
+    expect_same(got, want);
+    const auto after = leaves(got);
+    for (std::size_t k = 0; k < after.size(); ++k) EXPECT_TRUE(after[k].is_same(impls[k]));
+  };
+  for (const auto& op : ternary_value_cases) {
+    SCOPED_TRACE(op.name);
+    std::vector<at::Tensor> want(al.size()), with_number(al.size());
+    for (std::size_t k = 0; k < al.size(); ++k) {
+      want[k] = op.native(al[k], bl[k], cl[k], -0.3);
+      with_number[k] = op.native(al[k], bl[k], two, -0.3);
+    }
+    expect_same(op.tree(a, b, c, -0.3), TreeTensor(tt::tree::unflatten(spec, want)));
+    expect_same(op.tree(a, b, 2.0, -0.3), TreeTensor(tt::tree::unflatten(spec, with_number)));
+    TreeTensor target = a.clone(), reference = a.clone();
+    const auto impls = leaves(target);
+    EXPECT_EQ(&op.tree_(target, b, c, 0.7), &target);
+    for (std::size_t k = 0; k < impls.size(); ++k) op.native_(leaves(reference)[k], bl[k], cl[k], 0.7);
+    expect_in_place(target, reference, impls);
+  }
+  for (const auto& op : binary_weight_cases) {  // (end a number: refused per leaf, as at::lerp)
+    SCOPED_TRACE(op.name);
+    std::vector<at::Tensor> want(al.size());
+    for (std::size_t k = 0; k < al.size(); ++k) want[k] = op.native(al[k], bl[k], 0.25);
+    expect_same(op.tree(a, b, 0.25), TreeTensor(tt::tree::unflatten(spec, want)));
+    TreeTensor target = a.clone(), reference = a.clone();
+    const auto impls = leaves(target);
+    EXPECT_EQ(&op.tree_(target, b, 0.75), &target);
+    for (std::size_t k = 0; k < impls.size(); ++k) op.native_(leaves(reference)[k], bl[k], 0.75);
+    expect_in_place(target, reference, impls);
+  }
+}
+
 TEST_P(TensorOps, ArithmeticWithAlphaAndOptimizerMath) {
   const TreeTensor a = mixed_float_tree(), b = same_structure_float(a), c = same_structure_float(a);
   expect_same(tt::add(a, b, 0.5),
@@ -127,12 +170,6 @@ TEST_P(TensorOps, ArithmeticWithAlphaAndOptimizerMath) {
   run_inplace([&](TreeTensor& t) { tt::sub_(t, b); }, [](auto& x, auto& y, auto&) { x.sub_(y); });
   run_inplace([&](TreeTensor& t) { tt::mul_(t, 0.9); }, [](auto& x, auto&, auto&) { x.mul_(0.9); });
   run_inplace([&](TreeTensor& t) { tt::div_(t, b); }, [](auto& x, auto& y, auto&) { x.div_(y); });
-  run_inplace([&](TreeTensor& t) { tt::addcmul_(t, b, c, 0.1); },
-              [](auto& x, auto& y, auto& z) { x.addcmul_(y, z, 0.1); });
-  run_inplace([&](TreeTensor& t) { tt::addcdiv_(t, b, c, -0.2); },
-              [](auto& x, auto& y, auto& z) { x.addcdiv_(y, z, -0.2); });
-  run_inplace([&](TreeTensor& t) { tt::lerp_(t, b, 0.25); },
-              [](auto& x, auto& y, auto&) { x.lerp_(y, 0.25); });
   run_inplace([&](TreeTensor& t) { tt::copy_(t, c); }, [](auto& x, auto&, auto& z) { x.copy_(z); });
   run_inplace([&](TreeTensor& t) { tt::zero_(t); }, [](auto& x, auto&, auto&) { x.zero_(); });
   run_inplace([&](TreeTensor& t) { tt::fill_(t, 2.5); },
@@ -140,18 +177,6 @@ TEST_P(TensorOps, ArithmeticWithAlphaAndOptimizerMath) {
   run_inplace([&](TreeTensor& t) { tt::clamp_(t, -0.5, 0.5); },
               [](auto& x, auto&, auto&) { x.clamp_(-0.5, 0.5); });
   run_inplace([&](TreeTensor& t) { t.sqrt_(); }, [](auto& x, auto&, auto&) { x.sqrt_(); });
-  auto native3 = [&](auto f) {
-    auto al = leaves(a);
-    const auto bl = leaves(b), cl = leaves(c);
-    for (std::size_t k = 0; k < al.size(); ++k) al[k] = f(al[k], bl[k], cl[k]);
-    return TreeTensor(tt::tree::unflatten(tt::tree::flatten(a).spec, al));
-  };
-  expect_same(tt::addcmul(a, b, c, 0.1),
-              native3([](auto& x, auto& y, auto& z) { return at::addcmul(x, y, z, 0.1); }));
-  expect_same(tt::addcdiv(a, b, c),
-              native3([](auto& x, auto& y, auto& z) { return at::addcdiv(x, y, z); }));
-  expect_same(tt::lerp(a, b, 0.75),
-              native([](auto& x, auto& y) { return at::lerp(x, y, 0.75); }, a, b));
   expect_same(tt::clamp(a, c10::nullopt, 0.1),
               native([](auto& x) { return at::clamp(x, c10::nullopt, 0.1); }, a));
 }

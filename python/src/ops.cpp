@@ -367,21 +367,6 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       },
       py::arg("input"), py::arg("other"), py::arg("rtol") = 1e-5, py::arg("atol") = 1e-8,
       py::arg("equal_nan") = false);
-  m.def("_lerp", [](py::handle s, py::handle e, const Number& w) {
-    Args a;
-    const Operand x = a.add(s), y = a.add(e);
-    return wrap(nogil([&] { return treetensor::lerp(x, y, w); }));
-  });
-  m.def("_addcmul", [](py::handle s, py::handle t1, py::handle t2, const Number& v) {
-    Args a;
-    const Operand x = a.add(s), y = a.add(t1), z = a.add(t2);
-    return wrap(nogil([&] { return treetensor::addcmul(x, y, z, v); }));
-  });
-  m.def("_addcdiv", [](py::handle s, py::handle t1, py::handle t2, const Number& v) {
-    Args a;
-    const Operand x = a.add(s), y = a.add(t1), z = a.add(t2);
-    return wrap(nogil([&] { return treetensor::addcdiv(x, y, z, v); }));
-  });
 
   // ---- reductions: tree-level without dim (one tensor), per-leaf with dim (a tree) ------
   // Tree-level results go pending inside a pending asyncs scope (tree_level, common.hpp).

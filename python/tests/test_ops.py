@@ -20,6 +20,8 @@ UNARY_INPLACE = registry("unary_inplace")
 UNARY = registry("unary")
 BINARY_SCALAR = registry("binary_scalar")
 BINARY_TENSOR = registry("binary_tensor")
+TERNARY_VALUE = registry("ternary_value")
+BINARY_WEIGHT = registry("binary_weight")
 INT_OPS = {"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor"}
 SHIFTED = {"acosh": 1.0}  # ops whose domain lies above [0.1, 0.9]: inputs shifted by this
 
@@ -77,6 +79,33 @@ def test_binary(name):
         getattr(r, name + "_")(u)
         want = dmap(lambda x, y: getattr(x.clone(), name + "_")(y), d, e)
         dicts_equal(r, want)
+
+
+@pytest.mark.parametrize("name", TERNARY_VALUE + BINARY_WEIGHT)
+def test_ops_with_a_scalar_argument(name):
+    """addcmul(input, tensor1, tensor2, *, value=1) and lerp(input, end, weight), with torch's
+    argument names: module function, method, in place (the same tensors), a number operand, and
+    torch's function without a tree."""
+    d, e, f = inputs(name, 0), inputs(name, 1), inputs(name, 2)
+    t, u, v = ttorch.Tensor(d), ttorch.Tensor(e), ttorch.Tensor(f)
+    fn, method = getattr(torch, name), getattr(torch.Tensor, name + "_")
+    if name in TERNARY_VALUE:
+        args, refs, kw = (u, v), (e, f), {"value": -0.5}
+    else:
+        args, refs, kw = (u,), (e,), {"weight": 0.25}
+    want = dmap(lambda *xs: fn(*xs, **kw), d, *refs)
+    dicts_equal(getattr(ttorch, name)(t, *args, **kw), want)
+    dicts_equal(getattr(t, name)(*args, **kw), want)
+    if name in TERNARY_VALUE:  # a number operand, as a 0-d tensor would be (lerp's end: a tensor)
+        dicts_equal(getattr(ttorch, name)(t, u, 2.0, **kw),
+                    dmap(lambda x, y: fn(x, y, torch.tensor(2.0), **kw), d, e))
+    assert torch.equal(getattr(ttorch, name)(d["a"], *(r["a"] for r in refs), **kw),
+                       fn(d["a"], *(r["a"] for r in refs), **kw))  # no tree: torch's function
+    leaves = t.to_dict()
+    want = dmap(lambda *xs: method(xs[0].clone(), *xs[1:], **kw), d, *refs)
+    assert getattr(t, name + "_")(*args, **kw) is t
+    dicts_equal(t, want)
+    assert t.a is leaves["a"]  # the same tensor objects, changed in place
 
 
 OPERATORS = [

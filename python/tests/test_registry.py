@@ -46,9 +46,32 @@ def test_a_new_row_reaches_every_generated_file():
     assert '"sinc",' in GEN.OUTPUTS["tests/op_cases.hpp"](libm).split("libm_function")[1]
 
 
+def test_rows_with_a_scalar_argument_reach_every_layer_but_fuse():
+    """ternary_value (at::addcmul's signature) and binary_weight (at::lerp's): the free
+    functions, methods, bodies, bindings with torch's argument names and test cases; no fuse()
+    form (Expr records ops of one or two operands)."""
+    rows = GEN.load(with_row('{ name = "addcmul2", shape = "ternary_value", foreach = true, libm = false, doc = "x" }'))
+    rows += GEN.load(with_row('{ name = "lerp2", shape = "binary_weight", foreach = false, libm = false, doc = "y" }'))[-1:]
+    texts = {rel: render(rows) for rel, render in GEN.OUTPUTS.items()}
+    for rel, text in texts.items():
+        fused = rel.startswith(("include/treetensor/tensor/fuse", "src/tensor/fuse"))
+        assert ("addcmul2" in text) != fused and ("lerp2" in text) != fused, rel
+    header = texts["include/treetensor/tensor/ops_generated.hpp"]
+    assert ("TreeTensor addcmul2(const Operand& self, const Operand& t1, const Operand& t2, "
+            "const at::Scalar& value = 1);") in header
+    assert "TreeTensor& lerp2_(TreeTensor& self, const Operand& end, const at::Scalar& weight);" in header
+    body = texts["src/tensor/ops_generated.inc"]
+    assert "at::_foreach_addcmul2_(s, a, b, v);" in body and "x.lerp2_(y, v); },\n      nullptr);" in body
+    python = texts["python/src/ops_generated.inc"]
+    assert 'py::arg("tensor1"), py::arg("tensor2"), py::kw_only(), py::arg("value") = 1,' in python
+    assert 'return torch_attr("lerp2")(input, end, weight);' in python
+    assert "tt::addcmul2_(a, b, c, v)" in texts["tests/op_cases.hpp"]
+
+
 @pytest.mark.parametrize("row, message", [
     ('{ name = "sinc", shape = "ternary", foreach = false, libm = false, doc = "x" }',
-     f"row {NEW} (sinc): shape must be one of unary_inplace, unary, binary_scalar, binary_tensor, blas"),
+     f"row {NEW} (sinc): shape must be one of unary_inplace, unary, binary_scalar, binary_tensor, "
+     "ternary_value, binary_weight, blas"),
     ('{ name = "abs", shape = "unary", foreach = false, libm = false, doc = "x" }', "(abs): name must be a new C++ identifier"),
     ('{ name = "a-b", shape = "unary", foreach = false, libm = false, doc = "x" }', "(a-b): name must be a new C++ identifier"),
     ('{ name = "sinc", shape = "unary", libm = true, doc = "x" }',
@@ -56,7 +79,7 @@ def test_a_new_row_reaches_every_generated_file():
     ('{ name = "sinc", shape = "unary", foreach = "no", libm = false, doc = "x" }', "(sinc): foreach must be true or false"),
     ('{ name = "sinc", shape = "unary", foreach = false, libm = false, doc = "a \\"quoted\\" doc" }', "(sinc): doc must be one line"),
     ('{ name = "hypot", shape = "binary_tensor", foreach = true, libm = false, doc = "x" }',
-     "(hypot): only unary_inplace and binary_scalar ops have a foreach form"),
+     "(hypot): only unary_inplace, binary_scalar, ternary_value, binary_weight ops have a foreach form"),
     ('"sinc"', f"row {NEW} (?): columns are name, shape, foreach, libm, doc; got a str"),
     ('{ name = "sinc", shape = "unary", foreach = false, libm = 1, doc = "x" }', "(sinc): libm must be true or false"),
 ])

@@ -161,6 +161,18 @@ class Tensor:
     def add(self, other: Any, *, alpha: _Number = ...) -> Any: ...
     def add_(self, *args, **kwargs):
         """add_(self: object, other: object, *, alpha: number = 1) -> object"""
+    def addcdiv(self, tensor1: Any, tensor2: Any, *, value: _Number = ...) -> Any:
+        """addcdiv(tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, leaf-wise (operands: trees, tensors or numbers)."""
+    def addcdiv_(self, *args, **kwargs):
+        """addcdiv_(self: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
+
+        addcdiv_(tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, in place on every leaf; returns self."""
+    def addcmul(self, tensor1: Any, tensor2: Any, *, value: _Number = ...) -> Any:
+        """addcmul(tensor1, tensor2, *, value=1): self + value * tensor1 * tensor2, leaf-wise (operands: trees, tensors or numbers)."""
+    def addcmul_(self, *args, **kwargs):
+        """addcmul_(self: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
+
+        addcmul_(tensor1, tensor2, *, value=1): self + value * tensor1 * tensor2, in place on every leaf; returns self."""
     def all(self, *args, reduce=..., **kwargs):
         """``all(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.all of each leaf, a tree); with arguments (``dim=``...), torch.all of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
     def allclose(self, other, rtol=..., atol=..., equal_nan=...): ...
@@ -372,6 +384,12 @@ class Tensor:
         """le_(self: object, other: object) -> object
 
         le_(b): a <= b (bool), in place on every leaf; returns self."""
+    def lerp(self, end: Any, weight: _Number) -> Any:
+        """lerp(end, weight): self + weight * (end - self), leaf-wise (operands: trees, tensors or numbers)."""
+    def lerp_(self, *args, **kwargs):
+        """lerp_(self: object, end: object, weight: number) -> object
+
+        lerp_(end, weight): self + weight * (end - self), in place on every leaf; returns self."""
     def log(self) -> Any:
         """log(): natural logarithm, on every leaf."""
     def log10(self) -> Any:
@@ -653,10 +671,6 @@ class _PendingJob:
 def _adam_step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, step: typing.SupportsInt | typing.SupportsIndex, lr: typing.SupportsFloat | typing.SupportsIndex, beta1: typing.SupportsFloat | typing.SupportsIndex, beta2: typing.SupportsFloat | typing.SupportsIndex, eps: typing.SupportsFloat | typing.SupportsIndex, weight_decay: typing.SupportsFloat | typing.SupportsIndex, amsgrad: builtins.bool, maximize: builtins.bool, decoupled: builtins.bool, max_exp_avg_sq: Any = ...) -> None:
     """One Adam (decoupled: AdamW) step in place, single pass (treetensor.optim.Adam)."""
 
-def _addcdiv(arg0: Any, arg1: Any, arg2: Any, arg3: _Number) -> Any: ...
-
-def _addcmul(arg0: Any, arg1: Any, arg2: Any, arg3: _Number) -> Any: ...
-
 def _allclose(input: Any, other: Any, rtol: typing.SupportsFloat | typing.SupportsIndex = ..., atol: typing.SupportsFloat | typing.SupportsIndex = ..., equal_nan: builtins.bool = ...) -> builtins.bool: ...
 
 def _as_tensor(data: Any, *, dtype: Any = ..., device: Any = ...) -> Any: ...
@@ -676,8 +690,6 @@ def _equal(arg0: Any, arg1: Any) -> builtins.bool: ...
 def _full(shapes: Any, fill_value: _Number, *, dtype: Any = ..., device: Any = ..., requires_grad: builtins.bool = ...) -> Any: ...
 
 def _full_like(input: Any, fill_value: _Number, *, dtype: Any = ..., device: Any = ...) -> Any: ...
-
-def _lerp(arg0: Any, arg1: Any, arg2: _Number) -> Any: ...
 
 def _load(path: builtins.str, map_location: Any = ..., mmap: builtins.bool = ...) -> Any:
     """The object of a torch.save file as torch.load(weights_only=True) gives it (io layer)."""
@@ -727,6 +739,12 @@ def acosh(input: Any) -> Any:
     """acosh(t): inverse hyperbolic cosine (x >= 1), on every leaf (torch.acosh without a tree)."""
 
 def add(input: Any, other: Any, *, alpha: _Number = ...) -> Any: ...
+
+def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: _Number = ...) -> Any:
+    """addcdiv(input, tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, leaf-wise (torch.addcdiv without a tree)."""
+
+def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: _Number = ...) -> Any:
+    """addcmul(input, tensor1, tensor2, *, value=1): self + value * tensor1 * tensor2, leaf-wise (torch.addcmul without a tree)."""
 
 def apply(fn: collections.abc.Callable, *args, **kwargs) -> Any:
     """fn(leaf_a, leaf_b, ...) on every leaf of the tree arguments (zipped strictly; other arguments and keywords passed as they are), through the runtime: under stream(n) the leaves run on n lanes, each callback holding the GIL. fn returns a tensor (result: a tree) or a tuple of tensors (result: a tuple of trees)."""
@@ -832,6 +850,9 @@ def isnan(input: Any) -> Any:
 
 def le(input: Any, other: Any) -> Any:
     """le(a, b): a <= b (bool), leaf-wise (torch.le without a tree)."""
+
+def lerp(input: Any, end: Any, weight: _Number) -> Any:
+    """lerp(input, end, weight): self + weight * (end - self), leaf-wise (torch.lerp without a tree)."""
 
 def log(input: Any) -> Any:
     """log(t): natural logarithm, on every leaf (torch.log without a tree)."""

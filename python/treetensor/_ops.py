@@ -12,4 +12,6 @@ UNARY = ("isfinite", "isinf", "isnan", "signbit", "clone",)
 BINARY_SCALAR = ("mul", "div", "remainder", "fmod", "pow", "eq", "ne", "lt", "le", "gt", "ge",
                  "bitwise_and", "bitwise_or", "bitwise_xor",)
 BINARY_TENSOR = ("atan2", "maximum", "minimum", "logical_and", "logical_or", "logical_xor",)
+TERNARY_VALUE = ("addcmul", "addcdiv",)
+BINARY_WEIGHT = ("lerp",)
 BLAS = ("matmul", "mm", "dot",)

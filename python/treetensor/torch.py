@@ -428,9 +428,11 @@ for _name, _fn in [("add", _operator.iadd), ("sub", _operator.isub), ("mul", _op
                    ("rshift", _operator.irshift)]:
     setattr(Tensor, f"__i{_name}__",
             _inheriting_inplace(getattr(Tensor, f"__i{_name}__"), _fn, f"__i{_name}__"))
-for _name in ["add_", "sub_", "copy_"] + [n + "_" for n in _ops.BINARY_SCALAR]:
+for _name in ["add_", "sub_", "copy_"] + [
+        n + "_" for n in _ops.BINARY_SCALAR + _ops.TERNARY_VALUE + _ops.BINARY_WEIGHT]:
     setattr(Tensor, _name, _inheriting_inplace(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
-for _name in ("add", "sub") + _ops.BINARY_SCALAR + _ops.BINARY_TENSOR + _ops.BLAS:
+for _name in (("add", "sub") + _ops.BINARY_SCALAR + _ops.BINARY_TENSOR + _ops.TERNARY_VALUE +
+              _ops.BINARY_WEIGHT + _ops.BLAS):
     globals()[_name] = _inheriting(getattr(_C, _name), getattr(_torch, _name), _name)
 for _name in ("isclose", "where"):  # methods taking more trees than self
     setattr(Tensor, _name, _inheriting(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
@@ -632,30 +634,6 @@ def allclose(input, other, rtol=1e-5, atol=1e-8, equal_nan=False):
     return _torch.allclose(input, other, rtol, atol, equal_nan)
 
 
-def lerp(input, end, weight):
-    if _is_tree(input) or _is_tree(end):
-        return _C._lerp(input, end, weight)
-    return _torch.lerp(input, end, weight)
-
-
-def addcmul(input, tensor1, tensor2, *, value=1):
-    if _is_tree(input) or _is_tree(tensor1) or _is_tree(tensor2):
-        return _C._addcmul(input, tensor1, tensor2, value)
-    return _torch.addcmul(input, tensor1, tensor2, value=value)
-
-
-def addcdiv(input, tensor1, tensor2, *, value=1):
-    if _is_tree(input) or _is_tree(tensor1) or _is_tree(tensor2):
-        return _C._addcdiv(input, tensor1, tensor2, value)
-    return _torch.addcdiv(input, tensor1, tensor2, value=value)
-
-
-# a leaf of one tree facing a subtree of another broadcasts (the functions above zip strictly)
-lerp = _inheriting(lerp, _torch.lerp, "lerp")
-addcmul = _inheriting(addcmul, _torch.addcmul, "addcmul")
-addcdiv = _inheriting(addcdiv, _torch.addcdiv, "addcdiv")
-
-
 def _sequence_of_trees(tensors, name):
     """`tensors` as a list; a single tree (whose iteration gives its keys) is a TypeError."""
     if _is_tree(tensors):
@@ -680,7 +658,7 @@ def stack(tensors, dim=0):
     return _torch.stack(tensors, dim)
 
 
-__all__ += ["equal", "allclose", "lerp", "addcmul", "addcdiv", "cat", "stack"]
+__all__ += ["equal", "allclose", "cat", "stack"]
 
 
 # ---- construction -------------------------------------------------------------------------------

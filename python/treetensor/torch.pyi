@@ -72,6 +72,8 @@ __all__ = [
     "acos",
     "acosh",
     "add",
+    "addcdiv",
+    "addcmul",
     "asin",
     "asinh",
     "atan",
@@ -104,6 +106,7 @@ __all__ = [
     "isinf",
     "isnan",
     "le",
+    "lerp",
     "log",
     "log10",
     "log1p",
@@ -186,9 +189,6 @@ __all__ = [
     "sort",
     "equal",
     "allclose",
-    "lerp",
-    "addcmul",
-    "addcdiv",
     "cat",
     "stack",
     "randn",
@@ -350,9 +350,15 @@ def abs_(*args, **kwargs):
 def add(*args, **kwargs):
     """add(input: object, other: object, *, alpha: number = 1) -> object"""
 
-def addcdiv(input, tensor1, tensor2, *, value=...): ...
+def addcdiv(*args, **kwargs):
+    """addcdiv(input: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
 
-def addcmul(input, tensor1, tensor2, *, value=...): ...
+    addcdiv(input, tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, leaf-wise (torch.addcdiv without a tree)."""
+
+def addcmul(*args, **kwargs):
+    """addcmul(input: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
+
+    addcmul(input, tensor1, tensor2, *, value=1): self + value * tensor1 * tensor2, leaf-wise (torch.addcmul without a tree)."""
 
 def all(input, *args, **kwargs):
     """Leaf-wise / tree-level ``all`` (see Tensor.all); torch.all without a tree."""
@@ -489,7 +495,10 @@ def le(*args, **kwargs):
 
     le(a, b): a <= b (bool), leaf-wise (torch.le without a tree)."""
 
-def lerp(input, end, weight): ...
+def lerp(*args, **kwargs):
+    """lerp(input: object, end: object, weight: number) -> object
+
+    lerp(input, end, weight): self + weight * (end - self), leaf-wise (torch.lerp without a tree)."""
 
 def load(f, map_location=..., *, weights_only=..., mmap=..., tree=...):
     """Reads a ``torch.save`` file (the zip or the legacy format) with treetensor's own

@@ -252,6 +252,73 @@ TreeTensor matrix_op(std::string_view op, const Operand& a, const Operand& b, Ke
 }
 
 // Whether pred holds for every leaf pair of two trees of equal structure (false otherwise).
+// ---- ops with a scalar argument: addcmul(self, t1, t2, value), lerp(self, end, weight) --------
+// A number operand enters as a wrapped-number tensor. The in-place forms' fused form (the
+// registry's foreach column) needs every operand a tree: at::_foreach_f_ takes tensor lists.
+using Kernel3S = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const at::Scalar&);
+using Update3S = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          const at::Scalar&);
+using Foreach3S = void (*)(at::TensorList, at::TensorList, at::TensorList, const at::Scalar&);
+using Kernel2S = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Scalar&);
+using Update2S = void (*)(const at::Tensor&, const at::Tensor&, const at::Scalar&);
+using Foreach2S = void (*)(at::TensorList, at::TensorList, const at::Scalar&);
+
+CallOptions scalar_arg_options(std::string_view op) {
+  CallOptions o = elementwise(op);
+  o.wrap_scalars = true;
+  return o;
+}
+
+TreeTensor ternary_value_map(std::string_view op, const Operand& self, const Operand& t1,
+                             const Operand& t2, const at::Scalar& value, Kernel3S k) {
+  const Operand args[] = {self, t1, t2};
+  return map_owned(scalar_arg_options(op), args,
+                   [k, value](const LeafArgs& x) { return k(x.t(0), x.t(1), x.t(2), value); });
+}
+
+TreeTensor& ternary_value_update(std::string_view op, TreeTensor& self, const Operand& t1,
+                                 const Operand& t2, const at::Scalar& value, Update3S k,
+                                 Foreach3S fe) {
+  const Operand args[] = {Operand(self), t1, t2};
+  auto leaf = [k, value](const LeafArgs& x) { k(x.t(0), x.t(1), x.t(2), value); };
+  if (!fe) {
+    update_owned(scalar_arg_options(op), args, leaf);
+    return self;
+  }
+  auto fused = [fe, value](const FusedArgs& f) {
+    if (!f.operand(1).is_tree() || !f.operand(2).is_tree() || !f.foreach_compatible()) return false;
+    fe(f.column(0), f.column(1), f.column(2), value);
+    return true;
+  };
+  update_owned(scalar_arg_options(op), args, leaf, fused);
+  return self;
+}
+
+TreeTensor binary_weight_map(std::string_view op, const Operand& self, const Operand& end,
+                             const at::Scalar& weight, Kernel2S k) {
+  const Operand args[] = {self, end};
+  return map_owned(scalar_arg_options(op), args,
+                   [k, weight](const LeafArgs& x) { return k(x.t(0), x.t(1), weight); });
+}
+
+TreeTensor& binary_weight_update(std::string_view op, TreeTensor& self, const Operand& end,
+                                 const at::Scalar& weight, Update2S k, Foreach2S fe) {
+  const Operand args[] = {Operand(self), end};
+  auto leaf = [k, weight](const LeafArgs& x) { k(x.t(0), x.t(1), weight); };
+  if (!fe) {
+    update_owned(scalar_arg_options(op), args, leaf);
+    return self;
+  }
+  auto fused = [fe, weight](const FusedArgs& f) {
+    if (!f.operand(1).is_tree() || !f.foreach_compatible()) return false;
+    fe(f.column(0), f.column(1), weight);
+    return true;
+  };
+  update_owned(scalar_arg_options(op), args, leaf, fused);
+  return self;
+}
+
 template <class P>
 bool all_pairs(std::string_view op, const TensorTree& a, const TensorTree& b, P&& pred) {
   const Operand args[] = {Operand(a), Operand(b)};
@@ -295,83 +362,6 @@ TreeTensor clamp(const TensorTree& t, c10::optional<at::Scalar> min,
 TreeTensor& clamp_(TreeTensor& t, c10::optional<at::Scalar> min, c10::optional<at::Scalar> max) {
   return update1_owned(elementwise("clamp_"), t,
                        [min, max](const at::Tensor& x) { x.clamp_(min, max); });
-}
-
-namespace {
-// addcmul / addcdiv: leaf kernel and the _foreach form over three trees.
-template <class Leaf, class Foreach>
-TreeTensor& pointwise3_(std::string_view op, TreeTensor& self, const Operand& t1, const Operand& t2,
-                        Leaf leaf_fn, Foreach foreach_fn) {
-  const Operand args[] = {Operand(self), t1, t2};
-  CallOptions o = elementwise(op);
-  o.wrap_scalars = true;
-  auto leaf = [leaf_fn](const LeafArgs& x) { leaf_fn(x.t(0), x.t(1), x.t(2)); };
-  auto fused = [foreach_fn](const FusedArgs& f) {
-    if (!f.operand(1).is_tree() || !f.operand(2).is_tree() || !f.foreach_compatible()) return false;
-    foreach_fn(f.column(0), f.column(1), f.column(2));
-    return true;
-  };
-  update_owned(o, args, leaf, fused);
-  return self;
-}
-}  // namespace
-
-TreeTensor& addcmul_(TreeTensor& self, const Operand& t1, const Operand& t2,
-                     const at::Scalar& value) {
-  return pointwise3_(
-      "addcmul_", self, t1, t2,
-      [value](const at::Tensor& s, const at::Tensor& a, const at::Tensor& b) {
-        s.addcmul_(a, b, value);
-      },
-      [value](at::TensorList s, at::TensorList a, at::TensorList b) {
-        at::_foreach_addcmul_(s, a, b, value);
-      });
-}
-
-TreeTensor& addcdiv_(TreeTensor& self, const Operand& t1, const Operand& t2,
-                     const at::Scalar& value) {
-  return pointwise3_(
-      "addcdiv_", self, t1, t2,
-      [value](const at::Tensor& s, const at::Tensor& a, const at::Tensor& b) {
-        s.addcdiv_(a, b, value);
-      },
-      [value](at::TensorList s, at::TensorList a, at::TensorList b) {
-        at::_foreach_addcdiv_(s, a, b, value);
-      });
-}
-
-TreeTensor addcmul(const Operand& self, const Operand& t1, const Operand& t2,
-                   const at::Scalar& value) {
-  const Operand args[] = {self, t1, t2};
-  CallOptions o = elementwise("addcmul");
-  o.wrap_scalars = true;
-  return map_owned(
-      o, args, [value](const LeafArgs& x) { return at::addcmul(x.t(0), x.t(1), x.t(2), value); });
-}
-
-TreeTensor addcdiv(const Operand& self, const Operand& t1, const Operand& t2,
-                   const at::Scalar& value) {
-  const Operand args[] = {self, t1, t2};
-  CallOptions o = elementwise("addcdiv");
-  o.wrap_scalars = true;
-  return map_owned(
-      o, args, [value](const LeafArgs& x) { return at::addcdiv(x.t(0), x.t(1), x.t(2), value); });
-}
-
-TreeTensor lerp(const Operand& self, const Operand& end, const at::Scalar& weight) {
-  const Operand args[] = {self, end};
-  CallOptions o = elementwise("lerp");
-  o.wrap_scalars = true;
-  return map_owned(o, args,
-                   [weight](const LeafArgs& x) { return at::lerp(x.t(0), x.t(1), weight); });
-}
-
-TreeTensor& lerp_(TreeTensor& self, const Operand& end, const at::Scalar& weight) {
-  const Operand args[] = {Operand(self), end};
-  CallOptions o = elementwise("lerp_");
-  o.wrap_scalars = true;
-  update_owned(o, args, [weight](const LeafArgs& x) { x.t(0).lerp_(x.t(1), weight); });
-  return self;
 }
 
 TreeTensor& copy_(TreeTensor& self, const Operand& src) {
@@ -560,15 +550,6 @@ TreeTensor TreeTensor::clamp(c10::optional<at::Scalar> min, c10::optional<at::Sc
 }
 TreeTensor& TreeTensor::clamp_(c10::optional<at::Scalar> min, c10::optional<at::Scalar> max) {
   return treetensor::clamp_(*this, min, max);
-}
-TreeTensor& TreeTensor::addcmul_(const Operand& t1, const Operand& t2, const at::Scalar& v) {
-  return treetensor::addcmul_(*this, t1, t2, v);
-}
-TreeTensor& TreeTensor::addcdiv_(const Operand& t1, const Operand& t2, const at::Scalar& v) {
-  return treetensor::addcdiv_(*this, t1, t2, v);
-}
-TreeTensor& TreeTensor::lerp_(const Operand& end, const at::Scalar& weight) {
-  return treetensor::lerp_(*this, end, weight);
 }
 TreeTensor& TreeTensor::copy_(const Operand& src) {
   return treetensor::copy_(*this, src);

@@ -40,20 +40,6 @@ TreeTensor clamp(const TensorTree& t, c10::optional<at::Scalar> min,
                  c10::optional<at::Scalar> max = {});
 TreeTensor& clamp_(TreeTensor& t, c10::optional<at::Scalar> min,
                    c10::optional<at::Scalar> max = {});
-/// self + value·t1·t2 / self + value·t1/t2 in place (optimizer math; fused: _foreach_addcmul_ /
-/// _foreach_addcdiv_).
-TreeTensor& addcmul_(TreeTensor& self, const Operand& t1, const Operand& t2,
-                     const at::Scalar& value = 1);
-TreeTensor& addcdiv_(TreeTensor& self, const Operand& t1, const Operand& t2,
-                     const at::Scalar& value = 1);
-TreeTensor addcmul(const Operand& self, const Operand& t1, const Operand& t2,
-                   const at::Scalar& value = 1);
-TreeTensor addcdiv(const Operand& self, const Operand& t1, const Operand& t2,
-                   const at::Scalar& value = 1);
-/// self + weight·(end - self) (at::lerp); the in-place form has no fused form (LibTorch 1.13
-/// has no _foreach_lerp).
-TreeTensor lerp(const Operand& self, const Operand& end, const at::Scalar& weight);
-TreeTensor& lerp_(TreeTensor& self, const Operand& end, const at::Scalar& weight);
 /// Leaf-wise copy of src into self's tensors (at::Tensor::copy_, broadcasting as torch).
 TreeTensor& copy_(TreeTensor& self, const Operand& src);
 /// Every leaf set to zero / to `value`, in place.

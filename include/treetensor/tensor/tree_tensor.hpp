@@ -141,9 +141,6 @@ class TreeTensor : public TensorTree {
   TreeTensor& sub_(const Operand& other, const at::Scalar& alpha = 1);
   TreeTensor clamp(c10::optional<at::Scalar> min, c10::optional<at::Scalar> max = {}) const;
   TreeTensor& clamp_(c10::optional<at::Scalar> min, c10::optional<at::Scalar> max = {});
-  TreeTensor& addcmul_(const Operand& t1, const Operand& t2, const at::Scalar& value = 1);
-  TreeTensor& addcdiv_(const Operand& t1, const Operand& t2, const at::Scalar& value = 1);
-  TreeTensor& lerp_(const Operand& end, const at::Scalar& weight);
   TreeTensor& copy_(const Operand& src);
   TreeTensor& zero_();
   TreeTensor& fill_(const at::Scalar& value);
