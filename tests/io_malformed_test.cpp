@@ -180,6 +180,13 @@ TEST_F(Malformed, TensorsAndStorages) {
              "global 'torch.Tensor' is not allowed");
   EXPECT_HAS(load_error(archive("dims.pt", tensor_pickle({2, 1}, {1}))),
              "a tensor with 2 sizes and 1 strides");
+  EXPECT_HAS(load_error(archive("where.pt",
+                                tensor_pickle({2}, {1}, 0, 2, "FloatStorage", false, "bogus"))),
+             "storage '0' has the location 'bogus', which names no device");
+  // A device this build may lack ("cuda:0") is a location still: loaded to the CPU (LoadOptions).
+  const io::Object gpu =
+      io::load(archive("gpu.pt", tensor_pickle({2}, {1}, 0, 2, "FloatStorage", false, "cuda:0")));
+  EXPECT_TRUE(std::get<at::Tensor>(gpu.tree.at(tr::Path{"t"}).leaf()).device().is_cpu());
   // The same tensor pickle with a correct storage loads: the cases above fail on one field only.
   const io::Object ok = io::load(archive("ok.pt", tensor_pickle({2}, {1})));
   EXPECT_TRUE(std::get<at::Tensor>(ok.tree.at(tr::Path{"t"}).leaf()).equal(at::zeros({2})));

@@ -33,13 +33,15 @@ inline std::string ints(const std::vector<std::int64_t>& v) {
   for (auto x : v) s += integer(x);
   return s + "t";
 }
-/// {'t': _rebuild_tensor_v2(('storage', <cls>, '0', 'cpu', numel), offset, size, stride, grad, {})}
+/// {'t': _rebuild_tensor_v2(('storage', <cls>, '0', <location>, numel), offset, size, stride,
+/// grad, {})}
 inline std::string tensor_pickle(std::vector<std::int64_t> size, std::vector<std::int64_t> stride,
                                  std::int64_t offset = 0, std::int64_t numel = 2,
-                                 const std::string& cls = "FloatStorage", bool grad = false) {
+                                 const std::string& cls = "FloatStorage", bool grad = false,
+                                 const std::string& location = "cpu") {
   return std::string("\x80\x02}(") + str("t") + "ctorch._utils\n_rebuild_tensor_v2\n((" +
-         str("storage") + "ctorch\n" + cls + "\n" + str("0") + str("cpu") + integer(numel) + "tQ" +
-         integer(offset) + ints(size) + ints(stride) + (grad ? "\x88" : "\x89") +
+         str("storage") + "ctorch\n" + cls + "\n" + str("0") + str(location) + integer(numel) +
+         "tQ" + integer(offset) + ints(size) + ints(stride) + (grad ? "\x88" : "\x89") +
          "ccollections\nOrderedDict\n)RtRu.";
 }
 

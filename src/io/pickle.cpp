@@ -422,6 +422,16 @@ bool Reader::step() {
   return false;
 }
 
+// Whether a storage's location is a device name torch.save writes ("cpu", "cuda:0", "meta").
+bool names_a_device(const std::string& location) {
+  try {
+    (void)c10::Device(location);
+    return true;
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
 void Reader::persistent_id() {
   const Node& pid = expect(pop("BINPERSID"), {Kind::tuple}, "a persistent id that is not a tuple");
   if (pid.items.size() != 5 && pid.items.size() != 6)
@@ -441,6 +451,9 @@ void Reader::persistent_id() {
     in_.fail_at(op_at_, "a persistent id with a bad key, location or element count");
   if (pid.items.size() == 6 && node(pid.items[5]).kind != Kind::none)
     in_.fail_at(op_at_, "legacy storage views (view_metadata) are not supported");
+  if (!names_a_device(location.s))  // torch.load: "don't know how to restore data location"
+    in_.fail_at(op_at_, "storage '" + key.s + "' has the location '" + location.s +
+                            "', which names no device ('cpu', 'cuda:0', ... expected)");
   auto [it, fresh] = storage_index_.emplace(key.s, out_.storages_.size());
   if (fresh) {
     out_.storages_.push_back({key.s, cls.dtype, static_cast<std::uint64_t>(numel.i), location.s});

@@ -65,8 +65,10 @@ class IoError : public std::runtime_error {
 
 /// Options of load() (torch.load's map_location, for one device).
 struct LoadOptions {
-  /// Where tensors go; unset: the CPU (the file's own locations are not honoured: this
-  /// LibTorch may have no such device). The meta device (`c10::kMeta`), as
+  /// Where tensors go; unset: the CPU (the file's own locations, "cuda:0", are not honoured:
+  /// this LibTorch may have no such device; torch.load refuses a CUDA location without CUDA,
+  /// and moves to it with CUDA. A location that names no device is refused, as torch.load
+  /// refuses it). The meta device (`c10::kMeta`), as
   /// torch.load(map_location="meta"): every tensor with its dtype, shape, stride and storage
   /// size, on the meta device, and no byte of tensor data read, copied or mapped, so a file
   /// larger than memory loads in the time its structure takes (treetensor-inspect loads so).
