@@ -195,6 +195,12 @@ def test_size_and_object():
     assert type(nested.b.c) is tc.Object and nested.b.c.d == 1 and not nested.all()
     plain = {"x": {"y": 1}}
     assert tc.Object(plain).to_dict() is plain  # no Object inside: the dict itself, no copy
+    o.z = {"w": 3}  # attributes set and delete keys
+    del o.a
+    assert o.json() == {"b": {"c": False}, "z": {"w": 3}} and o.z.w == 3
+    with pytest.raises(AttributeError, match=r"no key 'a' in tree \(keys: \['b', 'z'\]\)"):
+        del o.a
+    assert repr(tc.Object({1: "x", "b": {2: 3}})) == "<Object>\n├── 1 --> 'x'\n└── b --> <Object>\n    └── 2 --> 3"
 
 
 def test_numpy_trees():

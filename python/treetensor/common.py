@@ -83,10 +83,21 @@ class Object:
         try:
             return self._child(k)
         except KeyError:
-            raise AttributeError(f"no key '{k}' in tree (keys: {sorted(self._d)})") from None
+            raise AttributeError(f"no key '{k}' in tree (keys: {self.keys()})") from None
 
     def __getitem__(self, k):
         return self._child(k)
+
+    def __setattr__(self, k, v):
+        """``o.k = v`` sets the key ``k``, as ``o[k] = v`` (DI-treetensor)."""
+        self[k] = v
+
+    def __delattr__(self, k):
+        """``del o.k`` removes the key ``k``."""
+        try:
+            del self[k]
+        except KeyError:
+            raise AttributeError(f"no key '{k}' in tree (keys: {self.keys()})") from None
 
     def get(self, k, default=None):
         return self._child(k) if k in self._d else default
@@ -149,7 +160,8 @@ class Object:
                 out.append(f"{indent}{glyph}{k} --> <{type(v).__name__}>")
                 v._lines(out, indent + ("    " if last else "│   "))
             else:
-                text = repr(v).replace("\n", "\n" + indent + ("    " if last else "│   ") + " " * (len(k) + 5))
+                text = repr(v).replace("\n", "\n" + indent + ("    " if last else "│   ") +
+                                       " " * (len(str(k)) + 5))
                 out.append(f"{indent}{glyph}{k} --> {text}")
 
     def __repr__(self):

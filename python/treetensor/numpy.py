@@ -41,6 +41,22 @@ class ndarray(Object):
         f = _leafwise.treelized(attr, name, inplace=name.endswith("_"))
         return lambda *args, **kwargs: _as_ndarray(f(self, *args, **kwargs))
 
+    def __getitem__(self, index):
+        """``a['k']``: the child ``k``; any other index (ints, slices, tuples, arrays, a tree of
+        them, zipped) is numpy's on every leaf (DI-treetensor)."""
+        if isinstance(index, str):
+            return self._child(index)
+        return _as_ndarray(_leafwise.wrap(_leafwise.call(_operator.getitem, (self, index), {},
+                                                         "index")[0]))
+
+    def __setitem__(self, index, value):
+        """``a['k'] = v`` sets the child ``k``; any other index writes numpy's ``leaf[index] =
+        value`` on every leaf in place (``value``: a number, an array or a tree, zipped)."""
+        if isinstance(index, str):
+            Object.__setitem__(self, index, value)
+        else:
+            _leafwise.call(_operator.setitem, (self, index, value), {}, "index")
+
     def tolist(self):
         """The leaves' ``tolist()`` (an Object)."""
         return Object(_leafwise.call(_np.ndarray.tolist, (self,), {}, "tolist")[0])
