@@ -14,6 +14,7 @@
 
 #include "common.hpp"
 #include "treetensor/python.hpp"
+#include "treetensor/tree/zip_rules.hpp"
 
 namespace treetensor::python {
 
@@ -487,6 +488,13 @@ void translate_errors() {
       if (p) std::rethrow_exception(p);
     } catch (const tree::KeyError& e) {
       PyErr_SetObject(PyExc_KeyError, py::str(e.what()).ptr());
+    } catch (const tree::StructureError& e) {
+      // Python has no inherit argument: the functions that broadcast a leaf into a subtree
+      // (treetensor.torch's operators, DI-treetensor parity) do so on their own.
+      std::string text = e.what();
+      if (const auto hint = text.find(tree::kInheritHint); hint != std::string::npos)
+        text.erase(hint, tree::kInheritHint.size());
+      PyErr_SetString(PyExc_ValueError, text.c_str());
     } catch (const c10::IndexError& e) {
       PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
     } catch (const c10::ValueError& e) {

@@ -2,6 +2,7 @@
 // layer's flatten over Python trees, with optree's calling (leaves and a reusable structure,
 // unflatten(spec, leaves)), so a structure is taken apart and rebuilt without a Python walk.
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,12 @@ namespace treetensor::python {
 namespace {
 
 using tree::TreeSpec;
+
+// "a float", "an int": the type of `v` with its article, for messages.
+std::string article(py::handle v) {
+  const std::string name = Py_TYPE(v.ptr())->tp_name;
+  return (name.find_first_of("aeiou") == 0 ? "an " : "a ") + name;
+}
 
 // The leaf paths as tuples of str. Consecutive paths in flatten order share the keys of their
 // common ancestors, so each node's key becomes one str, shared by the tuples below it: a
@@ -75,15 +82,41 @@ struct PySpec {
   mutable py::object paths;  // a tuple of path tuples, or null
 };
 
+// A nested dict given to tree_flatten: each leaf must already be a tensor (the leaves come back
+// as the same objects, and tree_unflatten takes tensors only). Iterative, each dict once (a
+// dict met again is to_tree's to report, with both paths).
+void require_tensor_leaves(py::handle dict) {
+  std::vector<std::pair<py::handle, std::string>> todo{{dict, ""}};
+  std::unordered_set<PyObject*> seen;
+  while (!todo.empty()) {
+    const auto [node, path] = todo.back();
+    todo.pop_back();
+    if (!seen.insert(node.ptr()).second) continue;
+    for (const auto& [k, v] : py::reinterpret_borrow<py::dict>(node)) {
+      const std::string at = (path.empty() ? "" : path + ".") + py::str(k).cast<std::string>();
+      if (PyDict_Check(v.ptr())) {
+        todo.emplace_back(v, at);
+      } else if (!is_tensor(v)) {
+        throw py::type_error("tree_flatten: leaf '" + at + "' is " + article(v) + ", not a " +
+                             "torch.Tensor (ttorch.tensor(d) makes a tree of tensors from other "
+                             "values)");
+      }
+    }
+  }
+}
+
 // The spec object is made once per node while the root's keys stay (Root::cache), so
 // flattening an unchanged tree again walks only its leaves and reuses the spec's paths().
 py::tuple flatten_tree(py::handle h) {
   if (!is_tree(h)) {  // a nested dict or a TreeValue, as torch.utils._pytree takes them
-    if (!py::isinstance<py::dict>(h) && !is_foreign_tree(h))
+    const py::object dict =
+        py::isinstance<py::dict>(h) ? py::reinterpret_borrow<py::object>(h) : foreign_dict(h);
+    if (dict.is_none())
       throw py::type_error(std::string("tree_flatten: expected a treetensor tree, a nested dict "
                                        "of tensors or a treevalue TreeValue, got ") +
                            Py_TYPE(h.ptr())->tp_name);
-    const py::object tree = wrap(to_tree(h));
+    require_tensor_leaves(dict);
+    const py::object tree = wrap(to_tree(dict));
     return flatten_tree(tree);
   }
   const PyTree& t = as_tree(h);
@@ -117,8 +150,7 @@ py::object unflatten_tree(const PySpec& py_spec, const py::sequence& leaves) {
     if (!is_tensor(leaf)) {
       const auto path = spec.paths()[i];
       throw py::type_error("tree_unflatten: leaf " + std::to_string(i) + " (at '" +
-                           path.describe() + "') is a " +
-                           std::string(Py_TYPE(leaf.ptr())->tp_name) + ", not a torch.Tensor");
+                           path.describe() + "') is " + article(leaf) + ", not a torch.Tensor");
     }
     ts[i] = unpack_tensor(leaf);
   }
@@ -150,8 +182,8 @@ are equal when their trees have the same keys at the same places (hashable, cons
         R"(tree_flatten(tree) -> (leaves, spec): the leaf tensors in flatten order (sorted keys,
 depth first; the same tensor objects) and the tree's TreeSpec (optree's and
 torch.utils._pytree's calling). A consolidated tree's leaves are its views. A nested dict of
-tensors or a treevalue TreeValue is read as the tree it makes (non-tensor leaves through
-torch.as_tensor); anything else is a TypeError.)");
+tensors or a treevalue TreeValue of them is read as the tree it makes; anything else, or a leaf
+that is not a tensor, is a TypeError (naming the leaf's path).)");
   m.def("tree_unflatten", &unflatten_tree, py::arg("spec"), py::arg("leaves"),
         R"(tree_unflatten(spec, leaves) -> tree: the tree of spec's structure holding `leaves`
 (torch.Tensor, in flatten order; the same objects). Raises ValueError when their number is not

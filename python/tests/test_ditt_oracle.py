@@ -254,6 +254,12 @@ CASES = [
     ("numpy-stack", "tnp.stack([tnp.array({'a': [1, 2]}), tnp.array({'a': [3, 4]})])", None),
     ("numpy-concatenate", "tnp.concatenate([tnp.array({'a': [1, 2]}), tnp.array({'a': [3, 4]})])", None),
     ("numpy-split", "tnp.split(tnp.array({'a': [1, 2, 3, 4], 'b': {'x': [5, 6, 7, 8]}}), 2)", None),
+    ("numpy-index", "tnp.array({'a': [[1, 2], [3, 4]], 'b': {'x': [5, 6, 7]}})[0]", None),
+    ("numpy-index-slice", "tnp.array({'a': [[1, 2], [3, 4]], 'b': {'x': [5, 6, 7]}})[1:]", None),
+    ("numpy-index-key", "tnp.array({'a': [[1, 2], [3, 4]], 'b': {'x': [5, 6, 7]}})['b']", None),
+    ("numpy-index-tree", "(lambda a: a[a > 2])(tnp.array({'a': [[1, 2], [3, 4]], 'b': {'x': [5, 6, 7]}}))", None),
+    ("numpy-setitem", "(lambda a: (a.__setitem__(0, 9), a)[1])(tnp.array({'a': [[1, 2], [3, 4]], 'b': {'x': [5, 6]}}))", None),
+    ("error-numpy-index", "tnp.array({'a': [1, 2]})[5]", None),
     ("numpy-zeros", "tnp.zeros({'a': (2, 3)})", None),
     ("numpy-ones", "tnp.ones({'a': (2,), 'b': {'x': (1, 2)}})", None),
     ("numpy-all", "tnp.all(tnp.array({'a': [True, True], 'b': {'x': [True]}}))", None),
@@ -279,6 +285,8 @@ CASES = [
     ("Object-all", "(tc.Object({'a': True, 'b': {'c': False}}).all(), tc.Object({'a': True}).all())", None),
     ("Object-any", "(tc.Object({'a': False, 'b': {'c': False}}).any(), tc.Object({'a': 1}).any())", None),
     ("Object-plain", "tc.Object(1)", None),
+    ("Object-setattr", "(lambda o: (setattr(o, 'a', 5), setattr(o, 'z', [1]), setattr(o.b, 'c', 7), o)[3])"
+     "(tc.Object({'a': 1, 'b': {'c': 2}}))", None),  # (a dict value is a subtree here: DESIGN §15)
     # treevalue's tree methods (DI-treetensor's trees are treevalue FastTreeValues)
     ("method-walk", "sorted(T('t').walk(), key=lambda kv: kv[0])", None),
     ("method-reduce", "T('p').reduce(lambda **kw: sum(v.sum() for v in kw.values()))", _R),
@@ -568,6 +576,8 @@ for r in (t + d, ttorch.add(d, t), ttorch.add(t, d)):
 assert torch.equal(ttorch.softmax(d, 0).a, torch.full((2,), 0.5))  # the fallback to torch
 assert ttorch.isclose(torch.ones(2), TreeValue({"a": torch.ones(2)})).a.all()  # tree not first
 assert torch.equal(ttorch.cat([d, t]).a, torch.ones(4))
+leaves, spec = ttorch.tree_flatten(d)
+assert leaves[0] is d.a and leaves[1] is d.x.c and spec.paths() == [("a",), ("x", "c")]
 assert ttorch.Size(TreeValue({"a": [1, 2]})).a == torch.Size([1, 2])
 assert tcommon.Object(TreeValue({"q": 1, "r": {"s": "x"}})).r.s == "x"
 inner = tcommon.Object({"u": TreeValue({"v": 3})})  # a TreeValue among a dict's values: a subtree

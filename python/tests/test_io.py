@@ -2,9 +2,11 @@
 (types, key types, key order, values bitwise), a training checkpoint that trains on after the
 round trip, and hostile or malformed files refused without running their code."""
 import collections
+import inspect
 import io
 import os
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -211,6 +213,28 @@ def test_values_the_format_cannot_hold_are_refused_naming_their_path(tmp_path):
     with pytest.raises(ValueError, match="nested deeper than 1000"):
         ttorch.save(loop, target)
     assert not target.exists()
+
+
+def test_a_file_nested_past_the_recursion_limit_loads_with_tree_false(tmp_path):
+    """A file nested deeper than Python's recursion limit lets tree=True rebuild (here a limit
+    120 frames above the caller's, 200 nested lists): a ValueError naming the file and the way
+    out, never a bare RecursionError; tree=False reads it."""
+    deep = [torch.ones(1)]
+    for _ in range(200):
+        deep = [deep]
+    path = tmp_path / "deep.pt"
+    torch.save(deep, path)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 120)
+    try:
+        with pytest.raises(ValueError, match=r"deep\.pt nests its lists and dicts deeper .* tree=False"):
+            ttorch.load(path)
+        got = ttorch.load(path, tree=False)
+    finally:
+        sys.setrecursionlimit(limit)
+    for _ in range(200):
+        got = got[0]
+    assert torch.equal(got[0], torch.ones(1))
 
 
 def test_a_failed_save_keeps_the_old_file(tmp_path):

@@ -77,6 +77,9 @@ def test_errors_name_the_call_and_the_leaf_a_user_wrote():
         with pytest.raises(TypeError, match=rf"^{fn.__name__}: expects a list or tuple of trees or tensors"):
             fn(t, t)  # the list forgotten: a tree iterates its keys
     assert ttorch.cat((t, t)).a.shape == (6,) and ttorch.stack([t, t]).b.c.shape == (2, 2)
+    with pytest.raises(ValueError, match=r"argument 1 is a leaf but argument 0 is a subtree with "
+                                         r"keys \{a, b\}$"):  # no C++ remedy (inherit) named
+        ttorch.cat([t, torch.ones(1)])
 
 
 def test_printing_layout():
@@ -288,15 +291,19 @@ def test_tree_unflatten_refuses_what_does_not_fit():
 
 def test_tree_flatten_reads_a_nested_dict_as_its_tree():
     """As torch.utils._pytree: a nested dict is flattened as the tree it makes (the same tensor
-    objects; a number leaf through torch.as_tensor)."""
+    objects); a leaf that is no tensor is refused, naming its path."""
     d = {"z": torch.ones(1), "b": {"y": torch.zeros(2), "x": torch.arange(3)}}
     leaves, spec = ttorch.tree_flatten(d)
     assert spec == ttorch.tree_flatten(ttorch.Tensor(d))[1] and spec.paths() == [("b", "x"), ("b", "y"), ("z",)]
     assert leaves[0] is d["b"]["x"] and leaves[1] is d["b"]["y"] and leaves[2] is d["z"]
-    leaves, spec = ttorch.tree_flatten({"a": 2.5})
-    assert torch.equal(leaves[0], torch.tensor(2.5)) and spec.paths() == [("a",)]
+    with pytest.raises(TypeError, match=r"tree_flatten: leaf 'b\.q' is an int, not a torch\.Tensor"):
+        ttorch.tree_flatten({"a": torch.ones(1), "b": {"q": 1}})
     with pytest.raises(TypeError, match="key 1 at '<root>' is not a string"):
         ttorch.tree_flatten({1: torch.ones(1)})
+    loop = {"a": torch.ones(1)}
+    loop["me"] = loop
+    with pytest.raises(ValueError, match="is the dict at"):
+        ttorch.tree_flatten(loop)
 
 
 def test_keys_and_items_follow_every_change_of_keys():

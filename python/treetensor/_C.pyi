@@ -961,8 +961,8 @@ def tree_flatten(tree: Any) -> builtins.tuple:
     """tree_flatten(tree) -> (leaves, spec): the leaf tensors in flatten order (sorted keys,
     depth first; the same tensor objects) and the tree's TreeSpec (optree's and
     torch.utils._pytree's calling). A consolidated tree's leaves are its views. A nested dict of
-    tensors or a treevalue TreeValue is read as the tree it makes (non-tensor leaves through
-    torch.as_tensor); anything else is a TypeError."""
+    tensors or a treevalue TreeValue of them is read as the tree it makes; anything else, or a leaf
+    that is not a tensor, is a TypeError (naming the leaf's path)."""
 
 def tree_unflatten(spec: TreeSpec, leaves: collections.abc.Sequence) -> Any:
     """tree_unflatten(spec, leaves) -> tree: the tree of spec's structure holding `leaves`

@@ -351,9 +351,9 @@ def _inheriting(cpp, fallback, name):
         try:
             return cpp(*args, **kwargs)
         except ValueError as e:
-            # only a leaf facing a subtree (zip_rules.hpp: "... pass inherit to broadcast ...");
+            # only a leaf facing a subtree ("... is a leaf but ... is a subtree with keys ...");
             # other mismatches keep the C++ message
-            if "inherit" not in str(e) or _builtins.sum(
+            if "is a leaf but" not in str(e) or _builtins.sum(
                     _is_tree(a) for a in (*args, *kwargs.values())) < 2:
                 raise
         args = [_tree_arg(a) for a in args]
@@ -392,7 +392,7 @@ def _inheriting_inplace(cpp, fallback, name):
         try:
             return cpp(self, *args, **kwargs)
         except ValueError as e:  # refused before any leaf was written (zip_rules.hpp)
-            if "inherit" not in str(e):
+            if "is a leaf but" not in str(e):
                 raise
             err = e
         args = [_tree_arg(a) for a in args]
@@ -877,7 +877,8 @@ def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
     what ``torch.load(weights_only=True)`` does, and every size and offset is checked.
 
     ``f``: a path or a binary file object (read whole, then parsed). ``map_location``: None (the
-    CPU), a device or its name; ``"meta"`` reads the structure alone (no tensor data), for files
+    CPU, for a tensor saved from a GPU too, where torch.load restores it there), a device or its
+    name; ``"meta"`` reads the structure alone (no tensor data), for files
     larger than memory. ``mmap=True`` (a path only): tensors view a copy-on-write mapping.
 
     With ``tree=False`` the result is ``torch.load(f, weights_only=True)``'s: dicts and
@@ -890,7 +891,8 @@ def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
 
     Raises RuntimeError naming the file, the byte offset and what was expected for a malformed,
     truncated or refused file (a global outside the allowlist is named); ValueError for
-    ``weights_only=False`` (running a file's pickle code is torch.load's); TypeError for a
+    ``weights_only=False`` (running a file's pickle code is torch.load's) and, with
+    ``tree=True``, for a file nested deeper than Python's recursion limit; TypeError for a
     ``map_location`` that is a dict or a function."""
     if not weights_only:
         raise ValueError("treetensor.torch.load reads with an allowlist, as "
@@ -910,7 +912,14 @@ def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
             obj = _C._load(tmp.name, map_location, False)
     else:
         obj = _C._load(path, map_location, mmap)
-    return _trees(obj) if tree else obj
+    if not tree:
+        return obj
+    try:
+        return _trees(obj)
+    except RecursionError:
+        raise ValueError(f"treetensor.torch.load: {path or 'the file object'} nests its lists and "
+                         "dicts deeper than Python's recursion limit lets tree=True rebuild them; "
+                         "tree=False reads it as torch.load does") from None
 
 
 def save(obj, f):

@@ -220,6 +220,8 @@ class Object:
     ``Object(non_dict)`` is the value itself; an Object or treevalue TreeValue among a dict's
     values is a subtree, not a leaf (DI-treetensor)."""
     def __contains__(self, k): ...
+    def __delattr__(self, k):
+        """``del o.k`` removes the key ``k``."""
     def __delitem__(self, key): ...
     def __eq__(self, other): ...
     def __getattr__(self, k): ...
@@ -231,6 +233,8 @@ class Object:
     def __new__(cls, data=...): ...
     def __reduce__(self): ...
     def __repr__(self): ...
+    def __setattr__(self, k, v):
+        """``o.k = v`` sets the key ``k``, as ``o[k] = v`` (DI-treetensor)."""
     def __setitem__(self, key, value): ...
     def all(self):
         """Whether every leaf is true (``builtins.all``; DI-treetensor's ``Object.all``)."""
@@ -506,7 +510,8 @@ def load(f, map_location=..., *, weights_only=..., mmap=..., tree=...):
     what ``torch.load(weights_only=True)`` does, and every size and offset is checked.
 
     ``f``: a path or a binary file object (read whole, then parsed). ``map_location``: None (the
-    CPU), a device or its name; ``"meta"`` reads the structure alone (no tensor data), for files
+    CPU, for a tensor saved from a GPU too, where torch.load restores it there), a device or its
+    name; ``"meta"`` reads the structure alone (no tensor data), for files
     larger than memory. ``mmap=True`` (a path only): tensors view a copy-on-write mapping.
 
     With ``tree=False`` the result is ``torch.load(f, weights_only=True)``'s: dicts and
@@ -519,7 +524,8 @@ def load(f, map_location=..., *, weights_only=..., mmap=..., tree=...):
 
     Raises RuntimeError naming the file, the byte offset and what was expected for a malformed,
     truncated or refused file (a global outside the allowlist is named); ValueError for
-    ``weights_only=False`` (running a file's pickle code is torch.load's); TypeError for a
+    ``weights_only=False`` (running a file's pickle code is torch.load's) and, with
+    ``tree=True``, for a file nested deeper than Python's recursion limit; TypeError for a
     ``map_location`` that is a dict or a function."""
 
 def log10_(*args, **kwargs):

@@ -308,9 +308,10 @@ void rethrow_unobserved(std::vector<std::shared_ptr<JobState>> errors) {
 // joins the workers' streams, then reports the errors nobody observed.
 void synchronize_jobs() {
   if (const auto& self = acting(); self.worker != nullptr)
-    throw AsyncsUsageError("treetensor asyncs: synchronize() called from asyncs thread " +
-                           std::to_string(self.worker->id) +
-                           ": it would wait for itself; get() the futures you need instead");
+    throw AsyncsUsageError(
+        "treetensor asyncs: synchronize() called from asyncs thread " +
+        std::to_string(self.worker->id) +
+        ": it would wait for itself; get() (Python: result()) the futures you need instead");
   AsyncsState& rt = asyncs_state();
   std::unique_lock lock(rt.mu);
   std::vector<std::pair<std::shared_ptr<Worker>, std::uint64_t>> targets;

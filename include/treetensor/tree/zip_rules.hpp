@@ -33,6 +33,11 @@ struct ZipOptions {
   bool inherit = false;
 };
 
+/// The end of the StructureError message of a leaf facing a subtree without inherit: the C++
+/// remedy (a binding without the option drops it).
+inline constexpr std::string_view kInheritHint =
+    "; pass inherit to broadcast the leaf into the subtree";
+
 namespace detail {
 
 /// The keys from the root to the node being zipped (pointers into the trees' own keys).
@@ -87,8 +92,7 @@ struct KeySets {
   Path here = make_path(trail);
   throw StructureError(here, n.prefix() + "at '" + here.describe() + "' " + n.arg(leaf_pos) +
                                  " is a leaf but " + n.arg(tree_pos) + " is a subtree with keys " +
-                                 format_keys(tree_keys) +
-                                 "; pass inherit to broadcast the leaf into the subtree");
+                                 format_keys(tree_keys) + std::string(kInheritHint));
 }
 
 /// @throws StructureError: argument `pos` has no leaf at `trail` and nothing fills it.
