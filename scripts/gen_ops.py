@@ -27,9 +27,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 REGISTRY = ROOT / "codegen" / "ops.toml"
 SHAPES = ("unary_inplace", "unary", "binary_scalar", "binary_tensor", "ternary_value",
           "binary_weight", "blas")
-# The shapes with a scalar argument: its name and C++ default (none: required), as at:: spells
-# them (at::addcmul(self, tensor1, tensor2, value=1), at::lerp(self, end, weight)).
-SCALAR_ARG = {"ternary_value": ("value", "1"), "binary_weight": ("weight", None)}
+# The shapes with a scalar argument, as torch spells them (torch.addcmul(input, tensor1, tensor2,
+# *, value=1), torch.lerp(input, end, weight)): the tensor operands after self, the scalar's
+# name, its default (None: required), whether it is keyword-only, and what the operands may be.
+SCALAR_ARG = {
+    "ternary_value": (("tensor1", "tensor2"), "value", "1", True, "trees, tensors or numbers"),
+    "binary_weight": (("end",), "weight", None, False, "trees or tensors"),
+}
 FOREACH_SHAPES = ("unary_inplace", "binary_scalar", "ternary_value", "binary_weight")
 FUSED_SHAPES = ("unary_inplace", "unary", "binary_scalar", "binary_tensor")  # fuse()'s Expr
 COLUMNS = ("name", "shape", "foreach", "libm", "doc")
@@ -96,7 +100,7 @@ def declarations(op):
                        "TreeTensor& %s_(TreeTensor& t);" % (n, n, n))
         return out
     if op["shape"] in SCALAR_ARG:
-        return scalar_declarations(op, fused)
+        return scalar_declarations(op)
     out = ["%s%s\nTreeTensor %s(const Operand& a, const Operand& b);"
            % (doc_comment("%s(a, b) = at::%s(a, b) leaf-wise: %s." % (n, n, doc)), fused, n)]
     if op["shape"] == "binary_scalar":
@@ -107,13 +111,12 @@ def declarations(op):
 
 def scalar_params(op, default=True):
     """The C++ parameters after self: the operands, then the scalar (with its default)."""
-    arg, value = SCALAR_ARG[op["shape"]]
-    tensors = ["t1", "t2"] if op["shape"] == "ternary_value" else ["end"]
+    tensors, arg, value = SCALAR_ARG[op["shape"]][:3]
     scalar = "const at::Scalar& %s%s" % (arg, " = " + value if value and default else "")
-    return ["const Operand& " + t for t in tensors] + [scalar], tensors + [arg]
+    return ["const Operand& " + t for t in tensors] + [scalar], list(tensors) + [arg]
 
 
-def scalar_declarations(op, fused):
+def scalar_declarations(op):
     n, doc = op["name"], op["doc"]
     params, names = scalar_params(op)
     call = ", ".join(["self"] + names)
@@ -135,7 +138,7 @@ def ops_header(rows):
     note = ["The declarations of the registry's functions, each with its doc (the TreeTensor",
             "methods of the same names do the same). In binary ops a scalar b uses at::f's",
             "Tensor-Scalar overload where it has one, else enters as a wrapped-number tensor",
-            "(as does a number operand of the ternary_value and binary_weight ops).",
+            "(as does a number operand of the ternary_value ops).",
             "blas ops: see ops.hpp for the batched form. Arguments, errors, thread safety: ops.hpp."]
     return cpp_file(lines, note, ["treetensor/tensor/tree_tensor.hpp"])
 
@@ -335,22 +338,22 @@ def scalar_binding(op):
     """A ternary_value or binary_weight op's method, in-place method and module function, with
     torch's argument names (tensor1, tensor2, *, value=1; end, weight)."""
     n, shape, doc = op["name"], op["shape"], op["doc"]
-    arg, value = SCALAR_ARG[shape]
-    tensors = ["tensor1", "tensor2"] if shape == "ternary_value" else ["end"]
+    tensors, arg, value, kw_only, operands = SCALAR_ARG[shape]
     handles = ", ".join("py::handle " + t for t in tensors)
     adds = ", ".join("%s = a.add(%s)" % (v, t) for v, t in zip(["y", "z"], tensors))
     ys = ", ".join(["y", "z"][:len(tensors)])
-    kw = ["py::kw_only(), "] if value else []
+    kw = ["py::kw_only(), "] if kw_only else []
     pyargs = "".join('py::arg("%s"), ' % t for t in tensors) + "".join(kw) + \
         'py::arg("%s")%s' % (arg, " = " + value if value else "")
-    sig = ", ".join(tensors + (["*", "%s=%s" % (arg, value)] if value else [arg]))
-    torch_kw = 'py::arg("%s") = %s' % (arg, arg) if value else arg
+    sig = ", ".join(list(tensors) + (["*"] if kw_only else []) +
+                    ["%s=%s" % (arg, value) if value else arg])
+    torch_kw = 'py::arg("%s") = %s' % (arg, arg) if kw_only else arg
     return ["cls.def(", '    "%s",' % n,
             "    [](const PyTree& s, %s, const Number& %s) {" % (handles, arg), "      Args a;",
             "      const Operand x(s.operand()), %s;" % adds,
             "      return wrap(nogil([&] { return treetensor::%s(x, %s, %s); }));" % (n, ys, arg),
             "    },", "    %s," % pyargs,
-            '    "%s(%s): %s, leaf-wise (operands: trees, tensors or numbers).");' % (n, sig, doc),
+            '    "%s(%s): %s, leaf-wise (%s: %s).");' % (n, sig, doc, ", ".join(tensors), operands),
             "cls.def(", '    "%s_",' % n,
             "    [](py::object self, %s, const Number& %s) {" % (handles, arg), "      Args a;",
             "      const Operand %s;" % adds,

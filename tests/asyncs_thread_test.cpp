@@ -344,26 +344,32 @@ TEST_F(AsyncsThread, BackPressureBlocksTheSubmitterUntilTheQueueDrains) {
   EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
 }
 
-// The timed waits a caller uses in slices (Python's Ctrl-C between them): false while the work
-// is blocked, true once it is done; neither reports the work's errors.
-TEST_F(AsyncsThread, TimedWaitsSayWhetherTheWorkSubmittedSoFarIsDone) {
+// The marks a caller waits for in slices (Python's Ctrl-C between them): false while the work
+// is blocked, true once it is done, never moved by work submitted after the mark; neither
+// reports the work's errors.
+TEST_F(AsyncsThread, WorkMarksSayWhetherTheWorkSubmittedBeforeThemIsDone) {
   asyncs::Thread t;
   asyncs::Thread other;
   Gate gate;
   auto blocked = t.submit([wait = gate.waiter()] { wait(); });
   auto failing = other.submit([]() -> int { throw std::runtime_error("left for synchronize"); });
-  EXPECT_FALSE(t.wait_idle_for(20ms));
-  EXPECT_FALSE(asyncs::wait_all_for(20ms));
+  const asyncs::WorkMark all = asyncs::mark_all(), mine = t.mark();
+  EXPECT_FALSE(mine.wait_for(20ms));
+  EXPECT_FALSE(all.wait_for(20ms));
   EXPECT_FALSE(blocked.wait_for(20ms));
-  EXPECT_TRUE(other.wait_idle_for(10s));  // its failed job is done, its error not reported
+  EXPECT_TRUE(other.mark().wait_for(10s));  // its failed job is done, its error not reported
   EXPECT_TRUE(failing.ready());
   gate.open();
-  EXPECT_TRUE(t.wait_idle_for(10s));
-  EXPECT_TRUE(asyncs::wait_all_for(10s));
-  EXPECT_TRUE(blocked.wait_for(0ms));
+  EXPECT_TRUE(mine.wait_for(10s));
+  Gate later;
+  t.submit([wait = later.waiter()] { wait(); });  // after the marks: they stay reached
+  EXPECT_TRUE(all.wait_for(10s));
+  EXPECT_TRUE(mine.wait_for(0ms));
+  EXPECT_FALSE(t.mark().wait_for(20ms));
+  later.open();
   EXPECT_THROW(rt::synchronize(), std::runtime_error);  // reported here, once
   t.close();
-  EXPECT_TRUE(t.wait_idle_for(0ms));
+  EXPECT_TRUE(t.mark().wait_for(0ms));
 }
 
 TEST_F(AsyncsThread, DestructorDrainsPendingJobsAndKeepsTheirErrors) {

@@ -131,23 +131,38 @@ TEST_P(TensorOps, ScalarArgumentTablesMatchNativeLoop) {
     }
     expect_same(op.tree(a, b, c, -0.3), TreeTensor(tt::tree::unflatten(spec, want)));
     expect_same(op.tree(a, b, 2.0, -0.3), TreeTensor(tt::tree::unflatten(spec, with_number)));
+    for (std::size_t k = 0; k < al.size(); ++k) want[k] = op.native(al[k], bl[k], cl[k], 1);
+    expect_same(op.tree(a, b, c, 1), TreeTensor(tt::tree::unflatten(spec, want)));
     TreeTensor target = a.clone(), reference = a.clone();
     const auto impls = leaves(target);
     EXPECT_EQ(&op.tree_(target, b, c, 0.7), &target);
-    for (std::size_t k = 0; k < impls.size(); ++k) op.native_(leaves(reference)[k], bl[k], cl[k], 0.7);
+    for (std::size_t k = 0; k < impls.size(); ++k)
+      op.native_(leaves(reference)[k], bl[k], cl[k], 0.7);
     expect_in_place(target, reference, impls);
   }
-  for (const auto& op : binary_weight_cases) {  // (end a number: refused per leaf, as at::lerp)
+  for (const auto& op : binary_weight_cases) {
     SCOPED_TRACE(op.name);
     std::vector<at::Tensor> want(al.size());
     for (std::size_t k = 0; k < al.size(); ++k) want[k] = op.native(al[k], bl[k], 0.25);
     expect_same(op.tree(a, b, 0.25), TreeTensor(tt::tree::unflatten(spec, want)));
+    EXPECT_THROW(op.tree(a, 2.0, 0.25), c10::Error);  // end a number: refused, as at::lerp does
     TreeTensor target = a.clone(), reference = a.clone();
     const auto impls = leaves(target);
     EXPECT_EQ(&op.tree_(target, b, 0.75), &target);
     for (std::size_t k = 0; k < impls.size(); ++k) op.native_(leaves(reference)[k], bl[k], 0.75);
     expect_in_place(target, reference, impls);
   }
+}
+
+// The registry's defaults reach the free functions and methods (value = 1, as at::addcmul).
+TEST_P(TensorOps, ScalarArgumentDefaults) {
+  const TreeTensor a = mixed_float_tree(), b = same_structure_float(a);
+  const TreeTensor c = tt::abs(same_structure_float(a)) + 0.5;
+  expect_same(tt::addcmul(a, b, c), tt::addcmul(a, b, c, 1));
+  expect_same(a.addcdiv(b, c), tt::addcdiv(a, b, c, 1));
+  TreeTensor t = a.clone();
+  t.addcmul_(b, c);
+  expect_same(t, tt::addcmul(a, b, c, 1));
 }
 
 TEST_P(TensorOps, ArithmeticWithAlphaAndOptimizerMath) {

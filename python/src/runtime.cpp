@@ -271,7 +271,8 @@ void bind_runtime(py::module_& m) {
   m.def(
       "synchronize",
       [] {
-        wait_interruptibly([](auto slice) { return asyncs::wait_all_for(slice); });
+        const asyncs::WorkMark submitted = asyncs::mark_all();
+        wait_interruptibly([&](auto slice) { return submitted.wait_for(slice); });
         nogil([] { runtime::synchronize(); });
         raise_unread();
       },
@@ -308,7 +309,8 @@ void bind_runtime(py::module_& m) {
       .def("in_flight", [](const PyThread& t) { return t.thread->in_flight(); })
       .def("wait_idle",
            [](const PyThread& t) {
-             wait_interruptibly([&](auto slice) { return t.thread->wait_idle_for(slice); });
+             const asyncs::WorkMark submitted = t.thread->mark();
+             wait_interruptibly([&](auto slice) { return submitted.wait_for(slice); });
              nogil([&] { t.thread->wait_idle(); });
            })
       .def("close", [](PyThread& t) { nogil([&] { t.thread->close(); }); })

@@ -14,10 +14,14 @@ namespace {
 
 using tree::TreeSpec;
 
-// "a float", "an int": the type of `v` with its article, for messages.
+// "a float", "an int", "an Object": the type of `v` (its qualified name when it is no builtin)
+// with its article, for messages.
 std::string article(py::handle v) {
-  const std::string name = Py_TYPE(v.ptr())->tp_name;
-  return (name.find_first_of("aeiou") == 0 ? "an " : "a ") + name;
+  const py::handle type = reinterpret_cast<PyObject*>(Py_TYPE(v.ptr()));
+  const std::string module = py::str(type.attr("__module__"));
+  const std::string name = (module == "builtins" ? "" : module + ".") +
+                           py::str(type.attr("__qualname__")).cast<std::string>();
+  return (std::string("aeiouAEIOU").find(name.front()) != std::string::npos ? "an " : "a ") + name;
 }
 
 // The leaf paths as tuples of str. Consecutive paths in flatten order share the keys of their
@@ -88,6 +92,7 @@ struct PySpec {
 void require_tensor_leaves(py::handle dict) {
   std::vector<std::pair<py::handle, std::string>> todo{{dict, ""}};
   std::unordered_set<PyObject*> seen;
+  std::vector<py::object> kept;  // the dicts of TreeValues met, alive while todo holds them
   while (!todo.empty()) {
     const auto [node, path] = todo.back();
     todo.pop_back();
@@ -96,7 +101,12 @@ void require_tensor_leaves(py::handle dict) {
       const std::string at = (path.empty() ? "" : path + ".") + py::str(k).cast<std::string>();
       if (PyDict_Check(v.ptr())) {
         todo.emplace_back(v, at);
-      } else if (!is_tensor(v)) {
+      } else if (is_tensor(v) || is_tree(v)) {  // a tree's leaves are tensors
+        continue;
+      } else if (py::object d = foreign_dict(v); !d.is_none()) {
+        kept.push_back(d);
+        todo.emplace_back(d, at);
+      } else {
         throw py::type_error("tree_flatten: leaf '" + at + "' is " + article(v) + ", not a " +
                              "torch.Tensor (ttorch.tensor(d) makes a tree of tensors from other "
                              "values)");

@@ -195,6 +195,9 @@ def test_size_and_object():
     assert type(nested.b.c) is tc.Object and nested.b.c.d == 1 and not nested.all()
     plain = {"x": {"y": 1}}
     assert tc.Object(plain).to_dict() is plain  # no Object inside: the dict itself, no copy
+    o.y = {"v": tc.Object({"u": 1})}  # a tree among a dict's values: a subtree, as built
+    assert o.y.v.u == 1 and o.json()["y"] == {"v": {"u": 1}}
+    del o.y
     o.z = {"w": 3}  # attributes set and delete keys
     del o.a
     assert o.json() == {"b": {"c": False}, "z": {"w": 3}} and o.z.w == 3

@@ -108,6 +108,35 @@ def test_ops_with_a_scalar_argument(name):
     assert t.a is leaves["a"]  # the same tensor objects, changed in place
 
 
+def test_ops_with_a_scalar_argument_defaults_tensor_scalars_and_subtrees():
+    """value=1 by default; a tensor weight (torch.lerp's Tensor overload) or one that requires
+    grad goes leaf-wise through torch's function; a leaf facing a subtree broadcasts into it
+    through the functions and the methods, as DI-treetensor's do."""
+    d, e, f = inputs("addcmul", 0), inputs("addcmul", 1), inputs("addcmul", 2)
+    t, u, v = ttorch.Tensor(d), ttorch.Tensor(e), ttorch.Tensor(f)
+    dicts_equal(ttorch.addcmul(t, u, v), dmap(torch.addcmul, d, e, f))
+    dicts_equal(t.addcdiv(u, v), dmap(torch.addcdiv, d, e, f))
+    w = torch.full((3,), 0.25)
+    assert torch.equal(ttorch.lerp(e["b"]["x"], f["b"]["x"], torch.full((4,), 0.5)),
+                       torch.lerp(e["b"]["x"], f["b"]["x"], torch.full((4,), 0.5)))  # no tree
+    dicts_equal(t.b.lerp(u.b, torch.full((), 0.5)), dmap(lambda x, y: torch.lerp(x, y, 0.5), d["b"], e["b"]))
+    assert torch.equal(ttorch.lerp(t.a, u.a, w), torch.lerp(d["a"], e["a"], w))
+    r = ttorch.Tensor({"x": d["b"]["y"].clone()})
+    assert r.lerp_(ttorch.Tensor({"x": e["b"]["y"]}), torch.full((2,), 0.5)) is r
+    assert torch.equal(r.x, torch.lerp(d["b"]["y"], e["b"]["y"], torch.full((2,), 0.5)))
+    g = torch.tensor(0.5, requires_grad=True)  # its gradient flows: leaf-wise, not .item()
+    ttorch.lerp(t, u, g).sum().backward()
+    assert torch.allclose(g.grad, sum((y - x).sum() for x, y in zip(
+        (d["a"], d["b"]["x"], d["b"]["y"]), (e["a"], e["b"]["x"], e["b"]["y"]))))
+    leaf = ttorch.Tensor({"a": d["a"], "b": e["b"]["x"][:1]})  # b: a leaf facing t's subtree b
+    for got in (ttorch.addcmul(t, leaf, v, value=2), t.addcmul(leaf, v, value=2)):
+        dicts_equal(got, {"a": torch.addcmul(d["a"], d["a"], f["a"], value=2),
+                          "b": {k: torch.addcmul(d["b"][k], e["b"]["x"][:1], f["b"][k], value=2)
+                                for k in ("x", "y")}})
+    dicts_equal(t.lerp(leaf, 0.5), {"a": torch.lerp(d["a"], d["a"], 0.5),
+                                    "b": {k: torch.lerp(d["b"][k], e["b"]["x"][:1], 0.5) for k in ("x", "y")}})
+
+
 OPERATORS = [
     ("+", lambda a, b: a + b), ("-", lambda a, b: a - b), ("*", lambda a, b: a * b),
     ("/", lambda a, b: a / b), ("//", lambda a, b: a // b), ("%", lambda a, b: a % b),

@@ -57,7 +57,7 @@ def test_rows_with_a_scalar_argument_reach_every_layer_but_fuse():
         fused = rel.startswith(("include/treetensor/tensor/fuse", "src/tensor/fuse"))
         assert ("addcmul2" in text) != fused and ("lerp2" in text) != fused, rel
     header = texts["include/treetensor/tensor/ops_generated.hpp"]
-    assert ("TreeTensor addcmul2(const Operand& self, const Operand& t1, const Operand& t2, "
+    assert ("TreeTensor addcmul2(const Operand& self, const Operand& tensor1, const Operand& tensor2, "
             "const at::Scalar& value = 1);") in header
     assert "TreeTensor& lerp2_(TreeTensor& self, const Operand& end, const at::Scalar& weight);" in header
     body = texts["src/tensor/ops_generated.inc"]

@@ -8,6 +8,7 @@ import weakref
 import pytest
 import torch
 
+import treetensor.common as tc
 import treetensor.torch as ttorch
 from conftest import dicts_equal
 
@@ -300,6 +301,11 @@ def test_tree_flatten_reads_a_nested_dict_as_its_tree():
         ttorch.tree_flatten({"a": torch.ones(1), "b": {"q": 1}})
     with pytest.raises(TypeError, match="key 1 at '<root>' is not a string"):
         ttorch.tree_flatten({1: torch.ones(1)})
+    inner = ttorch.Tensor({"p": torch.ones(2)})  # a tree among the values: its leaves
+    leaves, spec = ttorch.tree_flatten({"a": torch.zeros(1), "t": inner})
+    assert spec.paths() == [("a",), ("t", "p")] and leaves[1] is inner.p
+    with pytest.raises(TypeError, match=r"leaf 'o' is a treetensor\.common\.Object, not a torch\.Tensor"):
+        ttorch.tree_flatten({"o": tc.Object({"x": 1})})
     loop = {"a": torch.ones(1)}
     loop["me"] = loop
     with pytest.raises(ValueError, match="is the dict at"):

@@ -161,14 +161,18 @@ class Tensor:
     def add(self, other: Any, *, alpha: _Number = ...) -> Any: ...
     def add_(self, *args, **kwargs):
         """add_(self: object, other: object, *, alpha: number = 1) -> object"""
-    def addcdiv(self, tensor1: Any, tensor2: Any, *, value: _Number = ...) -> Any:
-        """addcdiv(tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, leaf-wise (operands: trees, tensors or numbers)."""
+    def addcdiv(*args, **kwargs):
+        """addcdiv(self: treetensor._C.Tensor, tensor1: object, tensor2: object, *, value: number = 1) -> object
+
+        addcdiv(tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, leaf-wise (tensor1, tensor2: trees, tensors or numbers)."""
     def addcdiv_(self, *args, **kwargs):
         """addcdiv_(self: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
 
         addcdiv_(tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, in place on every leaf; returns self."""
-    def addcmul(self, tensor1: Any, tensor2: Any, *, value: _Number = ...) -> Any:
-        """addcmul(tensor1, tensor2, *, value=1): self + value * tensor1 * tensor2, leaf-wise (operands: trees, tensors or numbers)."""
+    def addcmul(*args, **kwargs):
+        """addcmul(self: treetensor._C.Tensor, tensor1: object, tensor2: object, *, value: number = 1) -> object
+
+        addcmul(tensor1, tensor2, *, value=1): self + value * tensor1 * tensor2, leaf-wise (tensor1, tensor2: trees, tensors or numbers)."""
     def addcmul_(self, *args, **kwargs):
         """addcmul_(self: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
 
@@ -384,8 +388,10 @@ class Tensor:
         """le_(self: object, other: object) -> object
 
         le_(b): a <= b (bool), in place on every leaf; returns self."""
-    def lerp(self, end: Any, weight: _Number) -> Any:
-        """lerp(end, weight): self + weight * (end - self), leaf-wise (operands: trees, tensors or numbers)."""
+    def lerp(*args, **kwargs):
+        """lerp(self: treetensor._C.Tensor, end: object, weight: number) -> object
+
+        lerp(end, weight): self + weight * (end - self), leaf-wise (end: trees or tensors)."""
     def lerp_(self, *args, **kwargs):
         """lerp_(self: object, end: object, weight: number) -> object
 

@@ -16,7 +16,7 @@ import types as _types
 import torch as _torch
 
 from . import _C, _constraint, _graph, _leafwise
-from .common import Object
+from .common import Object, _foreign_dict, _with_subtrees
 
 _Tree = _C.Tensor
 _MISSING = object()
@@ -329,7 +329,14 @@ def update(self, other=(), **kwargs):
 
 
 def _setitem(self, key, value):
-    self._d[key] = _as_dict(value) if _is_tree(value) else value
+    # a tree given as a value is a subtree, as in the constructor (Object's common._with_subtrees)
+    if _is_tree(value):
+        value = _as_dict(value)
+    elif isinstance(value, dict):
+        value = _with_subtrees(value)
+    elif _foreign_dict(value) is not None:
+        value = _foreign_dict(value)
+    self._d[key] = value
 
 
 def _delitem(self, key):

@@ -428,13 +428,44 @@ for _name, _fn in [("add", _operator.iadd), ("sub", _operator.isub), ("mul", _op
                    ("rshift", _operator.irshift)]:
     setattr(Tensor, f"__i{_name}__",
             _inheriting_inplace(getattr(Tensor, f"__i{_name}__"), _fn, f"__i{_name}__"))
+# The registry's ops with a scalar argument (addcmul's value, lerp's weight): the C++ forms take
+# a number. A tensor (lerp's Tensor-weight overload; one that requires grad) or a tree there
+# goes leaf-wise through torch's function instead, as the fallback to torch does.
+_SCALAR_ARG = {**{n: ("value", None) for n in _ops.TERNARY_VALUE},
+               **{n: ("weight", 2) for n in _ops.BINARY_WEIGHT}}
+
+
+def _number_or_leafwise(cpp, fallback, name, inplace=False):
+    arg, position = _SCALAR_ARG[name.rstrip("_")]
+
+    def f(*args, **kwargs):
+        v = kwargs.get(arg, args[position] if position is not None and len(args) > position else 1)
+        if not (_is_tree(v) or isinstance(v, _torch.Tensor)) or (
+                type(v) is _torch.Tensor and v.dim() == 0 and not v.requires_grad):
+            return cpp(*args, **kwargs)
+        args = [_tree_arg(a) for a in args]
+        out = _leafwise.call(fallback, args, {k: _tree_arg(x) for k, x in kwargs.items()}, name)[0]
+        return args[0] if inplace else _leafwise.wrap(out)
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = getattr(cpp, "__doc__", None)
+    return f
+
+
+for _name in _SCALAR_ARG:
+    setattr(Tensor, _name, _number_or_leafwise(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
+    setattr(Tensor, _name + "_", _number_or_leafwise(
+        getattr(Tensor, _name + "_"), getattr(_torch.Tensor, _name + "_"), _name + "_", inplace=True))
+    globals()[_name] = _number_or_leafwise(getattr(_C, _name), getattr(_torch, _name), _name)
 for _name in ["add_", "sub_", "copy_"] + [
         n + "_" for n in _ops.BINARY_SCALAR + _ops.TERNARY_VALUE + _ops.BINARY_WEIGHT]:
     setattr(Tensor, _name, _inheriting_inplace(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
-for _name in (("add", "sub") + _ops.BINARY_SCALAR + _ops.BINARY_TENSOR + _ops.TERNARY_VALUE +
-              _ops.BINARY_WEIGHT + _ops.BLAS):
+for _name in ("add", "sub") + _ops.BINARY_SCALAR + _ops.BINARY_TENSOR + _ops.BLAS:
     globals()[_name] = _inheriting(getattr(_C, _name), getattr(_torch, _name), _name)
-for _name in ("isclose", "where"):  # methods taking more trees than self
+for _name in _ops.TERNARY_VALUE + _ops.BINARY_WEIGHT:
+    globals()[_name] = _inheriting(globals()[_name], getattr(_torch, _name), _name)
+# methods taking more trees than self
+for _name in ("isclose", "where") + _ops.TERNARY_VALUE + _ops.BINARY_WEIGHT:
     setattr(Tensor, _name, _inheriting(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
 globals()["where"] = _inheriting(_C.where, _torch.where, "where")
 

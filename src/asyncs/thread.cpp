@@ -733,24 +733,29 @@ void Thread::wait_idle() const {
       lock, [&] { return w.finished >= target; }, what);
 }
 
-bool Thread::wait_idle_for(std::chrono::milliseconds timeout) const {
-  if (closed()) return true;
+WorkMark Thread::mark() const {
+  WorkMark m;
+  if (closed()) return m;
   Worker& w = worker();
-  AsyncsState& rt = asyncs_state();
-  std::unique_lock lock(rt.mu);
-  const auto target = w.submitted;
-  const detail::ProgressWaiter waiter(rt);
-  return rt.progress.wait_for(lock, timeout, [&] { return w.finished >= target; });
+  std::lock_guard lock(asyncs_state().mu);
+  m.targets_.emplace_back(worker_, w.submitted);
+  return m;
 }
 
-bool wait_all_for(std::chrono::milliseconds timeout) {
+WorkMark mark_all() {
+  WorkMark m;
+  AsyncsState& rt = asyncs_state();
+  std::lock_guard lock(rt.mu);
+  for (const auto& w : rt.live) m.targets_.emplace_back(w, w->submitted);
+  return m;
+}
+
+bool WorkMark::wait_for(std::chrono::milliseconds timeout) const {
   AsyncsState& rt = asyncs_state();
   std::unique_lock lock(rt.mu);
-  std::vector<std::pair<std::shared_ptr<Worker>, std::uint64_t>> targets;
-  for (const auto& w : rt.live) targets.emplace_back(w, w->submitted);
   const detail::ProgressWaiter waiter(rt);
   return rt.progress.wait_for(lock, timeout, [&] {
-    return std::all_of(targets.begin(), targets.end(),
+    return std::all_of(targets_.begin(), targets_.end(),
                        [](const auto& t) { return t.first->finished >= t.second; });
   });
 }

@@ -251,7 +251,6 @@ TreeTensor matrix_op(std::string_view op, const Operand& a, const Operand& b, Ke
                : map_owned(o, args, leaf, nullptr, &matmul_cost);
 }
 
-// Whether pred holds for every leaf pair of two trees of equal structure (false otherwise).
 // ---- ops with a scalar argument: addcmul(self, t1, t2, value), lerp(self, end, weight) --------
 // A number operand enters as a wrapped-number tensor. The in-place forms' fused form (the
 // registry's foreach column) needs every operand a tree: at::_foreach_f_ takes tensor lists.
@@ -319,6 +318,7 @@ TreeTensor& binary_weight_update(std::string_view op, TreeTensor& self, const Op
   return self;
 }
 
+// Whether pred holds for every leaf pair of two trees of equal structure (false otherwise).
 template <class P>
 bool all_pairs(std::string_view op, const TensorTree& a, const TensorTree& b, P&& pred) {
   const Operand args[] = {Operand(a), Operand(b)};

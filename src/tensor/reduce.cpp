@@ -59,12 +59,12 @@ void require_floating(std::string_view op, const TensorTree& t) {
     if (floating) return;
   }
   const auto flat = tree::flatten_refs(t);
-  for (std::size_t i = 0; i < flat.leaves.size(); ++i)
-    if (!at::isFloatingType(flat.leaves[i]->scalar_type()) &&
-        !at::isComplexType(flat.leaves[i]->scalar_type()))
-      TORCH_CHECK(false, op, ": needs floating or complex leaves, leaf '",
-                  flat.spec.paths()[i].describe(), "' is ",
-                  c10::toString(flat.leaves[i]->scalar_type()));
+  for (std::size_t i = 0; i < flat.leaves.size(); ++i) {
+    const c10::ScalarType dtype = flat.leaves[i]->scalar_type();
+    TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), op,
+                ": needs floating or complex leaves, leaf '", flat.spec.paths()[i].describe(),
+                "' is ", c10::toString(dtype));
+  }
 }
 
 // Every element of every leaf as one 1-D tensor (promoted dtype; the default dtype for an

@@ -131,13 +131,6 @@ std::chrono::milliseconds watchdog_timeout() noexcept;
 void set_max_in_flight(std::size_t jobs);
 std::size_t max_in_flight() noexcept;
 
-/// Blocks until every asyncs job submitted so far, on any thread, has finished or `timeout` has
-/// passed; returns whether they have. Neither reports errors, joins streams nor has a watchdog:
-/// a caller waiting in slices (e.g. to let Python handle Ctrl-C between them) then calls
-/// runtime::synchronize(). Thread safety: safe from any thread but a job's own (where it would
-/// wait for itself and only time out).
-bool wait_all_for(std::chrono::milliseconds timeout);
-
 /// Id of the asyncs thread whose job the calling OS thread is running — on the worker itself
 /// or in a lane running a leaf of a tree call made by that job — or nullopt.
 std::optional<int> current_thread_id() noexcept;
@@ -295,6 +288,27 @@ class Future {
   std::shared_ptr<detail::Result<T>> state_;
 };
 
+/// The jobs submitted up to a moment (to every asyncs thread: mark_all(), or to one:
+/// Thread::mark()), for a caller that waits for them in slices, e.g. to let Python handle
+/// Ctrl-C between them, and then calls runtime::synchronize() or Thread::wait_idle(). Work
+/// submitted after the mark does not move it, so a producer that keeps submitting never makes
+/// such a wait endless. Thread safety: safe from any thread.
+class WorkMark {
+ public:
+  /// Blocks until every job of the mark has finished or `timeout` has passed; returns whether
+  /// they have. It neither reports errors, joins streams nor has a watchdog; from a job of a
+  /// marked thread it only times out (it would wait for itself).
+  bool wait_for(std::chrono::milliseconds timeout) const;
+
+ private:
+  friend WorkMark mark_all();
+  friend class Thread;
+  std::vector<std::pair<std::shared_ptr<detail::Worker>, std::uint64_t>> targets_;
+};
+
+/// The jobs submitted so far to every live asyncs thread: what synchronize() waits for.
+WorkMark mark_all();
+
 /// An asyncs worker thread (OneFlow parity: `oneflow.asyncs.thread`). Owns a worker id taken
 /// from a pool of max_threads() ids, and one OS thread that runs the submitted jobs in FIFO
 /// order.
@@ -371,11 +385,9 @@ class Thread {
   /// not throw job errors (they stay with futures and synchronize()). @throws WatchdogTimeout;
   /// AsyncsUsageError when called from this thread's own jobs or on a moved-from Thread.
   void wait_idle() const;
-  /// Blocks until the jobs submitted to this thread so far have finished or `timeout` has passed;
-  /// returns whether they have (true at once once closed). No watchdog and no cycle check (a
-  /// caller waiting in slices then calls wait_idle()). @throws AsyncsUsageError on a
-  /// moved-from Thread.
-  bool wait_idle_for(std::chrono::milliseconds timeout) const;
+  /// The jobs submitted to this thread so far (what wait_idle() waits for), as a WorkMark; an
+  /// empty mark once closed. @throws AsyncsUsageError on a moved-from Thread.
+  WorkMark mark() const;
   /// Drains (or, from its own job, detaches) and frees the id now, as the destructor would;
   /// afterwards the Thread is closed (see the class comment). A second call does nothing.
   /// Never throws job errors; @throws AsyncsUsageError on a moved-from Thread.

@@ -3,7 +3,7 @@
 // The declarations of the registry's functions, each with its doc (the TreeTensor
 // methods of the same names do the same). In binary ops a scalar b uses at::f's
 // Tensor-Scalar overload where it has one, else enters as a wrapped-number tensor
-// (as does a number operand of the ternary_value and binary_weight ops).
+// (as does a number operand of the ternary_value ops).
 // blas ops: see ops.hpp for the batched form. Arguments, errors, thread safety: ops.hpp.
 
 #include "treetensor/tensor/tree_tensor.hpp"
@@ -278,18 +278,22 @@ TreeTensor logical_or(const Operand& a, const Operand& b);
 TreeTensor logical_xor(const Operand& a, const Operand& b);
 
 // ---- ternary_value ----
-/// addcmul(self, t1, t2, value) = at::addcmul(self, t1, t2, value) leaf-wise: self + value *
-/// tensor1 * tensor2.
-TreeTensor addcmul(const Operand& self, const Operand& t1, const Operand& t2, const at::Scalar& value = 1);
-/// addcmul_(self, t1, t2, value): addcmul in place on self's leaves (the same leaf tensors).
-/// Fused form (in place): at::_foreach_addcmul_.
-TreeTensor& addcmul_(TreeTensor& self, const Operand& t1, const Operand& t2, const at::Scalar& value = 1);
-/// addcdiv(self, t1, t2, value) = at::addcdiv(self, t1, t2, value) leaf-wise: self + value *
-/// tensor1 / tensor2.
-TreeTensor addcdiv(const Operand& self, const Operand& t1, const Operand& t2, const at::Scalar& value = 1);
-/// addcdiv_(self, t1, t2, value): addcdiv in place on self's leaves (the same leaf tensors).
-/// Fused form (in place): at::_foreach_addcdiv_.
-TreeTensor& addcdiv_(TreeTensor& self, const Operand& t1, const Operand& t2, const at::Scalar& value = 1);
+/// addcmul(self, tensor1, tensor2, value) = at::addcmul(self, tensor1, tensor2, value) leaf-wise:
+/// self + value * tensor1 * tensor2.
+TreeTensor addcmul(const Operand& self, const Operand& tensor1, const Operand& tensor2,
+                   const at::Scalar& value = 1);
+/// addcmul_(self, tensor1, tensor2, value): addcmul in place on self's leaves (the same leaf
+/// tensors). Fused form (in place): at::_foreach_addcmul_.
+TreeTensor& addcmul_(TreeTensor& self, const Operand& tensor1, const Operand& tensor2,
+                     const at::Scalar& value = 1);
+/// addcdiv(self, tensor1, tensor2, value) = at::addcdiv(self, tensor1, tensor2, value) leaf-wise:
+/// self + value * tensor1 / tensor2.
+TreeTensor addcdiv(const Operand& self, const Operand& tensor1, const Operand& tensor2,
+                   const at::Scalar& value = 1);
+/// addcdiv_(self, tensor1, tensor2, value): addcdiv in place on self's leaves (the same leaf
+/// tensors). Fused form (in place): at::_foreach_addcdiv_.
+TreeTensor& addcdiv_(TreeTensor& self, const Operand& tensor1, const Operand& tensor2,
+                     const at::Scalar& value = 1);
 
 // ---- binary_weight ----
 /// lerp(self, end, weight) = at::lerp(self, end, weight) leaf-wise: self + weight * (end - self).
