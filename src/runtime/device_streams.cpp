@@ -1,5 +1,7 @@
 #include "runtime/device_streams.hpp"
 
+#include "runtime/fork.hpp"
+
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -59,7 +61,8 @@ class GenericBackend final : public StreamBackend {
   std::map<std::pair<std::size_t, c10::DeviceIndex>, c10::Stream> lanes_;
 };
 
-std::mutex registry_mutex;
+std::mutex registry_mutex;  // taken by every lane call (backend_for): held over fork()
+const int registry_mutex_held_over_fork = (hold_over_fork(registry_mutex), 0);
 std::shared_ptr<StreamBackend> test_backend;
 testing::ProtocolWaits test_waits;
 std::map<c10::DeviceType, std::shared_ptr<StreamBackend>>& generic_backends() {

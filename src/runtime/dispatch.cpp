@@ -4,6 +4,7 @@
 
 #include "runtime/cpu_allocator_env.hpp"
 #include "runtime/device_streams.hpp"
+#include "runtime/fork.hpp"
 #include "runtime/kernel_threads.hpp"
 #include "runtime/lanes.hpp"
 #include "runtime/policy.hpp"
@@ -252,7 +253,8 @@ void run_past_hooks(const LeafCall& call) {
 // Call hooks are read on every tree call: a fixed array and a count published with release, so
 // the hot path is one acquire load (a plain load on x86) when no layer has registered.
 constexpr std::size_t kMaxHooks = 8;
-std::mutex hooks_mutex;  // serialises registration; run() never takes it
+std::mutex hooks_mutex;  // serialises registration; run() never takes it, synchronize() does
+const int hooks_mutex_held_over_fork = (detail::hold_over_fork(hooks_mutex), 0);
 std::array<std::atomic<CallHook>, kMaxHooks> call_hooks{};
 std::atomic<std::size_t> call_hook_count{0};
 std::vector<SynchronizeHook> synchronize_hooks;  // guarded by hooks_mutex

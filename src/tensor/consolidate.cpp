@@ -2,6 +2,8 @@
 // (consolidate.hpp; DESIGN.md §12).
 #include "treetensor/tensor/consolidate.hpp"
 
+#include "runtime/fork.hpp"
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -34,6 +36,10 @@ std::vector<std::size_t> group_ids(const std::vector<const at::Tensor*>& leaves,
 // parameters and its gradients) compare equal by pointer in a flat call, not leaf by leaf.
 class LayoutRegistry {
  public:
+  // Held over fork() (DESIGN.md §10): consolidate() on another thread must not leave a child
+  // with it locked. The registry is never destroyed.
+  LayoutRegistry() { runtime::detail::hold_over_fork(mutex_); }
+
   std::shared_ptr<const ConsolidatedLayout> intern(std::shared_ptr<const ConsolidatedLayout> l) {
     const std::size_t h = l->hash();
     std::lock_guard<std::mutex> lock(mutex_);
