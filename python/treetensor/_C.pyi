@@ -161,7 +161,7 @@ class Tensor:
     def add(self, other: Any, *, alpha: _Number = ...) -> Any: ...
     def add_(self, *args, **kwargs):
         """add_(self: object, other: object, *, alpha: number = 1) -> object"""
-    def addcdiv(*args, **kwargs):
+    def addcdiv(self, tensor1, tensor2, *, value=...):
         """addcdiv(self: treetensor._C.Tensor, tensor1: object, tensor2: object, *, value: number = 1) -> object
 
         addcdiv(tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, leaf-wise (tensor1, tensor2: trees, tensors or numbers)."""
@@ -169,7 +169,7 @@ class Tensor:
         """addcdiv_(self: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
 
         addcdiv_(tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, in place on every leaf; returns self."""
-    def addcmul(*args, **kwargs):
+    def addcmul(self, tensor1, tensor2, *, value=...):
         """addcmul(self: treetensor._C.Tensor, tensor1: object, tensor2: object, *, value: number = 1) -> object
 
         addcmul(tensor1, tensor2, *, value=1): self + value * tensor1 * tensor2, leaf-wise (tensor1, tensor2: trees, tensors or numbers)."""
@@ -388,7 +388,7 @@ class Tensor:
         """le_(self: object, other: object) -> object
 
         le_(b): a <= b (bool), in place on every leaf; returns self."""
-    def lerp(*args, **kwargs):
+    def lerp(self, end, weight):
         """lerp(self: treetensor._C.Tensor, end: object, weight: number) -> object
 
         lerp(end, weight): self + weight * (end - self), leaf-wise (end: trees or tensors)."""

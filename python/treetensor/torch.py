@@ -33,6 +33,7 @@ core.
   sets; missing keys: KeyError/AttributeError).
 """
 import builtins as _builtins
+import inspect as _inspect
 import operator as _operator
 import types as _types
 import warnings as _warnings
@@ -435,7 +436,19 @@ _SCALAR_ARG = {**{n: ("value", None) for n in _ops.TERNARY_VALUE},
                **{n: ("weight", 2) for n in _ops.BINARY_WEIGHT}}
 
 
-def _number_or_leafwise(cpp, fallback, name, inplace=False):
+def _scalar_arg_signature(name, first):
+    """torch's signature of a registry op with a scalar argument (the C++ binding's has none
+    that inspect reads): (input, tensor1, tensor2, *, value=1) or (input, end, weight)."""
+    p = _inspect.Parameter
+    if name.rstrip("_") in _ops.TERNARY_VALUE:
+        params = [p(first, p.POSITIONAL_OR_KEYWORD), p("tensor1", p.POSITIONAL_OR_KEYWORD),
+                  p("tensor2", p.POSITIONAL_OR_KEYWORD), p("value", p.KEYWORD_ONLY, default=1)]
+    else:
+        params = [p(n, p.POSITIONAL_OR_KEYWORD) for n in (first, "end", "weight")]
+    return _inspect.Signature(params)
+
+
+def _number_or_leafwise(cpp, fallback, name, inplace=False, first="input"):
     arg, position = _SCALAR_ARG[name.rstrip("_")]
 
     def f(*args, **kwargs):
@@ -449,13 +462,16 @@ def _number_or_leafwise(cpp, fallback, name, inplace=False):
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = getattr(cpp, "__doc__", None)
+    f.__signature__ = _scalar_arg_signature(name, first)
     return f
 
 
 for _name in _SCALAR_ARG:
-    setattr(Tensor, _name, _number_or_leafwise(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
+    setattr(Tensor, _name, _number_or_leafwise(getattr(Tensor, _name), getattr(_torch.Tensor, _name),
+                                               _name, first="self"))
     setattr(Tensor, _name + "_", _number_or_leafwise(
-        getattr(Tensor, _name + "_"), getattr(_torch.Tensor, _name + "_"), _name + "_", inplace=True))
+        getattr(Tensor, _name + "_"), getattr(_torch.Tensor, _name + "_"), _name + "_", inplace=True,
+        first="self"))
     globals()[_name] = _number_or_leafwise(getattr(_C, _name), getattr(_torch, _name), _name)
 for _name in ["add_", "sub_", "copy_"] + [
         n + "_" for n in _ops.BINARY_SCALAR + _ops.TERNARY_VALUE + _ops.BINARY_WEIGHT]:

@@ -354,12 +354,12 @@ def abs_(*args, **kwargs):
 def add(*args, **kwargs):
     """add(input: object, other: object, *, alpha: number = 1) -> object"""
 
-def addcdiv(*args, **kwargs):
+def addcdiv(input, tensor1, tensor2, *, value=...):
     """addcdiv(input: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
 
     addcdiv(input, tensor1, tensor2, *, value=1): self + value * tensor1 / tensor2, leaf-wise (torch.addcdiv without a tree)."""
 
-def addcmul(*args, **kwargs):
+def addcmul(input, tensor1, tensor2, *, value=...):
     """addcmul(input: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
 
     addcmul(input, tensor1, tensor2, *, value=1): self + value * tensor1 * tensor2, leaf-wise (torch.addcmul without a tree)."""
@@ -499,7 +499,7 @@ def le(*args, **kwargs):
 
     le(a, b): a <= b (bool), leaf-wise (torch.le without a tree)."""
 
-def lerp(*args, **kwargs):
+def lerp(input, end, weight):
     """lerp(input: object, end: object, weight: number) -> object
 
     lerp(input, end, weight): self + weight * (end - self), leaf-wise (torch.lerp without a tree)."""
