@@ -222,6 +222,22 @@ def run(rank, init_file):
     del ddp
     gc.collect()  # DDP sits in reference cycles: free it (and its hold on the group) now
     dist.destroy_process_group()
+    # treetensor.nn imported before the group was made: torch.optim's step above imported
+    # torch.distributed.nn without pinning the group, so its Gloo threads are gone now.
+    if gloo_threads():
+        raise AssertionError(f"rank {rank}: Gloo threads outlive destroy_process_group: "
+                             f"{gloo_threads()}")
+
+
+def gloo_threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
+    return [n for n in names if n.startswith("pt_gloo")]
 
 
 if __name__ == "__main__":

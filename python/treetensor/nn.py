@@ -68,6 +68,17 @@ import weakref
 
 import torch as _torch
 
+if _torch.distributed.is_available():
+    # torch.distributed.nn.functional binds ``group.WORLD`` as a default argument when it is
+    # first imported. Imported after init_process_group (torch.optim's first step imports it,
+    # through torch._dynamo) it holds the default group past destroy_process_group, and with
+    # it Gloo's worker threads: one that lets go of a finished all_reduce of a bucket view
+    # during interpreter finalization must take the GIL to free the view's Python object, and
+    # Python ends that thread in a way C++ turns into an abort. Imported now (programs import
+    # this module before they make a group) it binds None, and destroy_process_group joins
+    # those threads.
+    import torch.distributed.nn  # noqa: F401
+
 from .distributed import bucket_plan, buffer_of
 from .torch import Tensor, tree_flatten, zeros_like
 
@@ -297,7 +308,9 @@ class ModuleTree:
         the tensors stay views. ``consolidate_module`` of the same module closes its previous
         tree itself. Under torchrun call it before ``destroy_process_group()``: a Gloo group
         still referenced when the interpreter exits is torn down during finalization, where
-        its threads can abort the process."""
+        its threads can abort the process. Import this module before ``init_process_group``
+        (see its imports: otherwise torch itself can hold the group past
+        ``destroy_process_group``)."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
