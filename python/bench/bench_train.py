@@ -429,6 +429,7 @@ def configs(args):
 
 
 def ranked(rank, args, init_file, out_file):
+    import treetensor.nn  # noqa: F401  before the group exists (treetensor.nn's imports say why)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=300))
