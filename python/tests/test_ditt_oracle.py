@@ -285,6 +285,14 @@ CASES = [
     ("Object-all", "(tc.Object({'a': True, 'b': {'c': False}}).all(), tc.Object({'a': True}).all())", None),
     ("Object-any", "(tc.Object({'a': False, 'b': {'c': False}}).any(), tc.Object({'a': 1}).any())", None),
     ("Object-plain", "tc.Object(1)", None),
+    ("Object-operators", "(lambda o: (o + 1, 2 - o, o * o, o / 2, o // 4, o % 4, o ** 2, 2 ** o, o & 3, "
+     "o | 8, o ^ 1, o << 1, 1 << o, o >> 1, -o, +o, ~o))(tc.Object({'a': 6, 'b': {'c': 3}}))", None),
+    ("Object-operators-inplace", "(lambda o, alias: (o.__iadd__(1) is o, o.__imul__(2), o.__ixor__(1), "
+     "alias))(*(lambda o: (o, o))(tc.Object({'a': 6, 'b': {'c': [1]}, 'd': 1})))", None),
+    ("error-Object-operator-keys", "tc.Object({'a': 1}) + tc.Object({'b': 1})", None),
+    ("error-Object-operator-leaf", "tc.Object({'a': 1, 'b': 'x'}) + 1", None),
+    ("numpy-operators", "(lambda a: (a - 1, 1 - a, a * a, -a, a ** 2, a > 1, a @ a))"
+     "(tnp.array({'a': [1, 2], 'b': {'x': [3, 4]}}))", None),
     ("Object-setattr", "(lambda o: (setattr(o, 'a', 5), setattr(o, 'z', [1]), setattr(o.b, 'c', 7), o)[3])"
      "(tc.Object({'a': 1, 'b': {'c': 2}}))", None),  # (a dict value is a subtree here: DESIGN §15)
     # treevalue's tree methods (DI-treetensor's trees are treevalue FastTreeValues)
@@ -407,6 +415,7 @@ DIFFERENCES = {
     "error-structure": (("error", "ValueError"), "DESIGN.md §15: structure mismatches are ValueError "
                         "naming the path (DI-treetensor: KeyError)"),
     "error-structure-fallback": (("error", "ValueError"), "DESIGN.md §15 (as error-structure)"),
+    "error-Object-operator-keys": (("error", "ValueError"), "DESIGN.md §15 (as error-structure)"),
     "add_-target-leaf-facing-subtree": (("error", "ValueError"), "DESIGN.md §15: in place, a target "
                                         "leaf facing a subtree is refused (DI-treetensor writes it once "
                                         "per leaf of the subtree)"),

@@ -11,6 +11,7 @@ TypeError (lists and tuples subside); ``func`` is treevalue's ``strict`` mode wi
 """
 import copy as _copy
 import inspect as _inspect
+import operator as _operator
 import types as _types
 
 import torch as _torch
@@ -394,8 +395,66 @@ METHODS = {"walk": walk, "reduce": reduce, "filter": filter, "mask": mask, "unpa
 CLASS_METHODS = {"union": union, "subside": subside, "func": func, "graphics": graphics}
 
 
+def operator_method(fn, name, reflected=False):
+    """Python operator `fn` leaf-wise as a method: ``o + x`` (``x + o`` when reflected) over
+    the leaves, zipped with ``x`` where it is a tree, a tree of the results' kind back."""
+    if reflected:
+        def method(self, other):
+            return _leafwise.wrap(_leafwise.call(fn, (other, self), {}, name)[0])
+    else:
+        def method(self, other):
+            return _leafwise.wrap(_leafwise.call(fn, (self, other), {}, name)[0])
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _inplace_operator_method(fn, name):
+    # treevalue's: the results (``operator.iadd(leaf, x)``) replace the leaves of this tree.
+    def method(self, other):
+        _write_leaves(self._d, _leafwise.call(fn, (self, other), {}, name)[0])
+        return self
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _write_leaves(d, results):
+    for k, v in results.items():
+        if type(v) is dict:
+            _write_leaves(d[k], v)
+        else:
+            d[k] = v
+
+
+def _unary_method(fn, name):
+    def method(self):
+        return _leafwise.wrap(_leafwise.call(fn, (self,), {}, name)[0])
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+#: Object's operators, treevalue's (DI-treetensor parity): arithmetic and bitwise ones
+#: leaf-wise, each with its reflected and in-place form; ``==`` stays whole-tree equality.
+BINARY_OPERATORS = {"add": _operator.add, "sub": _operator.sub, "mul": _operator.mul,
+                    "truediv": _operator.truediv, "floordiv": _operator.floordiv,
+                    "mod": _operator.mod, "pow": _operator.pow, "and": _operator.and_,
+                    "or": _operator.or_, "xor": _operator.xor, "lshift": _operator.lshift,
+                    "rshift": _operator.rshift}
+UNARY_OPERATORS = {"neg": _operator.neg, "pos": _operator.pos, "invert": _operator.invert}
+
+
+def _install_operators(cls):
+    for name, fn in BINARY_OPERATORS.items():
+        setattr(cls, f"__{name}__", operator_method(fn, f"__{name}__"))
+        setattr(cls, f"__r{name}__", operator_method(fn, f"__r{name}__", reflected=True))
+        inplace = getattr(_operator, f"i{name}")
+        setattr(cls, f"__i{name}__", _inplace_operator_method(inplace, f"__i{name}__"))
+    for name, fn in UNARY_OPERATORS.items():
+        setattr(cls, f"__{name}__", _unary_method(fn, f"__{name}__"))
+
+
 def install_object(cls):
-    """The methods above on Object (its subclasses inherit them)."""
+    """The methods above and the operators on Object (its subclasses inherit them)."""
+    _install_operators(cls)
     for name, fn in METHODS.items():
         setattr(cls, name, fn)
     for name, fn in CLASS_METHODS.items():

@@ -27,7 +27,9 @@ __all__ = ["Object", "Constraint", "ValidationError", "to_constraint", "vval", "
 class Object:
     """A tree of arbitrary Python values: attribute and item access, ``keys/values/items``
     (sorted keys), ``len``, ``in``, ``get(key, default)``, ``all()/any()`` over the leaves,
-    ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout.
+    ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout;
+    arithmetic and bitwise operators leaf-wise, zipping trees by key (``o + 1``, ``2 ** o``,
+    ``o * o``, ``-o``; ``o += 1`` replaces the leaves of ``o`` itself), as treevalue's.
     ``Object(non_dict)`` is the value itself; an Object or treevalue TreeValue among a dict's
     values is a subtree, not a leaf (DI-treetensor)."""
 

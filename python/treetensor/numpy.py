@@ -9,13 +9,14 @@ results' kind; numpy's plain values (``tnp.pi``) are numpy's. Needs numpy (not a
 ``import treetensor.numpy`` raises ImportError without it).
 """
 import builtins as _builtins
+import functools as _functools
 import operator as _operator
 import types as _types
 
 import numpy as _np
 from torch import from_numpy as _torch_from_numpy
 
-from . import _leafwise
+from . import _leafwise, _treevalue
 from .common import Object, _foreign_dict
 
 __all__ = ["ndarray", "array", "all", "any", "equal", "array_equal", "stack", "concatenate", "split",
@@ -98,28 +99,27 @@ class ndarray(Object):
         return Tensor(_leafwise.call(one, (self,), {}, "tensor")[0])
 
 
-def _operator_method(fn, name, reflected=False):
-    if reflected:
-        def method(self, other):
-            return _leafwise.wrap(_leafwise.call(fn, (other, self), {}, name)[0])
-    else:
-        def method(self, other):
-            return _leafwise.wrap(_leafwise.call(fn, (self, other), {}, name)[0])
-    method.__name__ = name
-    return method
+def _ndarray_result(method):
+    @_functools.wraps(method)
+    def f(*args):
+        return _as_ndarray(method(*args))
+    return f
 
 
-for _name, _fn in [("add", _operator.add), ("sub", _operator.sub), ("mul", _operator.mul),
-                   ("truediv", _operator.truediv), ("floordiv", _operator.floordiv),
-                   ("mod", _operator.mod), ("pow", _operator.pow), ("matmul", _operator.matmul),
-                   ("and", _operator.and_), ("or", _operator.or_), ("xor", _operator.xor)]:
-    setattr(ndarray, f"__{_name}__", _operator_method(_fn, f"__{_name}__"))
-    setattr(ndarray, f"__r{_name}__", _operator_method(_fn, f"__r{_name}__", reflected=True))
+# Object's operators (treetensor._treevalue) and numpy's beyond them, @ and the comparisons
+# (an array of booleans per leaf, where Object's == is whole-tree equality), leaf-wise; an
+# ndarray tree back whatever the leaves (``a @ a`` of vectors: numpy scalars).
+_methods = {n: getattr(Object, n) for n in
+            [f"__{r}{n}__" for n in _treevalue.BINARY_OPERATORS for r in ("", "r")] +
+            [f"__{n}__" for n in _treevalue.UNARY_OPERATORS]}
+_methods["__matmul__"] = _treevalue.operator_method(_operator.matmul, "__matmul__")
+_methods["__rmatmul__"] = _treevalue.operator_method(_operator.matmul, "__rmatmul__", reflected=True)
 for _name, _fn in [("eq", _operator.eq), ("ne", _operator.ne), ("lt", _operator.lt),
                    ("le", _operator.le), ("gt", _operator.gt), ("ge", _operator.ge)]:
-    setattr(ndarray, f"__{_name}__", _operator_method(_fn, f"__{_name}__"))
+    _methods[f"__{_name}__"] = _treevalue.operator_method(_fn, f"__{_name}__")
+for _name, _method in _methods.items():
+    setattr(ndarray, _name, _ndarray_result(_method))
 ndarray.__hash__ = None
-ndarray.__neg__ = lambda self: _leafwise.wrap(_leafwise.call(_operator.neg, (self,), {}, "neg")[0])
 _leafwise.register_kind(_np.ndarray, ndarray)
 
 
