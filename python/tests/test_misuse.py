@@ -190,3 +190,14 @@ def test_missing_attribute_lists_keys_and_names_private_torch_attributes():
                                              "tensors do not provide"):
         t._version
     assert not hasattr(t, "__array_interface__")
+
+
+@pytest.mark.parametrize("make", [lambda: asyncs.thread(1), lambda: ttorch.stream(1)],
+                         ids=["asyncs.thread", "stream"])
+def test_exit_without_enter_is_a_runtime_error_naming_the_with_form(make):
+    guard = make()
+    with pytest.raises(RuntimeError, match=r"__exit__ without __enter__ \(use it as ``with "):
+        guard.__exit__(None, None, None)
+    with guard:  # still usable as it should be
+        r = ttorch.Tensor({"a": torch.ones(2)}) + 1
+    assert torch.equal(r.a, torch.full((2,), 2.0))

@@ -249,6 +249,9 @@ class thread:
         return self._thread
 
     def __exit__(self, *exc):
+        if not self._guards:
+            raise RuntimeError("treetensor: asyncs.thread.__exit__ without __enter__ (use it as "
+                               "``with asyncs.thread(...):``)")
         self._guards.pop().close()
         return False
 

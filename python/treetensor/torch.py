@@ -858,6 +858,9 @@ class stream:
         return self
 
     def __exit__(self, *exc):
+        if not self._guards:
+            raise RuntimeError("treetensor: stream.__exit__ without __enter__ (use it as "
+                               "``with stream(...):``)")
         self._guards.pop().close()
         return False
 
