@@ -206,6 +206,25 @@ def test_size_and_object():
     assert repr(tc.Object({1: "x", "b": {2: 3}})) == "<Object>\n├── 1 --> 'x'\n└── b --> <Object>\n    └── 2 --> 3"
 
 
+def test_object_prints_shared_and_self_containing_subtrees_once_at_any_depth():
+    """A subtree printed before is named instead (treevalue's "The same address as ..."): an
+    Object that contains itself prints; so does one nested deeper than Python's recursion."""
+    q = tc.Object({"a": 1, "b": {"c": 2}})
+    q["z"] = q
+    q.b["y"] = q.b
+    assert repr(q).splitlines() == [
+        "<Object>", "├── a --> 1", "├── b --> <Object>", "│   ├── c --> 2", "│   └── y --> <Object>",
+        "│             (the same tree as 'b')", "└── z --> <Object>",
+        "          (the same tree as '<root>')"]
+    deep = d = {}
+    for _ in range(3000):
+        d["n"] = {}
+        d = d["n"]
+    d["leaf"] = 1
+    lines = repr(tc.Object(deep)).splitlines()
+    assert len(lines) == 3002 and lines[-1] == " " * 4 * 3000 + "└── leaf --> 1"
+
+
 def test_numpy_trees():
     a = tnp.array({"a": [1, 2, 3, 4], "b": {"x": [[1.0, 2.0]]}})
     assert isinstance(a, tnp.ndarray) and np.array_equal(a.a, np.array([1, 2, 3, 4]))

@@ -152,23 +152,32 @@ class Object:
     def __reduce__(self):
         return (type(self), (self._d,))
 
-    def _lines(self, out, indent):
-        keys = self.keys()
-        for i, k in enumerate(keys):
-            last = i == len(keys) - 1
-            glyph = "└── " if last else "├── "
-            v = self[k]
-            if isinstance(v, Object):
-                out.append(f"{indent}{glyph}{k} --> <{type(v).__name__}>")
-                v._lines(out, indent + ("    " if last else "│   "))
-            else:
-                text = repr(v).replace("\n", "\n" + indent + ("    " if last else "│   ") +
-                                       " " * (len(str(k)) + 5))
-                out.append(f"{indent}{glyph}{k} --> {text}")
-
     def __repr__(self):
+        """The tree layout, one line per key in sorted order. Iterative (any depth); a subtree
+        printed before (a shared one, or one that contains this tree) is named instead of
+        printed again, as treevalue does."""
         out = [f"<{type(self).__name__}>"]
-        self._lines(out, "")
+        seen = {id(self._d): "<root>"}
+        stack = [(self, self.keys(), 0, "", ())]
+        while stack:
+            node, keys, i, indent, path = stack.pop()
+            if i == len(keys):
+                continue
+            stack.append((node, keys, i + 1, indent, path))
+            k, last = keys[i], i == len(keys) - 1
+            glyph, more = ("└── ", "    ") if last else ("├── ", "│   ")
+            v = node[k]
+            if not isinstance(v, Object):
+                text = repr(v).replace("\n", "\n" + indent + more + " " * (len(str(k)) + 5))
+                out.append(f"{indent}{glyph}{k} --> {text}")
+                continue
+            out.append(f"{indent}{glyph}{k} --> <{type(v).__name__}>")
+            where = seen.get(id(v._d))
+            if where is not None:
+                out.append(f"{indent}{more}{' ' * (len(str(k)) + 5)}(the same tree as '{where}')")
+            else:
+                seen[id(v._d)] = ".".join(map(str, path + (k,)))
+                stack.append((v, v.keys(), 0, indent + more, path + (k,)))
         return "\n".join(out)
 
 
