@@ -58,6 +58,23 @@ def test_cyclic_dict_is_a_value_error_naming_the_path():
     assert torch.equal(t.a.v, t.b.v)
 
 
+
+def test_cyclic_dict_given_to_object_names_the_path_as_the_tensor_tree_does():
+    import treetensor.common as tc
+
+    d = {"x": 1}
+    d["s"] = {"t": d}
+    with pytest.raises(ValueError, match=r"dict at 's\.t' is the dict at '<root>' again \(a cycle\)"):
+        tc.Object(d)
+    q = tc.Object({"a": 1})
+    q["z"] = q  # accepted, as in DI-treetensor (it prints); read as a subtree it is a cycle
+    with pytest.raises(ValueError, match=r"dict at 'w\.z' is the dict at 'w' again \(a cycle\)"):
+        tc.Object({"w": q})
+    shared = {"v": 1}
+    assert tc.Object({"a": shared, "b": tc.Object({"c": shared})}).json() == {
+        "a": {"v": 1}, "b": {"c": {"v": 1}}}
+
+
 def test_deep_dicts_build_without_copying_paths_up_to_the_limit():
     import resource
 

@@ -213,19 +213,58 @@ def _foreign_dict(x):
     return out
 
 
+def _describe(link):
+    """The dotted path of a (key, parent link) chain; '<root>' for the root's (None)."""
+    keys = []
+    while link is not None:
+        key, link = link
+        keys.append(str(key))
+    return ".".join(reversed(keys)) or "<root>"
+
+
+def _walk_dicts(root, visit, payload=None):
+    """Calls ``visit(node, payload)`` on every dict reached from ``root``, depth first, without
+    recursion; it returns the ``(key, child dict, child payload)`` triples to descend into.
+    @raises ValueError naming the path where a dict contains itself (as the C++ reader's), or
+    where dicts nest deeper than _MAX_DEPTH levels."""
+    on_path = {}  # id of a dict being walked -> its path link
+    todo = [(root, payload, None, 0)]
+    while todo:
+        node, payload, link, depth = todo.pop()
+        if depth < 0:  # all of `node`'s children are walked
+            del on_path[id(node)]
+            continue
+        if id(node) in on_path:
+            raise ValueError(f"treetensor: the dict at '{_describe(link)}' is the dict at "
+                             f"'{_describe(on_path[id(node)])}' again (a cycle): a tree cannot "
+                             "contain itself")
+        if depth >= _MAX_DEPTH:
+            where = _describe(link)
+            raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels, at "
+                             f"'{where if len(where) <= 200 else where[:200] + '...'}'")
+        on_path[id(node)] = link
+        todo.append((node, None, link, -1))
+        for key, child, child_payload in visit(node, payload):
+            todo.append((child, child_payload, (key, link), depth + 1))
+
+
+def _subtree_types():
+    treevalue = _sys.modules.get("treevalue")
+    return (Object, treevalue.TreeValue) if treevalue is not None else Object
+
+
 def _with_subtrees(d):
     """`d` with every Object and treevalue TreeValue among its values, at any depth, read as a
     subtree (its nested dict), as DI-treetensor builds trees from them: `d` itself when it holds
-    none, else a new dict (the dicts on the way copied). Any depth up to 10000 levels; deeper
-    (a dict that contains itself) is a ValueError."""
-    treevalue = _sys.modules.get("treevalue")
-    trees = (Object, treevalue.TreeValue) if treevalue is not None else Object
+    none, else a new dict (the dicts on the way copied). Raises as _walk_dicts."""
+    trees = _subtree_types()
+    # The common case (plain nested dicts) in one cheap pass; a cycle ends it at the depth limit,
+    # where _walk_dicts names it.
     todo = [(d, 0)]
     while todo:
         node, depth = todo.pop()
         if depth >= _MAX_DEPTH:
-            raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels "
-                             "(one that contains itself?)")
+            _walk_dicts(d, lambda n, _: [(k, v, None) for k, v in n.items() if type(v) is dict])
         for v in node.values():
             if isinstance(v, dict):
                 todo.append((v, depth + 1))
@@ -235,22 +274,21 @@ def _with_subtrees(d):
 
 
 def _copy_with_subtrees(d, trees):
-    out = {}
-    todo = [(d, out, 0)]
-    while todo:
-        node, copy, depth = todo.pop()
-        if depth >= _MAX_DEPTH:
-            raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels "
-                             "(one that contains itself?)")
+    def copy(node, out):
+        children = []
         for k, v in node.items():
             if isinstance(v, trees):
                 v = v._d if isinstance(v, Object) else _foreign_dict(v)
             if isinstance(v, dict):
-                copy[k] = {}
-                todo.append((v, copy[k], depth + 1))
+                out[k] = {}
+                children.append((k, v, out[k]))
             else:
-                copy[k] = v
-    return out
+                out[k] = v
+        return children
+
+    result = {}
+    _walk_dicts(d, copy, result)
+    return result
 
 
 def _leaves(d):
