@@ -411,6 +411,8 @@ def test_walk_reduce_filter_mask_over_the_hand_written_loop():
     assert t.mask(tc.Object({"a": True, "b": False})).keys() == ["a"]  # a mask leaf covers a subtree
     with pytest.raises(KeyError, match="no key 'y' at 'b'"):
         t.mask({"a": True, "b": {"x": True}})
+    with pytest.raises(RuntimeError, match=r"mask at 'a' is not one bool per leaf .* masked_select"):
+        t.mask(t > 0)  # a mask per element: t[t > 0] or masked_select
 
 
 def test_tree_methods_come_after_keys_and_type_keeps_torchs_form():

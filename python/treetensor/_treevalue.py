@@ -105,7 +105,8 @@ def mask(self, mask_, remove_empty=True):
     """The tree of the leaves whose place in ``mask_`` (a tree of bools or bool tensors; a mask
     leaf facing a subtree covers all of it) is true; nodes left empty removed unless
     ``remove_empty=False`` (treevalue's ``mask``).
-    @raises KeyError naming the path when ``mask_`` lacks a key of this tree."""
+    @raises KeyError naming the path when ``mask_`` lacks a key of this tree; RuntimeError
+            naming it where a mask leaf is a tensor of several elements (a mask per element)."""
     m = _as_dict(mask_) if _is_tree(mask_) else mask_
 
     def at(path):
@@ -116,7 +117,12 @@ def mask(self, mask_, remove_empty=True):
             if k not in node:
                 raise KeyError(f"treetensor: mask: the mask has no key '{k}' at '{_describe(path[:i])}'")
             node = node[k]
-        return bool(node)
+        try:
+            return bool(node)
+        except RuntimeError as e:  # a tensor of several elements: a mask per element (torch's type)
+            raise RuntimeError(f"treetensor: mask: the mask at '{_describe(path)}' is not one bool "
+                             f"per leaf ({e}); to select elements use masked_select or "
+                             f"t[mask] (treevalue's mask keeps or drops whole leaves)") from e
 
     return type(self)(_pruned(_as_dict(self), lambda v, p: at(p), remove_empty))
 

@@ -323,7 +323,8 @@ class Object:
         """The tree of the leaves whose place in ``mask_`` (a tree of bools or bool tensors; a mask
         leaf facing a subtree covers all of it) is true; nodes left empty removed unless
         ``remove_empty=False`` (treevalue's ``mask``).
-        @raises KeyError naming the path when ``mask_`` lacks a key of this tree."""
+        @raises KeyError naming the path when ``mask_`` lacks a key of this tree; RuntimeError
+                naming it where a mask leaf is a tensor of several elements (a mask per element)."""
     def pop(self, key, *default):
         """Removes the child ``key`` and returns it; ``default`` when there is none (dict.pop)."""
     def popitem(self):
