@@ -141,17 +141,37 @@ class FromPython {
 
  private:
   ValueTree value(py::handle h) {
-    if (path_.size() > kMaxNesting)
+    if (path_.size() > kMaxNesting) {
+      std::string where = path_.describe();
+      if (where.size() > 200) where = where.substr(0, 200) + "...";
       throw py::value_error("treetensor.torch.save: containers nested deeper than " +
-                            std::to_string(kMaxNesting) + " levels (a cycle?)");
+                            std::to_string(kMaxNesting) + " levels, at '" + where + "'");
+    }
     PyObject* o = h.ptr();
     if (is_tree(h)) return tensors(as_tree(h).node());
-    if (PyDict_Check(o)) return dict(h);
-    if (py::isinstance(h, object_class())) return dict(h.attr("to_dict")());
-    if (PyList_Check(o) || PyTuple_Check(o) || PyAnySet_CheckExact(o)) return sequence(h);
+    if (PyDict_Check(o)) return container(h, &FromPython::dict);
+    if (py::isinstance(h, object_class())) return container(h.attr("to_dict")(), &FromPython::dict);
+    if (PyList_Check(o) || PyTuple_Check(o) || PyAnySet_CheckExact(o))
+      return container(h, &FromPython::sequence);
     if (!PyLong_Check(o) && !PyFloat_Check(o) && !PyUnicode_Check(o) && !is_tensor(h))
       if (py::object d = foreign_dict(h); !d.is_none()) return dict(d);  // a treevalue TreeValue
     return ValueTree(leaf(h));
+  }
+
+  // A container met again inside itself is a cycle: refused naming both paths, as the tree
+  // readers of nested dicts do, instead of running on to the nesting limit.
+  ValueTree container(py::handle h, ValueTree (FromPython::*read)(py::handle)) {
+    for (const auto& [open, depth] : open_)
+      if (open == h.ptr()) {
+        const tree::Path first(std::vector<std::string>(path_.begin(), path_.begin() + depth));
+        throw py::value_error("treetensor.torch.save: the container at '" + path_.describe() +
+                              "' is the one at '" + first.describe() +
+                              "' again (a cycle): a file cannot hold one");
+      }
+    open_.emplace_back(h.ptr(), path_.size());
+    ValueTree v = (this->*read)(h);
+    open_.pop_back();
+    return v;
   }
 
   Value leaf(py::handle h) {
@@ -239,6 +259,7 @@ class FromPython {
 
   io::Object object_;
   tree::Path path_;
+  std::vector<std::pair<PyObject*, std::size_t>> open_;  // containers being read, and their depth
 };
 
 }  // namespace

@@ -210,8 +210,21 @@ def test_values_the_format_cannot_hold_are_refused_naming_their_path(tmp_path):
         ttorch.save({1: 1, "1": 2}, target)
     loop = []
     loop.append(loop)
-    with pytest.raises(ValueError, match="nested deeper than 1000"):
+    with pytest.raises(ValueError, match=r"container at '0' is the one at '<root>' again \(a cycle\)"):
         ttorch.save(loop, target)
+    d = {"a": torch.ones(1), "b": {}}
+    d["b"]["c"] = [d["b"]]
+    with pytest.raises(ValueError, match=r"container at 'b\.c\.0' is the one at 'b' again"):
+        ttorch.save(d, target)
+    shared = [1]  # the same list twice, not inside itself: fine (written twice)
+    ttorch.save({"x": shared, "y": shared}, target)
+    assert torch.load(target, weights_only=True) == {"x": [1], "y": [1]}
+    target.unlink()
+    deep = []
+    for _ in range(1001):
+        deep = [deep]
+    with pytest.raises(ValueError, match=r"nested deeper than 1000 levels, at '0\.0\.0"):
+        ttorch.save(deep, target)
     assert not target.exists()
 
 
