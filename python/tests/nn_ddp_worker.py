@@ -224,9 +224,9 @@ def run(rank, init_file):
     dist.destroy_process_group()
     # treetensor.nn imported before the group was made: torch.optim's step above imported
     # torch.distributed.nn without pinning the group, so its Gloo threads are gone now.
-    if gloo_threads():
-        raise AssertionError(f"rank {rank}: Gloo threads outlive destroy_process_group: "
-                             f"{gloo_threads()}")
+    left = gloo_threads()
+    if left:
+        raise AssertionError(f"rank {rank}: Gloo threads outlive destroy_process_group: {left}")
 
 
 def gloo_threads():

@@ -289,6 +289,11 @@ CASES = [
      "o | 8, o ^ 1, o << 1, 1 << o, o >> 1, -o, +o, ~o))(tc.Object({'a': 6, 'b': {'c': 3}}))", None),
     ("Object-operators-inplace", "(lambda o, alias: (o.__iadd__(1) is o, o.__imul__(2), o.__ixor__(1), "
      "alias))(*(lambda o: (o, o))(tc.Object({'a': 6, 'b': {'c': [1]}, 'd': 1})))", None),
+    ("Object-operators-inplace-leaf-facing-subtree", "(lambda o: (o.__iadd__(tc.Object({'a': {'x': 1}, 'b': 5})), o)[1])"
+     "(tc.Object({'a': 1, 'b': 2}))", None),
+    ("Object-operator-matmul", "tc.Object({'a': np.ones(2)}) @ tc.Object({'a': np.arange(2.0)})", None),
+    ("Object-operator-subclass", "(lambda S: (type(S({'a': 1}) + 1).__name__, type(-S({'a': 1})).__name__))"
+     "(type('S', (tc.Object,), {}))", None),
     ("error-Object-operator-keys", "tc.Object({'a': 1}) + tc.Object({'b': 1})", None),
     ("error-Object-operator-leaf", "tc.Object({'a': 1, 'b': 'x'}) + 1", None),
     ("numpy-operators", "(lambda a: (a - 1, 1 - a, a * a, -a, a ** 2, a > 1, a @ a))"

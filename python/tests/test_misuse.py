@@ -58,7 +58,6 @@ def test_cyclic_dict_is_a_value_error_naming_the_path():
     assert torch.equal(t.a.v, t.b.v)
 
 
-
 def test_cyclic_dict_given_to_object_names_the_path_as_the_tensor_tree_does():
     import treetensor.common as tc
 
@@ -70,6 +69,12 @@ def test_cyclic_dict_given_to_object_names_the_path_as_the_tensor_tree_does():
     q["z"] = q  # accepted, as in DI-treetensor (it prints); read as a subtree it is a cycle
     with pytest.raises(ValueError, match=r"dict at 'w\.z' is the dict at 'w' again \(a cycle\)"):
         tc.Object({"w": q})
+    import collections
+
+    od = collections.OrderedDict(x=1)
+    od["s"] = od  # through a dict subclass too (it looped forever in a first version)
+    with pytest.raises(ValueError, match=r"dict at 'r\.s' is the dict at 'r' again"):
+        tc.Object({"r": od})
     shared = {"v": 1}
     assert tc.Object({"a": shared, "b": tc.Object({"c": shared})}).json() == {
         "a": {"v": 1}, "b": {"c": {"v": 1}}}

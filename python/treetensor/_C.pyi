@@ -436,7 +436,7 @@ class Tensor:
         leaf facing a subtree covers all of it) is true; nodes left empty removed unless
         ``remove_empty=False`` (treevalue's ``mask``).
         @raises KeyError naming the path when ``mask_`` lacks a key of this tree; RuntimeError
-                naming it where a mask leaf is a tensor of several elements (a mask per element)."""
+                (ValueError for a numpy array) naming it where a mask leaf is not one element."""
     def masked_select(self, mask, reduce=...):
         """The selected elements of every leaf in one tensor (DI-treetensor; ``reduce=False``: a tree
         of per-leaf torch.masked_select)."""

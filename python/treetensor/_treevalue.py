@@ -106,7 +106,7 @@ def mask(self, mask_, remove_empty=True):
     leaf facing a subtree covers all of it) is true; nodes left empty removed unless
     ``remove_empty=False`` (treevalue's ``mask``).
     @raises KeyError naming the path when ``mask_`` lacks a key of this tree; RuntimeError
-            naming it where a mask leaf is a tensor of several elements (a mask per element)."""
+            (ValueError for a numpy array) naming it where a mask leaf is not one element."""
     m = _as_dict(mask_) if _is_tree(mask_) else mask_
 
     def at(path):
@@ -119,10 +119,11 @@ def mask(self, mask_, remove_empty=True):
             node = node[k]
         try:
             return bool(node)
-        except RuntimeError as e:  # a tensor of several elements: a mask per element (torch's type)
-            raise RuntimeError(f"treetensor: mask: the mask at '{_describe(path)}' is not one bool "
-                             f"per leaf ({e}); to select elements use masked_select or "
-                             f"t[mask] (treevalue's mask keeps or drops whole leaves)") from e
+        except (RuntimeError, ValueError) as e:  # not one element: a mask per element (torch's
+            # and numpy's types kept)
+            raise type(e)(f"treetensor: mask: the mask at '{_describe(path)}' is not one bool "
+                          f"per leaf ({e}); to select elements use masked_select or t[mask] "
+                          f"(treevalue's mask keeps or drops whole leaves)") from e
 
     return type(self)(_pruned(_as_dict(self), lambda v, p: at(p), remove_empty))
 
@@ -401,21 +402,32 @@ METHODS = {"walk": walk, "reduce": reduce, "filter": filter, "mask": mask, "unpa
 CLASS_METHODS = {"union": union, "subside": subside, "func": func, "graphics": graphics}
 
 
+def _operator_result(self, d):
+    # A tree of the leaves' kind (treetensor.common's docstring: tensors make a ttorch.Tensor)
+    # where they have one; else the operand's own class, so a subclass (tnp.ndarray among them)
+    # keeps it, as treevalue's operators keep theirs; never risen into a tuple of trees.
+    r = _leafwise.wrap(d) if d else None
+    if isinstance(r, (Object, _Tree)) and type(r) is not Object:
+        return r
+    return type(self)._view(d)
+
+
 def operator_method(fn, name, reflected=False):
     """Python operator `fn` leaf-wise as a method: ``o + x`` (``x + o`` when reflected) over
-    the leaves, zipped with ``x`` where it is a tree, a tree of the results' kind back."""
+    the leaves, zipped with ``x`` where it is a tree (_operator_result says of which class)."""
     if reflected:
         def method(self, other):
-            return _leafwise.wrap(_leafwise.call(fn, (other, self), {}, name)[0])
+            return _operator_result(self, _leafwise.call(fn, (other, self), {}, name)[0])
     else:
         def method(self, other):
-            return _leafwise.wrap(_leafwise.call(fn, (self, other), {}, name)[0])
+            return _operator_result(self, _leafwise.call(fn, (self, other), {}, name)[0])
     method.__name__ = method.__qualname__ = name
     return method
 
 
 def _inplace_operator_method(fn, name):
-    # treevalue's: the results (``operator.iadd(leaf, x)``) replace the leaves of this tree.
+    # treevalue's: the results (``operator.iadd(leaf, x)``) replace the leaves of this tree,
+    # once all are made; a leaf facing a subtree of ``x`` becomes that subtree of results.
     def method(self, other):
         _write_leaves(self._d, _leafwise.call(fn, (self, other), {}, name)[0])
         return self
@@ -425,7 +437,7 @@ def _inplace_operator_method(fn, name):
 
 def _write_leaves(d, results):
     for k, v in results.items():
-        if type(v) is dict:
+        if type(v) is dict and type(d[k]) is dict:
             _write_leaves(d[k], v)
         else:
             d[k] = v
@@ -433,18 +445,18 @@ def _write_leaves(d, results):
 
 def _unary_method(fn, name):
     def method(self):
-        return _leafwise.wrap(_leafwise.call(fn, (self,), {}, name)[0])
+        return _operator_result(self, _leafwise.call(fn, (self,), {}, name)[0])
     method.__name__ = method.__qualname__ = name
     return method
 
 
-#: Object's operators, treevalue's (DI-treetensor parity): arithmetic and bitwise ones
+#: Object's operators, treevalue's (DI-treetensor parity): arithmetic, bitwise and ``@``
 #: leaf-wise, each with its reflected and in-place form; ``==`` stays whole-tree equality.
 BINARY_OPERATORS = {"add": _operator.add, "sub": _operator.sub, "mul": _operator.mul,
                     "truediv": _operator.truediv, "floordiv": _operator.floordiv,
-                    "mod": _operator.mod, "pow": _operator.pow, "and": _operator.and_,
-                    "or": _operator.or_, "xor": _operator.xor, "lshift": _operator.lshift,
-                    "rshift": _operator.rshift}
+                    "mod": _operator.mod, "pow": _operator.pow, "matmul": _operator.matmul,
+                    "and": _operator.and_, "or": _operator.or_, "xor": _operator.xor,
+                    "lshift": _operator.lshift, "rshift": _operator.rshift}
 UNARY_OPERATORS = {"neg": _operator.neg, "pos": _operator.pos, "invert": _operator.invert}
 
 

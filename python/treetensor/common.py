@@ -166,7 +166,7 @@ class Object:
             stack.append((node, keys, i + 1, indent, path))
             k, last = keys[i], i == len(keys) - 1
             glyph, more = ("└── ", "    ") if last else ("├── ", "│   ")
-            v = node[k]
+            v = node._child(k)
             if not isinstance(v, Object):
                 text = repr(v).replace("\n", "\n" + indent + more + " " * (len(str(k)) + 5))
                 out.append(f"{indent}{glyph}{k} --> {text}")
@@ -264,7 +264,8 @@ def _with_subtrees(d):
     while todo:
         node, depth = todo.pop()
         if depth >= _MAX_DEPTH:
-            _walk_dicts(d, lambda n, _: [(k, v, None) for k, v in n.items() if type(v) is dict])
+            _walk_dicts(d, lambda n, _: [(k, v, None) for k, v in n.items() if isinstance(v, dict)])
+            raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels")
         for v in node.values():
             if isinstance(v, dict):
                 todo.append((v, depth + 1))

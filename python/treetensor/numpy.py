@@ -9,7 +9,6 @@ results' kind; numpy's plain values (``tnp.pi``) are numpy's. Needs numpy (not a
 ``import treetensor.numpy`` raises ImportError without it).
 """
 import builtins as _builtins
-import functools as _functools
 import operator as _operator
 import types as _types
 
@@ -99,26 +98,11 @@ class ndarray(Object):
         return Tensor(_leafwise.call(one, (self,), {}, "tensor")[0])
 
 
-def _ndarray_result(method):
-    @_functools.wraps(method)
-    def f(*args):
-        return _as_ndarray(method(*args))
-    return f
-
-
-# Object's operators (treetensor._treevalue) and numpy's beyond them, @ and the comparisons
-# (an array of booleans per leaf, where Object's == is whole-tree equality), leaf-wise; an
-# ndarray tree back whatever the leaves (``a @ a`` of vectors: numpy scalars).
-_methods = {n: getattr(Object, n) for n in
-            [f"__{r}{n}__" for n in _treevalue.BINARY_OPERATORS for r in ("", "r")] +
-            [f"__{n}__" for n in _treevalue.UNARY_OPERATORS]}
-_methods["__matmul__"] = _treevalue.operator_method(_operator.matmul, "__matmul__")
-_methods["__rmatmul__"] = _treevalue.operator_method(_operator.matmul, "__rmatmul__", reflected=True)
+# Object's operators (treetensor._treevalue) and numpy's comparisons, leaf-wise (an array of
+# booleans per leaf, where Object's == is whole-tree equality).
 for _name, _fn in [("eq", _operator.eq), ("ne", _operator.ne), ("lt", _operator.lt),
                    ("le", _operator.le), ("gt", _operator.gt), ("ge", _operator.ge)]:
-    _methods[f"__{_name}__"] = _treevalue.operator_method(_fn, f"__{_name}__")
-for _name, _method in _methods.items():
-    setattr(ndarray, _name, _ndarray_result(_method))
+    setattr(ndarray, f"__{_name}__", _treevalue.operator_method(_fn, f"__{_name}__"))
 ndarray.__hash__ = None
 _leafwise.register_kind(_np.ndarray, ndarray)
 
