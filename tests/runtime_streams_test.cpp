@@ -2,6 +2,7 @@
 // host thread running its queue in order, a marker completes when its stream reaches it. Leaf
 // work is enqueued on the current stream and runs asynchronously, as on a GPU. With every wait
 // the values are right; switching off either wait makes them wrong.
+#include "runtime/fork.hpp"
 #include "runtime/lanes.hpp"
 #include "runtime_test_util.hpp"
 #include "treetensor/runtime/device_streams.hpp"
@@ -290,4 +291,36 @@ TEST(LaneStreamsCpu, CpuCallsUseNoBackendAndSynchronizeIsANoOp) {
   run_leaves("cpu", 32, [&](std::size_t) { n.fetch_add(1); });
   rt::synchronize_lane_streams();
   EXPECT_EQ(n.load(), 32);
+}
+
+// DESIGN.md §10, "fork()": the lane stream registry's mutex and the others are held over fork()
+// through hold_over_fork. The fork stress tests reach a fork inside such a section only by
+// chance; here one is certain: another thread holds both a registered and a plain mutex when
+// fork() is called. The fork waits for the registered one, which the child then finds free;
+// the plain one the child inherits locked (what every registered mutex would do without it).
+TEST(ForkMutexes, AMutexHeldOverForkIsFreeInTheChildWhereAPlainOneStaysLocked) {
+  static std::mutex held;  // process-wide and never destroyed, as hold_over_fork requires
+  static std::mutex plain;
+  static const int registered = (rt::detail::hold_over_fork(held), 0);
+  (void)registered;
+  std::atomic<int> stage{0};
+  std::thread other([&] {
+    const std::lock_guard keep(plain);
+    {
+      const std::lock_guard briefly(held);
+      stage.store(1);
+      std::this_thread::sleep_for(100ms);  // fork() is called meanwhile and waits for `held`
+    }
+    while (stage.load() != 2) std::this_thread::sleep_for(1ms);  // `plain` held until forked
+  });
+  while (stage.load() != 1) std::this_thread::yield();
+  const int status = rt_test::in_forked_child(20s, [] {
+    const bool held_free = held.try_lock();
+    const bool plain_free = plain.try_lock();
+    return (held_free ? 0 : 1) + (plain_free ? 2 : 0);
+  });
+  stage.store(2);
+  other.join();
+  EXPECT_EQ(status, 0) << "1: the registered mutex was locked in the child; 2: the plain one was "
+                          "free (the fork did not happen while it was held)";
 }
