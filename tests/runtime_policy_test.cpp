@@ -233,3 +233,22 @@ TEST(Policy, LogPolicyPrintsOneLinePerAutomaticDecision) {
       },
       ::testing::ExitedWithCode(0), "treetensor policy: logged_op leaves=3 -> linear\\(1\\): ");
 }
+
+// DESIGN.md §10, "fork()": the one-time calibration takes milliseconds; a child forked while
+// another thread runs it must calibrate itself, not wait for a thread it does not have (a
+// function-local static's guard made it wait for ever). ctest runs each case in a fresh
+// process, so the calibration starts here; the fork lands in it when it takes over 1 ms.
+TEST(PolicyFork, AChildForkedWhileAnotherThreadCalibratesCalibratesItself) {
+  if (rt_test::under_tsan) GTEST_SKIP() << "ThreadSanitizer ends children that start threads";
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread calibrating([] { (void)rt::detail::calibration(); });
+  std::this_thread::sleep_for(1ms);
+  const auto forked_after = std::chrono::steady_clock::now() - t0;
+  const int status =
+      rt_test::in_forked_child(30s, [] { return rt::detail::calibration().took_s > 0 ? 0 : 1; });
+  calibrating.join();
+  EXPECT_EQ(status, 0) << "-1: the child hung";
+  const double took_ms = rt::detail::calibration().took_s * 1e3;
+  if (took_ms < std::chrono::duration<double, std::milli>(forked_after).count())
+    GTEST_SKIP() << "the calibration (" << took_ms << " ms) ended before the fork";
+}

@@ -54,20 +54,33 @@ int blas_threads() {
 }
 
 namespace {
+// Held while a thread first sets up the kernel libraries' thread settings, where MKL reads the
+// environment under a lock of its own: a fork() meanwhile waits for it, so a child never starts
+// with MKL's lock held by a thread it does not have (its first lane worker hung on it).
+std::mutex init_mutex;
+const int init_mutex_held_over_fork = (hold_over_fork(init_mutex), 0);
+
 // ATen sets a thread's OpenMP count to the process-wide one on the thread's first parallel
 // call (lazy_init_num_threads). That function is inline with a thread_local flag, so each
 // library has its own flag: ours, and LibTorch's behind at::get_num_threads(). Both run here,
 // before the count is changed, or a later first call would undo the change.
 void init_kernel_threads_here() {
+  thread_local bool done = false;
+  if (done) return;
+  const std::lock_guard lock(init_mutex);
   at::internal::lazy_init_num_threads();
   (void)at::get_num_threads();
+  done = true;
 }
 }  // namespace
 
 void pin_intra_op_to_one_thread() {
   init_kernel_threads_here();
   if (symbols().omp_set) symbols().omp_set(1);
-  if (symbols().mkl_set_local) symbols().mkl_set_local(1);
+  if (symbols().mkl_set_local) {
+    const std::lock_guard lock(init_mutex);  // MKL's first call on this thread: as above
+    symbols().mkl_set_local(1);
+  }
 }
 
 OneIntraOpThread::OneIntraOpThread() : previous_(0) {

@@ -17,8 +17,11 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -27,6 +30,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -277,11 +281,30 @@ Plan plan_automatic(const LeafCall& call, const StreamMode& mode, bool commit) {
   return learn(call, lanes, estimate, commit);
 }
 
+// The calibration runs once per process, for milliseconds, under this lock. Not a function-local
+// static: a child forked while another thread calibrated would wait for ever on the static's
+// guard (and hold_over_fork cannot take a lock held while waiting for workers to start). A child
+// gets a fresh lock instead (leaked, as the parent's copy), and calibrates itself unless the
+// parent had finished. Constant-initialised: usable before this file's dynamic initialisation.
+std::mutex first_calibration_mutex;
+std::atomic<std::mutex*> calibration_mutex{&first_calibration_mutex};
+const int calibration_mutex_fresh_in_children = [] {
+  if (const int err =
+          pthread_atfork(nullptr, nullptr, [] { calibration_mutex.store(new std::mutex); }))
+    throw std::system_error(err, std::generic_category(), "treetensor: pthread_atfork");
+  return 0;
+}();
+std::atomic<const Calibration*> calibrated{nullptr};
+
 }  // namespace
 
 const Calibration& calibration() {
-  static const Calibration c = calibrate();
-  return c;
+  if (const Calibration* c = calibrated.load(std::memory_order_acquire)) return *c;
+  const std::lock_guard lock(*calibration_mutex.load());
+  if (const Calibration* c = calibrated.load(std::memory_order_acquire)) return *c;
+  const Calibration* c = new Calibration(calibrate());  // for the process's lifetime
+  calibrated.store(c, std::memory_order_release);
+  return *c;
 }
 
 bool inline_mode() {
