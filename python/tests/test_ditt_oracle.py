@@ -269,6 +269,8 @@ CASES = [
     ("numpy-add", "tnp.array({'a': [1, 2]}) + tnp.array({'a': [3, 4]})", None),
     ("numpy-sum", "tnp.array({'a': [1, 2], 'b': {'x': [3]}}).sum()", None),
     ("numpy-eq", "tnp.array({'a': [1, 2]}) == tnp.array({'a': [1, 3]})", None),
+    ("numpy-shape", "(tnp.array({'a': [1, 2], 'b': {'x': [3, 4, 5]}}).shape, "
+     "tnp.array({'a': [[1, 2]], 'b': {'x': [[3], [4]]}}).shape)", None),
     ("numpy-size", "tnp.array({'a': [1, 2], 'b': {'x': [[3.0]]}}).size", None),
     ("numpy-tensor", "tnp.array({'a': [1, 2], 'b': {'x': [[3.0]]}}).tensor()", None),
     ("numpy-mean-method", "tnp.array({'a': [1.0, 2.0], 'b': {'x': [[3.0]]}}).mean()", None),

@@ -194,6 +194,8 @@ def test_bad_arguments():
         ttorch.load(3)
     with pytest.raises(ValueError, match="mmap=True needs a path"):
         ttorch.load(io.BytesIO(b""), mmap=True)
+    with pytest.raises(RuntimeError, match=r"^the file object <_io\.BytesIO .*>: at byte 0: neither"):
+        ttorch.load(io.BytesIO(b"garbage"))  # not the temporary copy's name
 
 
 def test_values_the_format_cannot_hold_are_refused_naming_their_path(tmp_path):

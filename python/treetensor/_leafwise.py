@@ -126,8 +126,9 @@ def _rise(d, leaves):
     return kind([wrap(part(d, i)) for i in range(len(first))])
 
 
-def wrap(d):
-    """A nested dict of leaf results as a tree of their kind (treetensor.common docstring)."""
+def wrap(d, rise=True):
+    """A nested dict of leaf results as a tree of their kind (treetensor.common docstring);
+    ``rise=False``: tuples stay leaves (an attribute's value, as ``shape``)."""
     if type(d) is not dict:
         return d
     leaves = _leaves(d)
@@ -142,7 +143,7 @@ def wrap(d):
                 break
     if cls is not None and all(isinstance(x, kind) for x in leaves):
         return cls(d)
-    risen = _rise(d, leaves)
+    risen = _rise(d, leaves) if rise else None
     if risen is not None:
         return risen
     return Object(d)

@@ -37,7 +37,8 @@ class ndarray(Object):
             raise AttributeError(f"no key '{name}' in tree (keys: {sorted(d)}) and numpy.ndarray "
                                  f"has no attribute '{name}'")
         if not callable(attr):
-            return _leafwise.wrap(_leafwise.call(lambda x: getattr(x, name), (self,), {}, name)[0])
+            return _leafwise.wrap(_leafwise.call(lambda x: getattr(x, name), (self,), {}, name)[0],
+                                  rise=False)
         f = _leafwise.treelized(attr, name, inplace=name.endswith("_"))
         return lambda *args, **kwargs: _as_ndarray(f(self, *args, **kwargs))
 

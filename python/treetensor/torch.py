@@ -959,7 +959,10 @@ def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
         with tempfile.NamedTemporaryFile(suffix=".pt") as tmp:
             tmp.write(f.read())
             tmp.flush()
-            obj = _C._load(tmp.name, map_location, False)
+            try:
+                obj = _C._load(tmp.name, map_location, False)
+            except RuntimeError as e:  # name what the caller gave, not our copy of it
+                raise RuntimeError(str(e).replace(tmp.name, f"the file object {f!r}")) from None
     else:
         obj = _C._load(path, map_location, mmap)
     if not tree:
