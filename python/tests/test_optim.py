@@ -49,6 +49,10 @@ CASES = [
     ("SGD", {"lr": 0.1}),
     ("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 1e-2}),
     ("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "maximize": True}),
+    # torch.optim's implementation flags: taken, the same step (torch's fused and foreach)
+    ("Adam", {"lr": 1e-2, "fused": True}),
+    ("AdamW", {"lr": 1e-2, "foreach": True}),
+    ("SGD", {"lr": 0.1, "momentum": 0.9, "fused": True}),
 ]
 
 
@@ -114,6 +118,10 @@ def test_bad_input_is_refused_before_any_parameter_changes():
         topt.AdamW(t, betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="Nesterov momentum requires"):
         topt.SGD(t, lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match=r"^Adam: capturable=True is not supported"):
+        topt.Adam(t, capturable=True)
+    with pytest.raises(ValueError, match=r"^SGD: differentiable=True is not supported"):
+        topt.SGD(t, lr=0.1, differentiable=True)
     with pytest.raises(TypeError, match="params must be a treetensor.torch.Tensor"):
         topt.SGD([torch.ones(1)], lr=0.1)
 

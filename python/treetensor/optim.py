@@ -45,6 +45,19 @@ def _check(ok, what, value):
         raise ValueError(f"Invalid {what}: {value}")
 
 
+def _torch_flags(owner, capturable=False, differentiable=False):
+    """torch.optim's implementation flags: ``foreach`` and ``fused`` are taken and change
+    nothing (every step here is one single-pass kernel per buffer, and agrees with torch's
+    fused and foreach steps to rounding); ``capturable`` and ``differentiable``, which would
+    change what a step is, are refused when true.
+    @raises ValueError naming the flag."""
+    for name, on in (("capturable", capturable), ("differentiable", differentiable)):
+        if on:
+            raise ValueError(f"{owner}: {name}=True is not supported (treetensor.optim's steps "
+                             f"are not CUDA-graph capturable nor differentiable); torch.optim "
+                             f"has it")
+
+
 def _state_like(params):
     s = zeros_like(params)
     return s.consolidate() if params.is_consolidated() else s
@@ -326,7 +339,9 @@ class Adam(_TreeOptimizer):
     _decoupled = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                 amsgrad=False, *, maximize=False):
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None):
+        _torch_flags(type(self).__name__, capturable, differentiable)
         _check(lr >= 0, "learning rate", lr)
         _check(eps >= 0, "epsilon value", eps)
         _check(0 <= betas[0] < 1, "beta parameter at index 0", betas[0])
@@ -379,15 +394,18 @@ class AdamW(Adam):
     _decoupled = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable)
 
 
 class SGD(_TreeOptimizer):
     """torch.optim.SGD over a tree of parameters (momentum, dampening, nesterov, weight decay)."""
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
-                 *, maximize=False):
+                 *, maximize=False, foreach=None, differentiable=False, fused=None):
+        _torch_flags(type(self).__name__, differentiable=differentiable)
         _check(lr >= 0, "learning rate", lr)
         _check(momentum >= 0, "momentum value", momentum)
         _check(weight_decay >= 0, "weight_decay value", weight_decay)
