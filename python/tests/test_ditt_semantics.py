@@ -206,6 +206,19 @@ def test_size_and_object():
     assert repr(tc.Object({1: "x", "b": {2: 3}})) == "<Object>\n├── 1 --> 'x'\n└── b --> <Object>\n    └── 2 --> 3"
 
 
+def test_object_operators_with_int_keys_and_without_leaves():
+    """Messages name int-keyed paths (a checkpoint's Objects have them) and tell 1 from '1'; a
+    tree without leaves stays an Object."""
+    with pytest.raises(ValueError, match=r"differ at '2': tree argument 0 has keys \{3\}, tree "
+                                         r"argument 1 has keys \{4\}"):
+        tc.Object({1: 1, 2: {3: 4}}) + tc.Object({1: 1, 2: {4: 4}})
+    with pytest.raises(ValueError, match=r"has keys \{1\}, tree argument 1 has keys \{'1'\}"):
+        tc.Object({1: 1}) + tc.Object({"1": 1})
+    with pytest.raises(TypeError, match=r"^__add__ at leaf '1': unsupported operand"):
+        tc.Object({1: 1}) + {1: 1}  # a plain dict is a value here, as in DI-treetensor
+    assert type(tc.Object({"a": {}}) + 1) is tc.Object and (tc.Object({"a": {}}) + 1).json() == {"a": {}}
+
+
 def test_object_prints_shared_and_self_containing_subtrees_once_at_any_depth():
     """A subtree printed before is named instead (treevalue's "The same address as ..."): an
     Object that contains itself prints; so does one nested deeper than Python's recursion."""

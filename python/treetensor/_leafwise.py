@@ -50,7 +50,17 @@ def _fill(a, leaves):
 
 
 def _describe(path):
-    return ".".join(path) if path else "<root>"
+    return ".".join(map(str, path)) if path else "<root>"
+
+
+def _key_sets(a, b):
+    """Two nodes' keys for a message: sorted, ints first (a file's dicts mix int and str keys),
+    each as its repr where some key is no str (so 1 and '1' differ)."""
+    shown = str if all(isinstance(k, str) for k in (*a, *b)) else repr
+
+    def text(keys):
+        return "{" + ", ".join(map(shown, sorted(keys, key=lambda k: (isinstance(k, str), k)))) + "}"
+    return text(a), text(b)
 
 
 def _leaf_error(name, path, e):
@@ -92,10 +102,10 @@ def call(fn, args, kwargs, name, subside=False):
                 if keys is None:
                     keys, first = n.keys(), i
                 elif n.keys() != keys:
+                    mine, theirs = _key_sets(keys, n)
                     raise ValueError(
                         f"treetensor: {name}: the trees differ at '{_describe(path)}': tree argument "
-                        f"{first} has keys {{{', '.join(sorted(keys))}}}, tree argument {i} has keys "
-                        f"{{{', '.join(sorted(n))}}}")
+                        f"{first} has keys {mine}, tree argument {i} has keys {theirs}")
         if keys is None:
             try:
                 return fn(*[_fill(a, nodes) for a in targs], **{k: _fill(v, nodes) for k, v in tkw.items()})

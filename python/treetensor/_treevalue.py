@@ -406,7 +406,7 @@ def _operator_result(self, d):
     # A tree of the leaves' kind (treetensor.common's docstring: tensors make a ttorch.Tensor)
     # where they have one; else the operand's own class, so a subclass (tnp.ndarray among them)
     # keeps it, as treevalue's operators keep theirs; never risen into a tuple of trees.
-    r = _leafwise.wrap(d) if d else None
+    r = _leafwise.wrap(d) if _leafwise._leaves(d) else None  # no leaf: no kind
     if isinstance(r, (Object, _Tree)) and type(r) is not Object:
         return r
     return type(self)._view(d)
