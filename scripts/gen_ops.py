@@ -116,16 +116,38 @@ def scalar_params(op, default=True):
     return ["const Operand& " + t for t in tensors] + [scalar], list(tensors) + [arg]
 
 
+def signature(head, params):
+    """`head(params);` as clang-format lays it out here: the parameters packed into lines of at
+    most 100 columns, continued under the open parenthesis."""
+    pieces = [p + "," for p in params[:-1]] + [params[-1] + ");"]
+    lines, line = [], head + "(" + pieces[0]
+    for piece in pieces[1:]:
+        if len(line) + 1 + len(piece) <= 100:
+            line += " " + piece
+        else:
+            lines.append(line)
+            line = " " * (len(head) + 1) + piece
+    return "\n".join(lines + [line])
+
+
+def comment_lines(first, second):
+    """Two /// sentences on their own lines, or, where the first is too long, one paragraph
+    wrapped as clang-format reflows it (the overflow joins the next line)."""
+    if len(first) <= 96:
+        return "/// %s\n/// %s" % (first, second) if second else "/// " + first
+    return doc_comment(first + (" " + second if second else ""))
+
+
 def scalar_declarations(op):
     n, doc = op["name"], op["doc"]
     params, names = scalar_params(op)
     call = ", ".join(["self"] + names)
-    fused = "\n/// Fused form (in place): at::_foreach_%s_." % n if op["foreach"] else ""
-    return ["%s\nTreeTensor %s(const Operand& self, %s);"
-            % (doc_comment("%s(%s) = at::%s(%s) leaf-wise: %s." % (n, call, n, call, doc)), n,
-               ", ".join(params)),
-            "/// %s_(%s): %s in place on self's leaves (the same leaf tensors).%s\n"
-            "TreeTensor& %s_(TreeTensor& self, %s);" % (n, call, n, fused, n, ", ".join(params))]
+    fused = "Fused form (in place): at::_foreach_%s_." % n if op["foreach"] else ""
+    inplace = "%s_(%s): %s in place on self's leaves (the same leaf tensors)." % (n, call, n)
+    return ["%s\n%s" % (doc_comment("%s(%s) = at::%s(%s) leaf-wise: %s." % (n, call, n, call, doc)),
+                         signature("TreeTensor " + n, ["const Operand& self"] + params)),
+            "%s\n%s" % (comment_lines(inplace, fused),
+                         signature("TreeTensor& %s_" % n, ["TreeTensor& self"] + params))]
 
 
 def ops_header(rows):

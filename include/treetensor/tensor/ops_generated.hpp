@@ -280,16 +280,20 @@ TreeTensor logical_xor(const Operand& a, const Operand& b);
 // ---- ternary_value ----
 /// addcmul(self, tensor1, tensor2, value) = at::addcmul(self, tensor1, tensor2, value) leaf-wise:
 /// self + value * tensor1 * tensor2.
-TreeTensor addcmul(const Operand& self, const Operand& tensor1, const Operand& tensor2, const at::Scalar& value = 1);
-/// addcmul_(self, tensor1, tensor2, value): addcmul in place on self's leaves (the same leaf tensors).
-/// Fused form (in place): at::_foreach_addcmul_.
-TreeTensor& addcmul_(TreeTensor& self, const Operand& tensor1, const Operand& tensor2, const at::Scalar& value = 1);
+TreeTensor addcmul(const Operand& self, const Operand& tensor1, const Operand& tensor2,
+                   const at::Scalar& value = 1);
+/// addcmul_(self, tensor1, tensor2, value): addcmul in place on self's leaves (the same leaf
+/// tensors). Fused form (in place): at::_foreach_addcmul_.
+TreeTensor& addcmul_(TreeTensor& self, const Operand& tensor1, const Operand& tensor2,
+                     const at::Scalar& value = 1);
 /// addcdiv(self, tensor1, tensor2, value) = at::addcdiv(self, tensor1, tensor2, value) leaf-wise:
 /// self + value * tensor1 / tensor2.
-TreeTensor addcdiv(const Operand& self, const Operand& tensor1, const Operand& tensor2, const at::Scalar& value = 1);
-/// addcdiv_(self, tensor1, tensor2, value): addcdiv in place on self's leaves (the same leaf tensors).
-/// Fused form (in place): at::_foreach_addcdiv_.
-TreeTensor& addcdiv_(TreeTensor& self, const Operand& tensor1, const Operand& tensor2, const at::Scalar& value = 1);
+TreeTensor addcdiv(const Operand& self, const Operand& tensor1, const Operand& tensor2,
+                   const at::Scalar& value = 1);
+/// addcdiv_(self, tensor1, tensor2, value): addcdiv in place on self's leaves (the same leaf
+/// tensors). Fused form (in place): at::_foreach_addcdiv_.
+TreeTensor& addcdiv_(TreeTensor& self, const Operand& tensor1, const Operand& tensor2,
+                     const at::Scalar& value = 1);
 
 // ---- binary_weight ----
 /// lerp(self, end, weight) = at::lerp(self, end, weight) leaf-wise: self + weight * (end - self).
