@@ -136,14 +136,15 @@ def _rise(d, leaves):
     return kind([wrap(part(d, i)) for i in range(len(first))])
 
 
-def wrap(d, rise=True):
+def wrap(d, rise=True, empty=_Tree):
     """A nested dict of leaf results as a tree of their kind (treetensor.common docstring);
-    ``rise=False``: tuples stay leaves (an attribute's value, as ``shape``)."""
+    ``rise=False``: tuples stay leaves (an attribute's value, as ``shape``); ``empty(d)`` makes
+    a tree without leaves."""
     if type(d) is not dict:
         return d
     leaves = _leaves(d)
     if not leaves:
-        return _Tree(d)
+        return empty(d)
     kind = type(leaves[0])
     cls = _kinds.get(kind)
     if cls is None:

@@ -404,12 +404,11 @@ CLASS_METHODS = {"union": union, "subside": subside, "func": func, "graphics": g
 
 def _operator_result(self, d):
     # A tree of the leaves' kind (treetensor.common's docstring: tensors make a ttorch.Tensor)
-    # where they have one; else the operand's own class, so a subclass (tnp.ndarray among them)
-    # keeps it, as treevalue's operators keep theirs; never risen into a tuple of trees.
-    r = _leafwise.wrap(d) if _leafwise._leaves(d) else None  # no leaf: no kind
-    if isinstance(r, (Object, _Tree)) and type(r) is not Object:
-        return r
-    return type(self)._view(d)
+    # where they have one; else (no leaf, or leaves of no kind) the operand's own class, so a
+    # subclass (tnp.ndarray among them) keeps it, as treevalue's operators keep theirs; never
+    # risen into a tuple of trees.
+    r = _leafwise.wrap(d, rise=False, empty=type(self)._view)  # no leaf: no kind
+    return type(self)._view(d) if type(r) is Object else r
 
 
 def operator_method(fn, name, reflected=False):

@@ -157,8 +157,8 @@ class Object:
         printed before (a shared one, or one that contains this tree) is named instead of
         printed again, as treevalue does."""
         out = [f"<{type(self).__name__}>"]
-        seen = {id(self._d): "<root>"}
-        stack = [(self, self.keys(), 0, "", ())]
+        seen = {id(self._d): None}  # a subtree printed -> its path link (see _describe)
+        stack = [(self, self.keys(), 0, "", None)]
         while stack:
             node, keys, i, indent, path = stack.pop()
             if i == len(keys):
@@ -172,12 +172,12 @@ class Object:
                 out.append(f"{indent}{glyph}{k} --> {text}")
                 continue
             out.append(f"{indent}{glyph}{k} --> <{type(v).__name__}>")
-            where = seen.get(id(v._d))
-            if where is not None:
+            if id(v._d) in seen:
+                where = _describe(seen[id(v._d)])
                 out.append(f"{indent}{more}{' ' * (len(str(k)) + 5)}(the same tree as '{where}')")
             else:
-                seen[id(v._d)] = ".".join(map(str, path + (k,)))
-                stack.append((v, v.keys(), 0, indent + more, path + (k,)))
+                seen[id(v._d)] = (k, path)
+                stack.append((v, v.keys(), 0, indent + more, (k, path)))
         return "\n".join(out)
 
 
