@@ -57,8 +57,8 @@ def test_rows_with_a_scalar_argument_reach_every_layer_but_fuse():
         fused = rel.startswith(("include/treetensor/tensor/fuse", "src/tensor/fuse"))
         assert ("addcmul2" in text) != fused and ("lerp2" in text) != fused, rel
     header = texts["include/treetensor/tensor/ops_generated.hpp"]
-    assert ("TreeTensor addcmul2(const Operand& self, const Operand& tensor1, const Operand& tensor2, "
-            "const at::Scalar& value = 1);") in header
+    assert ("TreeTensor addcmul2(const Operand& self, const Operand& tensor1, const Operand& tensor2,\n"
+            "                    const at::Scalar& value = 1);") in header  # as clang-format wraps it
     assert "TreeTensor& lerp2_(TreeTensor& self, const Operand& end, const at::Scalar& weight);" in header
     body = texts["src/tensor/ops_generated.inc"]
     assert "at::_foreach_addcmul2_(s, a, b, v);" in body and "x.lerp2_(y, v); },\n      nullptr);" in body
