@@ -69,6 +69,44 @@ struct PyThread {
   }
 };
 
+/// Held by a thread that makes itself a Python thread state, and by the forking thread over
+/// fork(). CPython takes its lock over the list of thread states while it makes one, without
+/// the GIL; a child forked meanwhile waits on that lock for ever, since 3.11's fork handling
+/// deletes the parent's thread states before it renews the lock (DESIGN.md §10, fork()).
+std::mutex& thread_state_mutex() {
+  static auto* m = new std::mutex;  // never destroyed: a worker may outlive static destruction
+  return *m;
+}
+
+/// The GIL on any thread, as pybind11's gil_scoped_acquire, but safe against a concurrent
+/// fork(): a thread without a Python thread state (an asyncs worker, a lane) makes one under
+/// thread_state_mutex for the scope and deletes it at the end, as gil_scoped_acquire would.
+class Gil {
+ public:
+  Gil() {
+    if (PyGILState_GetThisThreadState() != nullptr) {
+      held_.emplace();
+      return;
+    }
+    {
+      std::lock_guard lock(thread_state_mutex());
+      own_ = PyThreadState_New(PyInterpreterState_Main());
+    }
+    PyEval_RestoreThread(own_);
+  }
+  ~Gil() {
+    if (own_ == nullptr) return;
+    PyThreadState_Clear(own_);
+    PyThreadState_DeleteCurrent();  // with the GIL held, which a forking thread holds too
+  }
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+
+ private:
+  std::optional<py::gil_scoped_acquire> held_;
+  PyThreadState* own_ = nullptr;
+};
+
 /// A Python object that may be copied and dropped on any thread (takes the GIL for refcounts).
 struct PyRef {
   PyObject* p = nullptr;
@@ -77,7 +115,7 @@ struct PyRef {
   PyRef(PyRef&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
   PyRef(const PyRef& o) : p(o.p) {
     if (p) {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       Py_INCREF(p);
     }
   }
@@ -85,7 +123,7 @@ struct PyRef {
   PyRef& operator=(PyRef&&) = delete;
   ~PyRef() {
     if (p && Py_IsInitialized() && !_Py_IsFinalizing()) {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       Py_DECREF(p);
     }
   }
@@ -241,6 +279,10 @@ void bind_runtime(py::module_& m) {
   if (const int err = pthread_atfork([] { unread().m.lock(); }, [] { unread().m.unlock(); },
                                      [] { unread().m.unlock(); }))
     throw std::system_error(err, std::generic_category(), "treetensor: pthread_atfork");
+  if (const int err =
+          pthread_atfork([] { thread_state_mutex().lock(); }, [] { thread_state_mutex().unlock(); },
+                         [] { thread_state_mutex().unlock(); }))
+    throw std::system_error(err, std::generic_category(), "treetensor: pthread_atfork");
   m.def(
       "set_stream",
       [](py::handle mode) {
@@ -319,7 +361,7 @@ void bind_runtime(py::module_& m) {
           [](PyThread& t, py::function fn, py::args args, py::kwargs kwargs) {
             auto failure = std::make_shared<PyFailure>();
             auto job = [f = PyRef(fn), a = PyRef(args), k = PyRef(kwargs), failure]() {
-              py::gil_scoped_acquire gil;
+              Gil gil;
               const pid_t pid = getpid();
               try {
                 py::object r = py::reinterpret_borrow<py::function>(f.p)(
@@ -377,7 +419,7 @@ void bind_runtime(py::module_& m) {
         CallbackError err;
         std::atomic<int> single{-1};  // 1: fn returned a tensor, 0: a tuple of tensors
         auto leaf = [&](const detail::LeafArgs& x) -> std::vector<at::Tensor> {
-          py::gil_scoped_acquire gil;
+          Gil gil;
           try {
             // The C API call: pybind11's fn(*call, **kwargs) copies both into new containers
             // on every leaf.

@@ -645,6 +645,37 @@ def test_forks_while_other_threads_run_tree_calls_and_jobs():
             t.join()
 
 
+def test_forks_while_workers_take_the_gil_for_python_jobs():
+    """A worker running a Python job makes itself a Python thread state, under CPython's lock
+    over the list of them; a child forked meanwhile must not start with that lock held (3.11
+    waits on it in the child for ever). Each fork races with two workers' jobs."""
+    stop = threading.Event()
+
+    def busy():
+        w = asyncs.Thread("gil")
+        while not stop.is_set():
+            w.submit(int).result()
+        w.close()
+
+    threads = [threading.Thread(target=busy) for _ in range(2)]
+    for t in threads:
+        t.start()
+
+    def child():
+        w = asyncs.Thread("child")
+        out = w.submit(sum, [1, 2]).result()
+        w.close()
+        return out
+
+    try:
+        for _ in range(150):
+            assert in_forked_child(child, limit=20) == 3
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
 def test_a_fork_inside_a_job_leaves_a_child_that_is_no_worker():
     """The forking job runs on in the child, on a thread that is no asyncs worker there: its
     tree calls and new workers behave as on any thread."""
