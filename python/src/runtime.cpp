@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -39,15 +41,66 @@ runtime::StreamMode to_mode(py::handle h) {
   return runtime::StreamMode::of(static_cast<std::size_t>(m));
 }
 
-/// A scoped StreamGuard / ThreadScope owned by Python: made by __enter__, destroyed by close()
-/// (on the same OS thread, in reverse order: `with` guarantees both).
-struct Guard {
-  std::unique_ptr<runtime::StreamGuard> stream;
-  std::unique_ptr<asyncs::ThreadScope> scope;
-  void close() {
-    stream.reset();
-    scope.reset();
+/// A scoped StreamGuard / ThreadScope owned by Python: made by __enter__, ended by close() on
+/// the OS thread that made it, innermost first among the open guards of its kind there. Each
+/// C++ guard restores what it replaced, so a guard ended out of order or on another thread
+/// would leave a finished scope in force; close() refuses those and the guard stays open.
+class Guard {
+ public:
+  enum Kind : std::size_t { kStream, kScope };
+
+  Guard(std::unique_ptr<runtime::StreamGuard> stream, std::unique_ptr<asyncs::ThreadScope> scope)
+      : kind_(stream ? kStream : kScope),
+        stream_(std::move(stream)),
+        scope_(std::move(scope)),
+        depth_(++open(kind_)) {}
+  Guard(Guard&&) = default;
+  Guard& operator=(Guard&&) = delete;
+  /// A guard dropped unclosed (a generator left inside its `with`) ends only when it is the
+  /// innermost on its own thread; otherwise its scope stays in force there.
+  ~Guard() {
+    if (is_open() && refusal().empty()) end();
+    (void)stream_.release();
+    (void)scope_.release();
   }
+
+  /// Ends the scope. @throws std::runtime_error (RuntimeError) on another thread than the one
+  /// that entered it, or while a scope of its kind entered after it is still open.
+  void close() {
+    if (!is_open()) return;
+    if (const std::string why = refusal(); !why.empty()) throw std::runtime_error(why);
+    end();
+  }
+
+ private:
+  static std::size_t& open(Kind k) {
+    thread_local std::array<std::size_t, 2> n{};
+    return n[k];
+  }
+  bool is_open() const { return stream_ || scope_; }
+  void end() {
+    stream_.reset();
+    scope_.reset();
+    --open(kind_);
+  }
+  std::string refusal() const {
+    const std::string what = kind_ == kStream ? "ttorch.stream" : "asyncs.thread";
+    if (owner_ != std::this_thread::get_id())
+      return "treetensor: a " + what +
+             " scope must be exited on the thread that entered it (scopes are per OS thread)";
+    if (depth_ != open(kind_))
+      return "treetensor: " + what +
+             " scope exited out of order: " + std::to_string(open(kind_) - depth_) + " " + what +
+             " scope(s) entered after it on this thread are still open; exit the innermost "
+             "first";
+    return {};
+  }
+
+  Kind kind_;
+  std::unique_ptr<runtime::StreamGuard> stream_;
+  std::unique_ptr<asyncs::ThreadScope> scope_;
+  std::thread::id owner_ = std::this_thread::get_id();
+  std::size_t depth_;
 };
 
 struct PyThread {
@@ -306,9 +359,7 @@ void bind_runtime(py::module_& m) {
   m.def("_describe_stream", [](py::handle mode) { return to_mode(mode).to_string(); });
   py::class_<Guard>(m, "_Guard").def("close", &Guard::close);
   m.def("_stream_guard", [](py::handle mode) {
-    Guard g;
-    g.stream = std::make_unique<runtime::StreamGuard>(to_mode(mode));
-    return g;
+    return Guard(std::make_unique<runtime::StreamGuard>(to_mode(mode)), nullptr);
   });
   m.def(
       "synchronize",
@@ -393,10 +444,9 @@ void bind_runtime(py::module_& m) {
   m.def(
       "_thread_scope",
       [](const PyThread& t, bool blocking) {
-        Guard g;
-        g.scope = std::make_unique<asyncs::ThreadScope>(
-            *t.thread, blocking ? asyncs::ScopeMode::blocking : asyncs::ScopeMode::pending);
-        return g;
+        return Guard(nullptr, std::make_unique<asyncs::ThreadScope>(
+                                  *t.thread, blocking ? asyncs::ScopeMode::blocking
+                                                      : asyncs::ScopeMode::pending));
       },
       py::arg("thread"), py::arg("blocking") = false);
   m.def("_current_thread_id", [] { return asyncs::current_thread_id(); });

@@ -218,8 +218,75 @@ def test_missing_attribute_lists_keys_and_names_private_torch_attributes():
                          ids=["asyncs.thread", "stream"])
 def test_exit_without_enter_is_a_runtime_error_naming_the_with_form(make):
     guard = make()
-    with pytest.raises(RuntimeError, match=r"__exit__ without __enter__ \(use it as ``with "):
+    with pytest.raises(RuntimeError, match=r"__exit__ without __enter__ on this thread \(use it as "
+                                           r"``with "):
         guard.__exit__(None, None, None)
     with guard:  # still usable as it should be
         r = ttorch.Tensor({"a": torch.ones(2)}) + 1
     assert torch.equal(r.a, torch.full((2,), 2.0))
+
+
+def _in_force(kind):
+    """What the calling thread's innermost scope of `kind` says now."""
+    if kind == "stream":
+        return ttorch.current_stream()
+    return type(ttorch.Tensor({"a": torch.ones(2)}).sum()).__name__  # PendingTensor inside
+
+
+def _scope(kind, n):
+    return ttorch.stream(n) if kind == "stream" else asyncs.thread(n)
+
+
+@pytest.mark.parametrize("kind", ["stream", "asyncs.thread"])
+def test_a_scope_exited_before_one_entered_after_it_is_refused_and_stays_open(kind):
+    """Each guard restores what it replaced: ending the outer scope first would leave the
+    inner one's setting in force after both ended, so that exit is refused."""
+    before = _in_force(kind)
+    outer = _scope(kind, 2)  # made just before entering: a made ttorch.stream sets the mode
+    outer.__enter__()
+    inner = _scope(kind, 3)
+    inner.__enter__()
+    inside = _in_force(kind)
+    with pytest.raises(RuntimeError, match=rf"treetensor: \S*{kind} scope exited out of order: "
+                                           rf"1 \S+ scope\(s\) entered after it on this thread "
+                                           r"are still open; exit the innermost first"):
+        outer.__exit__(None, None, None)
+    assert _in_force(kind) == inside  # nothing changed
+    inner.__exit__(None, None, None)
+    outer.__exit__(None, None, None)
+    assert _in_force(kind) == before
+    asyncs.synchronize()
+
+
+@pytest.mark.parametrize("kind", ["stream", "asyncs.thread"])
+def test_one_scope_object_entered_on_two_threads_ends_each_threads_own_scope(kind):
+    """A module-level scope object shared by threads: each thread's __exit__ ends the scope
+    it entered, whatever order the threads exit in; another thread cannot end it."""
+    import threading
+
+    before = _in_force(kind)
+    scope = _scope(kind, 2)
+    entered, exited = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        scope.__enter__()
+        seen["inside"] = _in_force(kind)
+        entered.set()
+        exited.wait(30)
+        scope.__exit__(None, None, None)
+        seen["after"] = _in_force(kind)
+
+    scope.__enter__()  # made just before: a made ttorch.stream sets the process-wide mode
+    inside = _in_force(kind)
+    t = threading.Thread(target=other)
+    t.start()
+    assert entered.wait(30)
+    scope.__exit__(None, None, None)  # the main thread's own scope, though the other's is newer
+    assert _in_force(kind) == before
+    with pytest.raises(RuntimeError, match="without __enter__ on this thread"):
+        scope.__exit__(None, None, None)  # the other thread's scope is not this thread's to end
+    exited.set()
+    t.join(30)
+    assert seen == {"inside": inside, "after": before}
+    asyncs.synchronize()

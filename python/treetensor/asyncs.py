@@ -29,7 +29,7 @@ import weakref as _weakref
 
 import torch as _torch
 
-from . import _C
+from . import _C, _scopes
 
 __all__ = ["Thread", "Future", "PendingTensor", "thread", "synchronize", "current_thread_id"]
 
@@ -232,7 +232,11 @@ class thread:
     their results cannot be handed out before they exist.
 
     blocking=True: every tree call of the block runs on the worker and the caller waits for it
-    (values are ready when the call returns; errors are raised by the call itself)."""
+    (values are ready when the call returns; errors are raised by the call itself).
+
+    Scopes belong to the OS thread that entered them (one object may be entered on several
+    threads) and end innermost first: ``__exit__`` while an ``asyncs.thread`` scope entered
+    after it on the same thread is still open raises RuntimeError and leaves it open."""
 
     def __init__(self, worker=0, blocking=False):
         if isinstance(worker, Thread):
@@ -242,17 +246,14 @@ class thread:
         else:
             raise TypeError(f"asyncs.thread takes an int or an asyncs.Thread, not {type(worker).__name__}")
         self._blocking = bool(blocking)
-        self._guards = []
+        self._guards = _scopes.Guards("asyncs.thread")
 
     def __enter__(self):
-        self._guards.append(_C._thread_scope(self._thread._c, self._blocking))
+        self._guards.push(_C._thread_scope(self._thread._c, self._blocking))
         return self._thread
 
     def __exit__(self, *exc):
-        if not self._guards:
-            raise RuntimeError("treetensor: asyncs.thread.__exit__ without __enter__ (use it as "
-                               "``with asyncs.thread(...):``)")
-        self._guards.pop().close()
+        self._guards.pop()
         return False
 
 

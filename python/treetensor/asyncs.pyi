@@ -105,7 +105,11 @@ class thread:
     their results cannot be handed out before they exist.
 
     blocking=True: every tree call of the block runs on the worker and the caller waits for it
-    (values are ready when the call returns; errors are raised by the call itself)."""
+    (values are ready when the call returns; errors are raised by the call itself).
+
+    Scopes belong to the OS thread that entered them (one object may be entered on several
+    threads) and end innermost first: ``__exit__`` while an ``asyncs.thread`` scope entered
+    after it on the same thread is still open raises RuntimeError and leaves it open."""
     def __enter__(self): ...
     def __exit__(self, *exc): ...
     def __init__(self, worker=..., blocking=...): ...

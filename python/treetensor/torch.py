@@ -40,7 +40,7 @@ import warnings as _warnings
 
 import torch as _torch
 
-from . import _C, _leafwise, _ops, _treevalue
+from . import _C, _leafwise, _ops, _scopes, _treevalue
 from .common import Object, _foreign_dict, _is_foreign_tree
 
 Tensor = _C.Tensor
@@ -835,7 +835,9 @@ class stream:
     thread plus n-1 workers; n=1 is linear), ``ttorch.stream('auto')`` lets treetensor's policy
     pick per call; results are the same in every mode and need no synchronize. Called as a
     statement it sets the process-wide mode; as ``with ttorch.stream(n):`` it applies to the
-    calling thread inside the block only and the previous process-wide mode stays."""
+    calling thread inside the block only and the previous process-wide mode stays. Scoped
+    forms end innermost first on the thread that entered them: ``__exit__`` while a stream
+    scope entered after it on that thread is still open raises RuntimeError, leaving it open."""
 
     # The process-wide mode as last set through this class (the C++ runtime reports only the
     # calling thread's mode, which a scoped guard overrides).
@@ -848,20 +850,17 @@ class stream:
         _C.set_stream(mode)
         stream._process_wide = _C._describe_stream(mode)
         self._mode = mode
-        self._guards = []
+        self._guards = _scopes.Guards("stream")
 
     def __enter__(self):
         # The scoped form: undo the process-wide change, install a thread-local guard.
         _C.set_stream(_parse_mode(self._previous))
         stream._process_wide = self._previous
-        self._guards.append(_C._stream_guard(self._mode))
+        self._guards.push(_C._stream_guard(self._mode))
         return self
 
     def __exit__(self, *exc):
-        if not self._guards:
-            raise RuntimeError("treetensor: stream.__exit__ without __enter__ (use it as "
-                               "``with stream(...):``)")
-        self._guards.pop().close()
+        self._guards.pop()
         return False
 
     def __repr__(self):

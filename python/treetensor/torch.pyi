@@ -740,7 +740,9 @@ class stream:
     thread plus n-1 workers; n=1 is linear), ``ttorch.stream('auto')`` lets treetensor's policy
     pick per call; results are the same in every mode and need no synchronize. Called as a
     statement it sets the process-wide mode; as ``with ttorch.stream(n):`` it applies to the
-    calling thread inside the block only and the previous process-wide mode stays."""
+    calling thread inside the block only and the previous process-wide mode stays. Scoped
+    forms end innermost first on the thread that entered them: ``__exit__`` while a stream
+    scope entered after it on that thread is still open raises RuntimeError, leaving it open."""
     def __enter__(self): ...
     def __exit__(self, *exc): ...
     def __init__(self, mode): ...
