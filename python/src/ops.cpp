@@ -125,6 +125,25 @@ py::object tuple_of(std::vector<TreeTensor> trees) {
   return out;
 }
 
+/// split / chunk / unbind of one tree: the tuple of trees whose tree k holds every leaf's
+/// piece k (`even`, the parallel tree call); when the leaves give different numbers of pieces
+/// (uneven sizes), DI-treetensor's result instead: the nested dict of each leaf's tuple of
+/// pieces (`leaf` of the leaf), which treetensor.torch wraps as a treetensor.common.Object.
+template <class Even, class Leaf>
+py::object pieces(const TensorTree& n, Even even, Leaf leaf) {
+  try {
+    return tuple_of(nogil(even));
+  } catch (const tree::StructureError&) {  // NOLINT(bugprone-empty-catch): uneven, see below
+    // The only structure error of a one-tree call: the leaves' piece counts differ.
+  }
+  return values(n, [&](const at::Tensor& t) {
+    const std::vector<at::Tensor> parts = leaf(t);
+    py::tuple out(parts.size());
+    for (std::size_t i = 0; i < parts.size(); ++i) out[i] = wrap_tensor(parts[i]);
+    return py::object(std::move(out));
+  });
+}
+
 std::vector<TreeTensor> tree_list(py::handle seq) {
   std::vector<TreeTensor> out;
   for (auto v : py::reinterpret_borrow<py::iterable>(seq)) out.push_back(to_tree(v));
@@ -489,12 +508,14 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
         const TensorTree& n = s.operand();
         if (PyLong_Check(size.ptr())) {
           const int64_t k = size.cast<int64_t>();
-          return tuple_of(nogil([&] { return treetensor::split(n, k, dim); }));
+          return pieces(
+              n, [&] { return treetensor::split(n, k, dim); },
+              [&](const at::Tensor& t) { return t.split(k, dim); });
         }
         const auto sizes = int_list(size);
         std::vector<Operand> ops{Operand(n)};
         detail::CallOptions o{"split"};
-        return tuple_of(nogil([&] {
+        return tuple_of(nogil([&] {  // as many pieces as sizes in every leaf
           return detail::map_leaves_multi(o, ops, [&](const detail::LeafArgs& x) {
             return x.t(0).split_with_sizes(sizes, dim);
           });
@@ -505,14 +526,18 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       "chunk",
       [](const PyTree& s, int64_t chunks, int64_t dim) {
         const TensorTree& n = s.operand();
-        return tuple_of(nogil([&] { return treetensor::chunk(n, chunks, dim); }));
+        return pieces(
+            n, [&] { return treetensor::chunk(n, chunks, dim); },
+            [&](const at::Tensor& t) { return t.chunk(chunks, dim); });
       },
       py::arg("chunks"), py::arg("dim") = 0);
   cls.def(
       "unbind",
       [](const PyTree& s, int64_t dim) {
         const TensorTree& n = s.operand();
-        return tuple_of(nogil([&] { return treetensor::unbind(n, dim); }));
+        return pieces(
+            n, [&] { return treetensor::unbind(n, dim); },
+            [&](const at::Tensor& t) { return t.unbind(dim); });
       },
       py::arg("dim") = 0);
   m.def(

@@ -127,6 +127,10 @@ CASES = [
     ("split", "ttorch.split(T('s'), 2)", None),
     ("split-sections", "T('s').split([1, 3])", None),
     ("chunk", "ttorch.chunk(T('s'), 2)", None),
+    # leaves giving different numbers of pieces: an Object of each leaf's tuple
+    ("split-uneven", "ttorch.split(T('t'), 2)", None),
+    ("chunk-uneven", "T('t').chunk(3)", None),
+    ("unbind-uneven", "T('t').unbind()", None),
     ("reshape", "ttorch.reshape(T('t'), (-1,))", None),
     ("where", "ttorch.where(T('t') > 0, T('t'), T('u'))", None),
     ("where-leaf-into-subtree", "ttorch.where(T('t') > 0, T('t'), T('v'))", None),
