@@ -204,6 +204,9 @@ def test_size_and_object():
     with pytest.raises(AttributeError, match=r"no key 'a' in tree \(keys: \['b', 'z'\]\)"):
         del o.a
     assert repr(tc.Object({1: "x", "b": {2: 3}})) == "<Object>\n├── 1 --> 'x'\n└── b --> <Object>\n    └── 2 --> 3"
+    # a str key that would read as another key is quoted: int 1 and str '1' print apart
+    assert repr(tc.Object({1: 0, "1": 1, "a.b": 2, "": 3, "-2": 4})).splitlines() == [
+        "<Object>", "├── 1 --> 0", "├── '' --> 3", "├── '-2' --> 4", "├── '1' --> 1", "└── 'a.b' --> 2"]
 
 
 def test_object_operators_with_int_keys_and_without_leaves():

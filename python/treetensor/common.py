@@ -24,6 +24,17 @@ __all__ = ["Object", "Constraint", "ValidationError", "to_constraint", "vval", "
            "ncheck", "cleaf"]
 
 
+def _key_text(k):
+    """A key as Object's repr shows it: a str as it is, unless it would read as another key
+    (empty, with a '.' as in paths, or the digits of an int key), then quoted; any other key
+    as its repr (``1``, so an int key 1 and a str key '1' print apart)."""
+    if not isinstance(k, str):
+        return repr(k)
+    if not k or "." in k or k.lstrip("-").isdigit():
+        return repr(k)
+    return k
+
+
 class Object:
     """A tree of arbitrary Python values: attribute and item access, ``keys/values/items``
     (sorted keys), ``len``, ``in``, ``get(key, default)``, ``all()/any()`` over the leaves,
@@ -166,15 +177,15 @@ class Object:
             stack.append((node, keys, i + 1, indent, path))
             k, last = keys[i], i == len(keys) - 1
             glyph, more = ("└── ", "    ") if last else ("├── ", "│   ")
-            v = node._child(k)
+            v, shown = node._child(k), _key_text(k)
             if not isinstance(v, Object):
-                text = repr(v).replace("\n", "\n" + indent + more + " " * (len(str(k)) + 5))
-                out.append(f"{indent}{glyph}{k} --> {text}")
+                text = repr(v).replace("\n", "\n" + indent + more + " " * (len(shown) + 5))
+                out.append(f"{indent}{glyph}{shown} --> {text}")
                 continue
-            out.append(f"{indent}{glyph}{k} --> <{type(v).__name__}>")
+            out.append(f"{indent}{glyph}{shown} --> <{type(v).__name__}>")
             if id(v._d) in seen:
                 where = _describe(seen[id(v._d)])
-                out.append(f"{indent}{more}{' ' * (len(str(k)) + 5)}(the same tree as '{where}')")
+                out.append(f"{indent}{more}{' ' * (len(shown) + 5)}(the same tree as '{where}')")
             else:
                 seen[id(v._d)] = (k, path)
                 stack.append((v, v.keys(), 0, indent + more, (k, path)))
