@@ -17,7 +17,6 @@
 #include <optional>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -77,6 +76,12 @@ class Guard {
     thread_local std::array<std::size_t, 2> n{};
     return n[k];
   }
+  // The calling thread's token: unlike std::thread::id, never reused by a later thread.
+  static std::uint64_t thread_token() {
+    static std::atomic<std::uint64_t> next{1};
+    thread_local const std::uint64_t mine = next.fetch_add(1, std::memory_order_relaxed);
+    return mine;
+  }
   bool is_open() const { return stream_ || scope_; }
   void end() {
     stream_.reset();
@@ -85,7 +90,7 @@ class Guard {
   }
   std::string refusal() const {
     const std::string what = kind_ == kStream ? "ttorch.stream" : "asyncs.thread";
-    if (owner_ != std::this_thread::get_id())
+    if (owner_ != thread_token() || depth_ > open(kind_))
       return "treetensor: a " + what +
              " scope must be exited on the thread that entered it (scopes are per OS thread)";
     if (depth_ != open(kind_))
@@ -99,7 +104,7 @@ class Guard {
   Kind kind_;
   std::unique_ptr<runtime::StreamGuard> stream_;
   std::unique_ptr<asyncs::ThreadScope> scope_;
-  std::thread::id owner_ = std::this_thread::get_id();
+  std::uint64_t owner_ = thread_token();
   std::size_t depth_;
 };
 

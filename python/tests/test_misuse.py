@@ -284,9 +284,60 @@ def test_one_scope_object_entered_on_two_threads_ends_each_threads_own_scope(kin
     assert entered.wait(30)
     scope.__exit__(None, None, None)  # the main thread's own scope, though the other's is newer
     assert _in_force(kind) == before
-    with pytest.raises(RuntimeError, match="without __enter__ on this thread"):
+    with pytest.raises(RuntimeError, match=r"__exit__ on a thread that did not enter it: a "
+                                           r"scope ends on the thread that entered it"):
         scope.__exit__(None, None, None)  # the other thread's scope is not this thread's to end
     exited.set()
     t.join(30)
     assert seen == {"inside": inside, "after": before}
     asyncs.synchronize()
+
+
+def test_a_scope_object_entered_again_keeps_the_process_wide_mode_set_since():
+    """``ttorch.stream(n)`` sets the process-wide mode when made; its first ``__enter__`` undoes
+    that (so ``with ttorch.stream(n):`` changes nothing outside), but never a mode set later."""
+    before = ttorch.current_stream()
+    s2 = ttorch.stream(2)
+    with s2:
+        assert ttorch.current_stream() == "stream(2)"
+    assert ttorch.current_stream() == before
+    ttorch.stream(4)
+    with s2:  # entered again: the process-wide stream(4) set since stays
+        pass
+    assert ttorch.current_stream() == "stream(4)"
+    ttorch.stream(_parse(before))
+
+
+def _parse(text):
+    inner = text[text.index("(") + 1:-1]
+    return int(inner) if inner.isdigit() else inner
+
+
+def test_a_thread_that_ends_inside_a_scope_leaves_nothing_for_a_later_thread():
+    """A thread's open scopes are its own: one that ends inside a scope does not hand it to a
+    later thread, even one given the same ident, whose own scopes then end as usual."""
+    import threading
+
+    s, u = ttorch.stream(2), ttorch.stream(3)
+    ttorch.stream(1)
+    out = []
+
+    def dies_in_scope():
+        s.__enter__()
+
+    def later():
+        u.__enter__()
+        try:
+            s.__exit__(None, None, None)
+            out.append("ended a scope it never entered")
+        except RuntimeError as e:
+            out.append(str(e))
+        u.__exit__(None, None, None)
+        out.append(ttorch.current_stream())
+
+    for f in (dies_in_scope, later):
+        t = threading.Thread(target=f)
+        t.start()
+        t.join(30)
+    assert out[0].startswith("treetensor: stream.__exit__ on a thread that did not enter it")
+    assert out[1] == "stream(1)"

@@ -868,16 +868,21 @@ class stream:
     def __init__(self, mode):
         if stream._process_wide is None:
             stream._process_wide = _C.current_stream()
-        self._previous = stream._process_wide
+        self._undo = stream._process_wide  # what the first __enter__ puts back (see there)
         _C.set_stream(mode)
-        stream._process_wide = _C._describe_stream(mode)
+        stream._process_wide = self._set = _C._describe_stream(mode)
         self._mode = mode
         self._guards = _scopes.Guards("stream")
 
     def __enter__(self):
-        # The scoped form: undo the process-wide change, install a thread-local guard.
-        _C.set_stream(_parse_mode(self._previous))
-        stream._process_wide = self._previous
+        # The scoped form installs a thread-local guard. Its first entry also undoes the
+        # process-wide change this object's construction made, unless a later one replaced it
+        # (``with ttorch.stream(n):`` as a whole leaves the process-wide mode as it was).
+        if self._undo is not None:
+            if stream._process_wide == self._set:
+                _C.set_stream(_parse_mode(self._undo))
+                stream._process_wide = self._undo
+            self._undo = None
         self._guards.push(_C._stream_guard(self._mode))
         return self
 
