@@ -209,6 +209,35 @@ def test_size_and_object():
         "<Object>", "├── 1 --> 0", "├── '' --> 3", "├── '-2' --> 4", "├── '1' --> 1", "└── 'a.b' --> 2"]
 
 
+def test_leafwise_calls_walk_any_depth_and_name_a_cycle():
+    """Operators, in-place operators, the torch fallback and leaves() walk without recursion:
+    a tree 3000 levels deep works (Python's recursion limit is 1000); a tree that contains
+    itself is a ValueError naming both paths, not a RecursionError."""
+    d = node = {}
+    for _ in range(3000):
+        node["n"] = {}
+        node = node["n"]
+    node["leaf"] = 1
+    o = tc.Object(d)
+    r = -(o * 2 + 1)
+    o += 10
+    for _ in range(3000):
+        r, o = r.n, o.n
+    assert (r.leaf, o.leaf) == (-3, 11)
+    t = {"a": torch.ones(2)}
+    for _ in range(1500):
+        t = {"n": t}
+    s = ttorch.softmax(ttorch.Tensor(t), -1)  # the fallback to torch, leaf-wise
+    for _ in range(1500):
+        s = s.n
+    assert torch.equal(s.a, torch.full((2,), 0.5))
+    c = tc.Object({"a": 1, "b": {"c": 2}})
+    c.b.d = c
+    with pytest.raises(ValueError, match=r"the dict at 'b\.d' is the dict at '<root>' again "
+                                         r"\(a cycle\): a tree cannot contain itself"):
+        c + 1
+
+
 def test_object_operators_with_int_keys_and_without_leaves():
     """Messages name int-keyed paths (a checkpoint's Objects have them) and tell 1 from '1'; a
     tree without leaves stays an Object."""

@@ -4,7 +4,7 @@ that treetensor does not bind in C++: the calls run on the calling thread with t
 one Python call per leaf, as DI-treetensor's do.
 """
 from . import _C
-from .common import Object, _foreign_dict, _is_foreign_tree
+from .common import _MAX_DEPTH, Object, _foreign_dict, _is_foreign_tree
 
 _Tree = _C.Tensor
 _kinds = {}  # leaf type -> tree class, filled by treetensor.torch and treetensor.numpy
@@ -95,8 +95,23 @@ def call(fn, args, kwargs, name, subside=False):
     if not trees:
         return fn(*args, **kwargs), False
 
-    def walk(nodes, path):
-        keys = None
+    return _walk(fn, targs, tkw, trees, name), True
+
+
+def _walk(fn, targs, tkw, trees, name):
+    """call()'s walk: fn over the zipped leaves of `trees` (a leaf of one facing a subtree of
+    another is broadcast into it), depth first in key order as a recursive walk would call
+    it, but without recursion, so any depth works; also refuses a first tree that contains
+    itself and one deeper than _MAX_DEPTH (ValueError naming the path)."""
+    out = {}
+    on_path = {}  # id of a first-tree dict being walked -> its path link
+    todo = [(trees, None, out, None)]
+    while todo:
+        nodes, link, parent, key = todo.pop()
+        if parent is None:  # every child of the dict with id `key` is walked
+            del on_path[key]
+            continue
+        keys, first = None, None
         for i, n in enumerate(nodes):
             if type(n) is dict:
                 if keys is None:
@@ -104,19 +119,67 @@ def call(fn, args, kwargs, name, subside=False):
                 elif n.keys() != keys:
                     mine, theirs = _key_sets(keys, n)
                     raise ValueError(
-                        f"treetensor: {name}: the trees differ at '{_describe(path)}': tree argument "
-                        f"{first} has keys {mine}, tree argument {i} has keys {theirs}")
+                        f"treetensor: {name}: the trees differ at '{_describe(_path(link))}': tree "
+                        f"argument {first} has keys {mine}, tree argument {i} has keys {theirs}")
         if keys is None:
             try:
-                return fn(*[_fill(a, nodes) for a in targs], **{k: _fill(v, nodes) for k, v in tkw.items()})
+                parent[key] = fn(*[_fill(a, nodes) for a in targs],
+                                 **{k: _fill(v, nodes) for k, v in tkw.items()})
             except Exception as e:  # noqa: BLE001  (re-raised with its type and the path)
-                new = _leaf_error(name, path, e)
+                new = _leaf_error(name, _path(link), e)
                 if new is e:
                     raise
                 raise new from e
-        return {k: walk([n[k] if type(n) is dict else n for n in nodes], path + (k,)) for k in keys}
+            continue
+        ident = id(nodes[first])
+        if ident in on_path or len(on_path) >= _MAX_DEPTH:
+            _refuse(on_path, ident, link)
+        on_path[ident] = link
+        node = parent[key] = dict.fromkeys(keys)  # filled in key order as the children are walked
+        todo.append((None, None, None, ident))
+        if len(nodes) == 1:
+            d = nodes[0]
+            todo += [([d[k]], (k, link), node, k) for k in reversed(keys)]
+        else:
+            todo += [([n[k] if type(n) is dict else n for n in nodes], (k, link), node, k)
+                     for k in reversed(keys)]
+    return out[None]
 
-    return walk(trees, ()), True
+
+def _path(link):
+    """The key tuple of a (key, parent link) chain."""
+    keys = []
+    while link is not None:
+        key, link = link
+        keys.append(key)
+    return tuple(reversed(keys))
+
+
+def _refuse(on_path, ident, link):
+    """The walk cannot enter the dict with id `ident` at `link`: a ValueError naming the path,
+    for a cycle (the dict is on the path already) or past _MAX_DEPTH levels."""
+    if ident in on_path:
+        raise ValueError(f"treetensor: the dict at '{_describe(_path(link))}' is the dict at "
+                         f"'{_describe(_path(on_path[ident]))}' again (a cycle): a tree cannot "
+                         "contain itself")
+    where = _describe(_path(link))
+    raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels, at "
+                     f"'{where if len(where) <= 200 else where[:200] + '...'}'")
+
+
+def _map(d, f):
+    """The nested dict `d` with f(leaf) for each leaf, without recursion."""
+    out = {}
+    todo = [(d, out)]
+    while todo:
+        src, dst = todo.pop()
+        for k, v in src.items():
+            if type(v) is dict:
+                dst[k] = {}
+                todo.append((v, dst[k]))
+            else:
+                dst[k] = f(v)
+    return out
 
 
 def _rise(d, leaves):
@@ -129,11 +192,8 @@ def _rise(d, leaves):
             type(x) is not kind or len(x) != len(first) for x in leaves):
         return None
 
-    def part(n, i):
-        return {k: part(v, i) for k, v in n.items()} if type(n) is dict else n[i]
-
     # (struct sequences, too, are built from one sequence)
-    return kind([wrap(part(d, i)) for i in range(len(first))])
+    return kind([wrap(_map(d, lambda x, i=i: x[i])) for i in range(len(first))])
 
 
 def wrap(d, rise=True, empty=_Tree):
@@ -161,12 +221,16 @@ def wrap(d, rise=True, empty=_Tree):
 
 
 def _leaves(d):
-    out = []
-    for v in d.values():
-        if type(v) is dict:
-            out += _leaves(v)
-        else:
+    """The leaves of nested dict `d`, depth first in key order, without recursion."""
+    out, todo = [], [iter(d.values())]
+    while todo:
+        for v in todo[-1]:
+            if type(v) is dict:
+                todo.append(iter(v.values()))
+                break
             out.append(v)
+        else:
+            todo.pop()
     return out
 
 

@@ -435,11 +435,16 @@ def _inplace_operator_method(fn, name):
 
 
 def _write_leaves(d, results):
-    for k, v in results.items():
-        if type(v) is dict and type(d[k]) is dict:
-            _write_leaves(d[k], v)
-        else:
-            d[k] = v
+    """Writes the leaves of nested dict `results` into `d` at their paths (a leaf of `d` facing
+    a subtree of results becomes that subtree), without recursion."""
+    todo = [(d, results)]
+    while todo:
+        dst, src = todo.pop()
+        for k, v in src.items():
+            if type(v) is dict and type(dst[k]) is dict:
+                todo.append((dst[k], v))
+            else:
+                dst[k] = v
 
 
 def _unary_method(fn, name):

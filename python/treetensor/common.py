@@ -304,13 +304,18 @@ def _copy_with_subtrees(d, trees):
 
 
 def _leaves(d):
-    out = []
-    for k in sorted(d):
-        v = d[k]
-        if type(v) is dict:
-            out += _leaves(v)
-        else:
+    """The leaves of nested dict `d` in sorted-path order, without recursion."""
+    out, todo = [], [(d, iter(sorted(d)))]
+    while todo:
+        node, keys = todo[-1]
+        for k in keys:
+            v = node[k]
+            if type(v) is dict:
+                todo.append((v, iter(sorted(v))))
+                break
             out.append(v)
+        else:
+            todo.pop()
     return out
 
 
