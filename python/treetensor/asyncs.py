@@ -18,8 +18,9 @@ After ``os.fork()`` (a DataLoader worker, multiprocessing's fork start method) t
 none of the parent's worker threads: ``thread(k)`` starts new ones there; a :class:`Thread`
 made before the fork raises RuntimeError when used (``close()`` returns at once); a job that
 was still queued or running at the fork never runs in the child, and every read of its results
-there raises RuntimeError saying so (the parent is unaffected). Read what a child needs, or call
-:func:`synchronize`, before forking.
+there raises RuntimeError saying so, as does the child's first :func:`synchronize` (for the jobs
+of every parent thread; one never read is printed at exit). The parent is unaffected. Read what
+a child needs, or call :func:`synchronize`, before forking.
 """
 import atexit as _atexit
 import copy as _copy
