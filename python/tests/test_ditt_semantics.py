@@ -204,9 +204,11 @@ def test_size_and_object():
     with pytest.raises(AttributeError, match=r"no key 'a' in tree \(keys: \['b', 'z'\]\)"):
         del o.a
     assert repr(tc.Object({1: "x", "b": {2: 3}})) == "<Object>\n├── 1 --> 'x'\n└── b --> <Object>\n    └── 2 --> 3"
-    # a str key that would read as another key is quoted: int 1 and str '1' print apart
+    # a str key that is no identifier is quoted: int 1 and str '1' print apart
     assert repr(tc.Object({1: 0, "1": 1, "a.b": 2, "": 3, "-2": 4})).splitlines() == [
         "<Object>", "├── 1 --> 0", "├── '' --> 3", "├── '-2' --> 4", "├── '1' --> 1", "└── 'a.b' --> 2"]
+    shown = repr(tc.Object({None: 0, "None": 1, "'1'": 2, "1": 3})).splitlines()[1:]
+    assert sorted(line[4:line.index(" -->")] for line in shown) == ['"\'1\'"', "'1'", "'None'", "None"]
 
 
 def test_leafwise_calls_walk_any_depth_and_name_a_cycle():
@@ -233,9 +235,12 @@ def test_leafwise_calls_walk_any_depth_and_name_a_cycle():
     assert torch.equal(s.a, torch.full((2,), 0.5))
     c = tc.Object({"a": 1, "b": {"c": 2}})
     c.b.d = c
-    with pytest.raises(ValueError, match=r"the dict at 'b\.d' is the dict at '<root>' again "
-                                         r"\(a cycle\): a tree cannot contain itself"):
-        c + 1
+    for walk in (lambda: c + 1, c.all, c.leaves):
+        with pytest.raises(ValueError, match=r"the dict at 'b\.d' is the dict at '<root>' again "
+                                             r"\(a cycle\): a tree cannot contain itself"):
+            walk()
+    mixed = tc.Object({1: 0, "a": {2: 5, "b": 6}})  # a checkpoint's int and str keys
+    assert mixed.leaves() == [0, 5, 6] and not mixed.all() and mixed.any()
 
 
 def test_object_operators_with_int_keys_and_without_leaves():

@@ -4,7 +4,8 @@ that treetensor does not bind in C++: the calls run on the calling thread with t
 one Python call per leaf, as DI-treetensor's do.
 """
 from . import _C
-from .common import _MAX_DEPTH, Object, _foreign_dict, _is_foreign_tree
+from .common import _MAX_DEPTH, Object, _cannot_enter, _foreign_dict, _is_foreign_tree
+from .common import _leaves as _dict_leaves
 
 _Tree = _C.Tensor
 _kinds = {}  # leaf type -> tree class, filled by treetensor.torch and treetensor.numpy
@@ -133,7 +134,7 @@ def _walk(fn, targs, tkw, trees, name):
             continue
         ident = id(nodes[first])
         if ident in on_path or len(on_path) >= _MAX_DEPTH:
-            _refuse(on_path, ident, link)
+            _cannot_enter(on_path, ident, link)
         on_path[ident] = link
         node = parent[key] = dict.fromkeys(keys)  # filled in key order as the children are walked
         todo.append((None, None, None, ident))
@@ -153,18 +154,6 @@ def _path(link):
         key, link = link
         keys.append(key)
     return tuple(reversed(keys))
-
-
-def _refuse(on_path, ident, link):
-    """The walk cannot enter the dict with id `ident` at `link`: a ValueError naming the path,
-    for a cycle (the dict is on the path already) or past _MAX_DEPTH levels."""
-    if ident in on_path:
-        raise ValueError(f"treetensor: the dict at '{_describe(_path(link))}' is the dict at "
-                         f"'{_describe(_path(on_path[ident]))}' again (a cycle): a tree cannot "
-                         "contain itself")
-    where = _describe(_path(link))
-    raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels, at "
-                     f"'{where if len(where) <= 200 else where[:200] + '...'}'")
 
 
 def _map(d, f):
@@ -221,17 +210,9 @@ def wrap(d, rise=True, empty=_Tree):
 
 
 def _leaves(d):
-    """The leaves of nested dict `d`, depth first in key order, without recursion."""
-    out, todo = [], [iter(d.values())]
-    while todo:
-        for v in todo[-1]:
-            if type(v) is dict:
-                todo.append(iter(v.values()))
-                break
-            out.append(v)
-        else:
-            todo.pop()
-    return out
+    """The leaves of nested dict `d`, depth first in key order, without recursion.
+    @raises ValueError naming the paths for a dict that contains itself."""
+    return _dict_leaves(d, list)
 
 
 def _more_trees(args, kwargs, subside):

@@ -18,6 +18,7 @@ leaf-wise call. treevalue is never imported here: an object can only be a TreeVa
 program has imported treevalue.
 """
 import builtins as _builtins
+import keyword as _keyword
 import sys as _sys
 
 __all__ = ["Object", "Constraint", "ValidationError", "to_constraint", "vval", "vcheck", "nval",
@@ -25,14 +26,11 @@ __all__ = ["Object", "Constraint", "ValidationError", "to_constraint", "vval", "
 
 
 def _key_text(k):
-    """A key as Object's repr shows it: a str as it is, unless it would read as another key
-    (empty, with a '.' as in paths, or the digits of an int key), then quoted; any other key
-    as its repr (``1``, so an int key 1 and a str key '1' print apart)."""
-    if not isinstance(k, str):
-        return repr(k)
-    if not k or "." in k or k.lstrip("-").isdigit():
-        return repr(k)
-    return k
+    """A key as Object's repr shows it: a str that is a Python identifier (not a keyword) as it
+    is, any other key as its repr, so no two keys print alike (1 and '1', None and 'None')."""
+    if isinstance(k, str) and k.isidentifier() and not _keyword.iskeyword(k):
+        return k
+    return repr(k)
 
 
 class Object:
@@ -116,10 +114,7 @@ class Object:
         return self._child(k) if k in self._d else default
 
     def keys(self):
-        try:
-            return sorted(self._d)
-        except TypeError:  # a file's dict with int and str keys (treetensor.torch.load): ints first
-            return sorted(self._d, key=lambda k: (isinstance(k, str), k))
+        return _sorted_keys(self._d)
 
     def values(self):
         return [self[k] for k in self.keys()]
@@ -233,6 +228,19 @@ def _describe(link):
     return ".".join(reversed(keys)) or "<root>"
 
 
+def _cannot_enter(on_path, ident, link):
+    """A walk cannot enter the dict with id `ident` at path `link`: raises the ValueError that
+    names the paths, for a cycle (the dict is on the path already, `on_path` maps the ids on
+    the path to their links) or else for nesting past _MAX_DEPTH levels."""
+    if ident in on_path:
+        raise ValueError(f"treetensor: the dict at '{_describe(link)}' is the dict at "
+                         f"'{_describe(on_path[ident])}' again (a cycle): a tree cannot "
+                         "contain itself")
+    where = _describe(link)
+    raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels, at "
+                     f"'{where if len(where) <= 200 else where[:200] + '...'}'")
+
+
 def _walk_dicts(root, visit, payload=None):
     """Calls ``visit(node, payload)`` on every dict reached from ``root``, depth first, without
     recursion; it returns the ``(key, child dict, child payload)`` triples to descend into.
@@ -245,14 +253,8 @@ def _walk_dicts(root, visit, payload=None):
         if depth < 0:  # all of `node`'s children are walked
             del on_path[id(node)]
             continue
-        if id(node) in on_path:
-            raise ValueError(f"treetensor: the dict at '{_describe(link)}' is the dict at "
-                             f"'{_describe(on_path[id(node)])}' again (a cycle): a tree cannot "
-                             "contain itself")
-        if depth >= _MAX_DEPTH:
-            where = _describe(link)
-            raise ValueError(f"treetensor: dicts nested deeper than {_MAX_DEPTH} levels, at "
-                             f"'{where if len(where) <= 200 else where[:200] + '...'}'")
+        if id(node) in on_path or depth >= _MAX_DEPTH:
+            _cannot_enter(on_path, id(node), link)
         on_path[id(node)] = link
         todo.append((node, None, link, -1))
         for key, child, child_payload in visit(node, payload):
@@ -303,18 +305,35 @@ def _copy_with_subtrees(d, trees):
     return result
 
 
-def _leaves(d):
-    """The leaves of nested dict `d` in sorted-path order, without recursion."""
-    out, todo = [], [(d, iter(sorted(d)))]
+def _sorted_keys(d):
+    """The keys of dict `d` sorted; a file's dict with int and str keys (treetensor.torch.load)
+    ints first."""
+    try:
+        return sorted(d)
+    except TypeError:
+        return sorted(d, key=lambda k: (isinstance(k, str), k))
+
+
+def _leaves(d, order=_sorted_keys):
+    """The leaves of nested dict `d`, depth first, each dict's keys in ``order(dict)`` (sorted
+    by default: sorted-path order, as keys()), without recursion.
+    @raises ValueError as _walk_dicts: a dict that contains itself, or past _MAX_DEPTH levels."""
+    out = []
+    on_path = {id(d): None}  # id of a dict being walked -> its path link
+    todo = [(d, iter(order(d)), None)]  # a dict, its keys left, its path link
     while todo:
-        node, keys = todo[-1]
+        node, keys, link = todo[-1]
         for k in keys:
             v = node[k]
             if type(v) is dict:
-                todo.append((v, iter(sorted(v))))
+                if id(v) in on_path or len(todo) >= _MAX_DEPTH:
+                    _cannot_enter(on_path, id(v), (k, link))
+                on_path[id(v)] = (k, link)
+                todo.append((v, iter(order(v)), (k, link)))
                 break
             out.append(v)
         else:
+            del on_path[id(node)]
             todo.pop()
     return out
 
