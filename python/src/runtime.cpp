@@ -150,6 +150,7 @@ class Gil {
       std::lock_guard lock(thread_state_mutex());
       own_ = PyThreadState_New(PyInterpreterState_Main());
     }
+    if (own_ == nullptr) throw std::bad_alloc();  // CPython's only failure here: no memory
     PyEval_RestoreThread(own_);
   }
   ~Gil() {

@@ -218,8 +218,8 @@ def test_missing_attribute_lists_keys_and_names_private_torch_attributes():
                          ids=["asyncs.thread", "stream"])
 def test_exit_without_enter_is_a_runtime_error_naming_the_with_form(make):
     guard = make()
-    with pytest.raises(RuntimeError, match=r"__exit__ without __enter__ on this thread \(use it as "
-                                           r"``with "):
+    with pytest.raises(RuntimeError, match=r"__exit__ without __enter__ on this thread \(a scope "
+                                           r"ends on the thread that entered it; use it as ``with "):
         guard.__exit__(None, None, None)
     with guard:  # still usable as it should be
         r = ttorch.Tensor({"a": torch.ones(2)}) + 1
@@ -284,8 +284,8 @@ def test_one_scope_object_entered_on_two_threads_ends_each_threads_own_scope(kin
     assert entered.wait(30)
     scope.__exit__(None, None, None)  # the main thread's own scope, though the other's is newer
     assert _in_force(kind) == before
-    with pytest.raises(RuntimeError, match=r"__exit__ on a thread that did not enter it: a "
-                                           r"scope ends on the thread that entered it"):
+    with pytest.raises(RuntimeError, match=r"__exit__ without __enter__ on this thread \(a scope "
+                                           r"ends on the thread that entered it"):
         scope.__exit__(None, None, None)  # the other thread's scope is not this thread's to end
     exited.set()
     t.join(30)
@@ -305,6 +305,11 @@ def test_a_scope_object_entered_again_keeps_the_process_wide_mode_set_since():
     with s2:  # entered again: the process-wide stream(4) set since stays
         pass
     assert ttorch.current_stream() == "stream(4)"
+    s3 = ttorch.stream(3)
+    ttorch.stream(3)  # set again since, to the same mode: the first entry must not undo it
+    with s3:
+        pass
+    assert ttorch.current_stream() == "stream(3)"
     ttorch.stream(_parse(before))
 
 
@@ -339,5 +344,5 @@ def test_a_thread_that_ends_inside_a_scope_leaves_nothing_for_a_later_thread():
         t = threading.Thread(target=f)
         t.start()
         t.join(30)
-    assert out[0].startswith("treetensor: stream.__exit__ on a thread that did not enter it")
+    assert out[0].startswith("treetensor: stream.__exit__ without __enter__ on this thread")
     assert out[1] == "stream(1)"

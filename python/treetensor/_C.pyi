@@ -236,7 +236,7 @@ class Tensor:
         """chunk(self: treetensor._C.Tensor, chunks: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex = 0) -> object
 
 
-        A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity)."""
+        A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after the tree call found the counts differ."""
     def clamp(self, min=..., max=...):
         """Every leaf clamped to [min, max] (numbers: in C++; trees of bounds: torch.clamp per leaf
         pair, a leaf bound broadcasting into a subtree; DI-treetensor)."""
@@ -561,7 +561,7 @@ class Tensor:
         """split(self: treetensor._C.Tensor, split_size_or_sections: object, dim: typing.SupportsInt | typing.SupportsIndex = 0) -> object
 
 
-        A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity)."""
+        A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after the tree call found the counts differ."""
     def sqrt(self) -> Any:
         """sqrt(): square root, on every leaf."""
     def sqrt_(self) -> Any:
@@ -619,7 +619,7 @@ class Tensor:
         """unbind(self: treetensor._C.Tensor, dim: typing.SupportsInt | typing.SupportsIndex = 0) -> object
 
 
-        A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity)."""
+        A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after the tree call found the counts differ."""
     @classmethod
     def union(cls, *trees, return_type=..., **options):
         """A tree of tuples, one element from each tree (non-tree arguments broadcast), zipped by key

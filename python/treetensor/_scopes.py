@@ -15,7 +15,6 @@ class Guards:
     def __init__(self, name):
         self._name = name
         self._local = _threading.local()
-        self._entered = 0  # scopes open on all threads together (for the error message)
 
     def _mine(self):
         mine = getattr(self._local, "open", None)
@@ -25,7 +24,6 @@ class Guards:
 
     def push(self, guard):
         self._mine().append(guard)
-        self._entered += 1
 
     def pop(self):
         """Ends the calling thread's innermost scope of this object.
@@ -35,13 +33,9 @@ class Guards:
         the same kind entered after it on this thread is still open; the scope then stays
         open."""
         mine = self._mine()
-        if not mine and self._entered:
-            raise RuntimeError(f"treetensor: {self._name}.__exit__ on a thread that did not enter "
-                               "it: a scope ends on the thread that entered it (this one is open "
-                               "on another thread)")
         if not mine:
             raise RuntimeError(f"treetensor: {self._name}.__exit__ without __enter__ on this "
-                               f"thread (use it as ``with {self._name}(...):``)")
+                               "thread (a scope ends on the thread that entered it; use it as "
+                               f"``with {self._name}(...):``)")
         mine[-1].close()
         mine.pop()
-        self._entered -= 1

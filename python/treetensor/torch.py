@@ -154,7 +154,8 @@ def _pieces_method(name):
     method.__doc__ = (raw.__doc__ or "") + (
         "\n\nA tuple of trees, tree k holding every leaf's piece k; when the leaves give "
         "different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces "
-        "(DI-treetensor parity).")
+        "(DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after "
+        "the tree call found the counts differ.")
     setattr(Tensor, name, method)
 
 
@@ -864,22 +865,26 @@ class stream:
     # The process-wide mode as last set through this class (the C++ runtime reports only the
     # calling thread's mode, which a scoped guard overrides).
     _process_wide = None
+    _made = 0  # objects made so far: each one set the process-wide mode
 
     def __init__(self, mode):
         if stream._process_wide is None:
             stream._process_wide = _C.current_stream()
         self._undo = stream._process_wide  # what the first __enter__ puts back (see there)
         _C.set_stream(mode)
-        stream._process_wide = self._set = _C._describe_stream(mode)
+        stream._process_wide = _C._describe_stream(mode)
+        stream._made += 1
+        self._number = stream._made
         self._mode = mode
         self._guards = _scopes.Guards("stream")
 
     def __enter__(self):
         # The scoped form installs a thread-local guard. Its first entry also undoes the
-        # process-wide change this object's construction made, unless a later one replaced it
-        # (``with ttorch.stream(n):`` as a whole leaves the process-wide mode as it was).
+        # process-wide change this object's construction made, unless a later object set the
+        # mode since (``with ttorch.stream(n):`` as a whole leaves the process-wide mode as it
+        # was).
         if self._undo is not None:
-            if stream._process_wide == self._set:
+            if stream._made == self._number:
                 _C.set_stream(_parse_mode(self._undo))
                 stream._process_wide = self._undo
             self._undo = None
