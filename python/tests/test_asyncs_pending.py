@@ -609,25 +609,40 @@ def test_a_forked_child_fails_the_jobs_in_flight_and_starts_its_own_workers():
     w.close()
 
 
-def test_forks_while_other_threads_run_tree_calls_and_jobs():
-    """The runtime's locks are held over fork(): a child forked while another thread is inside
-    a tree call (lanes, the policy's learner) or submitting jobs starts with none of them held."""
-    x = ttorch.Tensor({"a": torch.arange(4.0), "b": {"c": torch.ones(3)}})
+def forks_beside_busy_threads(step, child, expected, forks, limit=30):
+    """Forks `forks` children, each running child() and returning `expected`, while two threads
+    each run step(w) in a loop, w an asyncs.Thread of their own."""
     stop = threading.Event()
 
     def busy():
         w = asyncs.Thread("busy")
         while not stop.is_set():
-            with ttorch.stream(2):
-                x * 2 + 1
-            with asyncs.thread(w):
-                x.sum()
-            w.submit(int).result()
+            step(w)
         w.close()
 
     threads = [threading.Thread(target=busy) for _ in range(2)]
     for t in threads:
         t.start()
+    try:
+        for _ in range(forks):
+            assert in_forked_child(child, limit) == expected
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
+def test_forks_while_other_threads_run_tree_calls_and_jobs():
+    """The runtime's locks are held over fork(): a child forked while another thread is inside
+    a tree call (lanes, the policy's learner) or submitting jobs starts with none of them held."""
+    x = ttorch.Tensor({"a": torch.arange(4.0), "b": {"c": torch.ones(3)}})
+
+    def step(w):
+        with ttorch.stream(2):
+            x * 2 + 1
+        with asyncs.thread(w):
+            x.sum()
+        w.submit(int).result()
 
     def child():
         with ttorch.stream(2):
@@ -636,30 +651,13 @@ def test_forks_while_other_threads_run_tree_calls_and_jobs():
             s = x.sum()
         return [torch.equal(y.b.c, x.b.c * 3), float(s) == 9.0]
 
-    try:
-        for _ in range(10):
-            assert in_forked_child(child) == [True, True]
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+    forks_beside_busy_threads(step, child, [True, True], forks=10)
 
 
 def test_forks_while_workers_take_the_gil_for_python_jobs():
     """A worker running a Python job makes itself a Python thread state, under CPython's lock
     over the list of them; a child forked meanwhile must not start with that lock held (3.11
     waits on it in the child for ever). Each fork races with two workers' jobs."""
-    stop = threading.Event()
-
-    def busy():
-        w = asyncs.Thread("gil")
-        while not stop.is_set():
-            w.submit(int).result()
-        w.close()
-
-    threads = [threading.Thread(target=busy) for _ in range(2)]
-    for t in threads:
-        t.start()
 
     def child():
         w = asyncs.Thread("child")
@@ -667,13 +665,7 @@ def test_forks_while_workers_take_the_gil_for_python_jobs():
         w.close()
         return out
 
-    try:
-        for _ in range(150):
-            assert in_forked_child(child, limit=20) == 3
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+    forks_beside_busy_threads(lambda w: w.submit(int).result(), child, 3, forks=150, limit=20)
 
 
 def test_a_fork_inside_a_job_leaves_a_child_that_is_no_worker():
