@@ -13,3 +13,6 @@ torch_prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_
   echo "$0: '$python -c \"import torch\"' failed: no PyTorch to build against" >&2; exit 1; }
 cmake_torch=(-DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$python")
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+# Four configurations (tests, the pip package, TSan, ASan) of ~1 GB of objects each: ccache's
+# default 5 GB evicts one while building the next, and a CI run then recompiles everything.
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-16G}"
