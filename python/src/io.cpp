@@ -128,8 +128,10 @@ std::string repr_of(py::handle h) {
   return py::repr(h).cast<std::string>();
 }
 
-[[noreturn]] void refuse(const tree::Path& at, const std::string& what) {
-  throw py::type_error("treetensor.torch.save: " + what + " at '" + at.describe() + "'");
+[[noreturn]] void refuse(const tree::Path& at, const std::string& what,
+                         const std::string& why = "") {
+  throw py::type_error("treetensor.torch.save: cannot save " + what + " at '" + at.describe() +
+                       "'" + (why.empty() ? "" : " (" + why + ")"));
 }
 
 class FromPython {
@@ -195,10 +197,10 @@ class FromPython {
       if (py::isinstance(h, parameter_class())) object_.parameters.insert(path_);
       return unpack_tensor(h);
     }
-    refuse(path_, "a value of type '" + std::string(Py_TYPE(o)->tp_name) + "'" +
-                      " (what torch.load(weights_only=True) reads: dicts with str or int keys, "
-                      "lists, tuples, sets, tensors, None, bool, int, float, complex, str, bytes, "
-                      "torch.dtype, torch.device)");
+    refuse(path_, "a value of type '" + std::string(Py_TYPE(o)->tp_name) + "'",
+           "it writes what torch.load(weights_only=True) reads: dicts with str or int keys, "
+           "lists, tuples, sets, tensors, None, bool, int, float, complex, str, bytes, "
+           "torch.dtype, torch.device");
   }
 
   ValueTree tensors(const TensorTree& t) {

@@ -179,6 +179,8 @@ std::string missing_attribute(const PyTree& self, const TensorTree& n, const std
     text += "; '" + name + "' is a torch.Tensor " + (method ? "method" : "attribute") +
             " that tree tensors do not provide (yet): use t.map(lambda x: x." + name +
             (method ? "(...)" : "") + ") or ttorch.apply";
+  } else if (name.rfind("__", 0) != 0) {
+    text += "; nor is it a name of torch.Tensor, which a tree would apply leaf-wise";
   }
   return text;
 }

@@ -200,7 +200,8 @@ def test_bad_arguments():
 
 def test_values_the_format_cannot_hold_are_refused_naming_their_path(tmp_path):
     target = tmp_path / "x.pt"
-    with pytest.raises(TypeError, match=r"type 'object'.* at 'a\.b\.1'"):
+    with pytest.raises(TypeError, match=r"^treetensor\.torch\.save: cannot save a value of type "
+                                        r"'object' at 'a\.b\.1' \(it writes what torch\.load"):
         ttorch.save({"a": {"b": [1, object()]}}, target)
     with pytest.raises(TypeError, match=r"the key \(1, 2\).* at 'a'"):
         ttorch.save({"a": {(1, 2): 1}}, target)
@@ -284,3 +285,12 @@ def test_a_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="system"):
         ttorch.load(tmp_path / "evil.pt")
     assert not marker.exists()
+
+
+def test_a_missing_file_is_file_not_found_as_torch_load_says(tmp_path):
+    missing = tmp_path / "missing.pt"
+    with pytest.raises(FileNotFoundError) as torch_error:
+        torch.load(missing)
+    with pytest.raises(FileNotFoundError) as ours:
+        ttorch.load(missing)
+    assert str(ours.value) == str(torch_error.value) and ours.value.filename == str(missing)

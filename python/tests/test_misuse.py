@@ -205,7 +205,8 @@ def test_missing_attribute_lists_keys_and_names_private_torch_attributes():
     with pytest.raises(AttributeError) as e:
         t.c
     assert str(e.value) == ("treetensor: no key 'c' at '<root>'; available keys: {k00, k01, "
-                            "k02, k03, k04, k05, k06, k07, k08, k09, ... (12 keys)}")
+                            "k02, k03, k04, k05, k06, k07, k08, k09, ... (12 keys)}; nor is it a "
+                            "name of torch.Tensor, which a tree would apply leaf-wise")
     # torch.Tensor's public names apply leaf-wise (DI-treetensor's fallback); private ones do not
     assert t.argmax().k00.item() == 0 and t.is_leaf.all()
     with pytest.raises(AttributeError, match="'_version' is a torch.Tensor attribute that tree "

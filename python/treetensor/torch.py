@@ -970,8 +970,9 @@ def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
     ``treetensor.common.Object`` keeping its keys' types and file order (``to_dict()``): a
     training checkpoint reads as ``ck.model.fc.weight``... ``ck.optimizer.state[0].exp_avg``.
 
-    Raises RuntimeError naming the file, the byte offset and what was expected for a malformed,
-    truncated or refused file (a global outside the allowlist is named); ValueError for
+    Raises FileNotFoundError (PermissionError, ...: the OSError of looking the path up) as
+    torch.load does; RuntimeError naming the file, the byte offset and what was expected for a
+    malformed, truncated or refused file (a global outside the allowlist is named); ValueError for
     ``weights_only=False`` (running a file's pickle code is torch.load's) and, with
     ``tree=True``, for a file nested deeper than Python's recursion limit; TypeError for a
     ``map_location`` that is a dict or a function."""
@@ -995,6 +996,8 @@ def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
             except RuntimeError as e:  # name what the caller gave, not our copy of it
                 raise RuntimeError(str(e).replace(tmp.name, f"the file object {f!r}")) from None
     else:
+        import os
+        os.stat(path)  # FileNotFoundError / PermissionError as torch.load's open() raises them
         obj = _C._load(path, map_location, mmap)
     if not tree:
         return obj

@@ -570,8 +570,9 @@ def load(f, map_location=..., *, weights_only=..., mmap=..., tree=...):
     ``treetensor.common.Object`` keeping its keys' types and file order (``to_dict()``): a
     training checkpoint reads as ``ck.model.fc.weight``... ``ck.optimizer.state[0].exp_avg``.
 
-    Raises RuntimeError naming the file, the byte offset and what was expected for a malformed,
-    truncated or refused file (a global outside the allowlist is named); ValueError for
+    Raises FileNotFoundError (PermissionError, ...: the OSError of looking the path up) as
+    torch.load does; RuntimeError naming the file, the byte offset and what was expected for a
+    malformed, truncated or refused file (a global outside the allowlist is named); ValueError for
     ``weights_only=False`` (running a file's pickle code is torch.load's) and, with
     ``tree=True``, for a file nested deeper than Python's recursion limit; TypeError for a
     ``map_location`` that is a dict or a function."""
