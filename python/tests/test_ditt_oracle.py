@@ -288,6 +288,7 @@ CASES = [
     ("utils-replaceable_partial", "tt.utils.replaceable_partial(torch.zeros, dtype=torch.int64)(2), "
      "tt.utils.replaceable_partial(torch.zeros, dtype=torch.int64)(2, dtype=torch.float32)", None),
     ("Object", "tc.Object({'a': 1, 'b': {'c': 'x'}})", None),
+    ("Object-of-tree", "tc.Object(T('t'))", None),
     ("Object-all", "(tc.Object({'a': True, 'b': {'c': False}}).all(), tc.Object({'a': True}).all())", None),
     ("Object-any", "(tc.Object({'a': False, 'b': {'c': False}}).any(), tc.Object({'a': 1}).any())", None),
     ("Object-plain", "tc.Object(1)", None),

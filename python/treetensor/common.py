@@ -21,6 +21,8 @@ import builtins as _builtins
 import keyword as _keyword
 import sys as _sys
 
+from . import _C
+
 __all__ = ["Object", "Constraint", "ValidationError", "to_constraint", "vval", "vcheck", "nval",
            "ncheck", "cleaf"]
 
@@ -39,8 +41,10 @@ class Object:
     ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout;
     arithmetic and bitwise operators leaf-wise, zipping trees by key (``o + 1``, ``2 ** o``,
     ``o * o``, ``-o``; ``o += 1`` replaces the leaves of ``o`` itself), as treevalue's.
-    ``Object(non_dict)`` is the value itself; an Object or treevalue TreeValue among a dict's
-    values is a subtree, not a leaf (DI-treetensor)."""
+    ``Object(non_dict)`` is the value itself; ``Object(t)`` of a ``treetensor.torch.Tensor``
+    tree is an Object over its tensors (DI-treetensor). An Object or treevalue TreeValue among a
+    dict's values is a subtree, not a leaf (DI-treetensor); a tensor tree there stays a leaf, as
+    ``treetensor.torch.load`` gives a checkpoint's ``model`` (DI-treetensor reads it as a subtree)."""
 
     # _c: treevalue's constraint of this object (treetensor/_constraint.py) or None.
     __slots__ = ("_d", "_c")
@@ -48,14 +52,14 @@ class Object:
     def __new__(cls, data=None):
         if data is None:
             data = {}
-        if not isinstance(data, (dict, Object)) and _foreign_dict(data) is None:
+        if not isinstance(data, (dict, Object, _C.Tensor)) and _foreign_dict(data) is None:
             return data
         return super().__new__(cls)
 
     def __init__(self, data=None):
         if data is None:
             data = {}
-        if isinstance(data, Object):
+        if isinstance(data, (Object, _C.Tensor)):
             data = data.to_dict()
         elif isinstance(data, dict):
             data = _with_subtrees(data)

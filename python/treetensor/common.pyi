@@ -36,8 +36,10 @@ class Object:
     ``==`` by structure and values, ``json()`` (the nested dict), printing in the tree layout;
     arithmetic and bitwise operators leaf-wise, zipping trees by key (``o + 1``, ``2 ** o``,
     ``o * o``, ``-o``; ``o += 1`` replaces the leaves of ``o`` itself), as treevalue's.
-    ``Object(non_dict)`` is the value itself; an Object or treevalue TreeValue among a dict's
-    values is a subtree, not a leaf (DI-treetensor)."""
+    ``Object(non_dict)`` is the value itself; ``Object(t)`` of a ``treetensor.torch.Tensor``
+    tree is an Object over its tensors (DI-treetensor). An Object or treevalue TreeValue among a
+    dict's values is a subtree, not a leaf (DI-treetensor); a tensor tree there stays a leaf, as
+    ``treetensor.torch.load`` gives a checkpoint's ``model`` (DI-treetensor reads it as a subtree)."""
     def __add__(self, other): ...
     def __and__(self, other): ...
     def __contains__(self, k): ...
