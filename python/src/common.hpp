@@ -256,6 +256,8 @@ bool is_foreign_tree(py::handle h);
 py::object foreign_dict(py::handle h);
 /// A nested dict of torch.Tensor from a tree (the same Python tensor objects).
 py::object to_dict(const TensorTree& t);
+/// treetensor.common.Object, looked up once and kept for the process. Needs the GIL.
+py::handle object_class();
 
 /// The operands of one call, keeping alive what the Operands borrow.
 class Args {

@@ -33,10 +33,6 @@ py::handle ordered_dict_class() {
   static const py::handle cls = python_class("collections", "OrderedDict");
   return cls;
 }
-py::handle object_class() {
-  static const py::handle cls = python_class("treetensor.common", "Object");
-  return cls;
-}
 
 class ToPython {
  public:
@@ -265,6 +261,11 @@ class FromPython {
 };
 
 }  // namespace
+
+py::handle object_class() {
+  static const py::handle cls = python_class("treetensor.common", "Object");
+  return cls;
+}
 
 void bind_io(py::module_& m) {
   m.def(

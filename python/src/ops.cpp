@@ -127,8 +127,14 @@ py::object tuple_of(std::vector<TreeTensor> trees) {
 
 /// split / chunk / unbind of one tree: the tuple of trees whose tree k holds every leaf's
 /// piece k (`even`, the parallel tree call); when the leaves give different numbers of pieces
-/// (uneven sizes), DI-treetensor's result instead: the nested dict of each leaf's tuple of
-/// pieces (`leaf` of the leaf), which treetensor.torch wraps as a treetensor.common.Object.
+/// (uneven sizes), DI-treetensor's result instead: a treetensor.common.Object of each leaf's
+/// tuple of pieces (`leaf` of the leaf, made on the calling thread).
+constexpr const char* kPiecesDoc =
+    "A tuple of trees, tree k holding every leaf's piece k; when the leaves give different "
+    "numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor "
+    "parity), made on the calling thread (inside an asyncs scope too) after the tree call found "
+    "the counts differ.";
+
 template <class Even, class Leaf>
 py::object pieces(const TensorTree& n, Even even, Leaf leaf) {
   try {
@@ -136,12 +142,12 @@ py::object pieces(const TensorTree& n, Even even, Leaf leaf) {
   } catch (const tree::StructureError&) {  // NOLINT(bugprone-empty-catch): uneven, see below
     // The only structure error of a one-tree call: the leaves' piece counts differ.
   }
-  return values(n, [&](const at::Tensor& t) {
+  return object_class()(values(n, [&](const at::Tensor& t) {
     const std::vector<at::Tensor> parts = leaf(t);
     py::tuple out(parts.size());
     for (std::size_t i = 0; i < parts.size(); ++i) out[i] = wrap_tensor(parts[i]);
     return py::object(std::move(out));
-  });
+  }));
 }
 
 std::vector<TreeTensor> tree_list(py::handle seq) {
@@ -521,7 +527,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
           });
         }));
       },
-      py::arg("split_size_or_sections"), py::arg("dim") = 0);
+      py::arg("split_size_or_sections"), py::arg("dim") = 0, kPiecesDoc);
   cls.def(
       "chunk",
       [](const PyTree& s, int64_t chunks, int64_t dim) {
@@ -530,7 +536,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
             n, [&] { return treetensor::chunk(n, chunks, dim); },
             [&](const at::Tensor& t) { return t.chunk(chunks, dim); });
       },
-      py::arg("chunks"), py::arg("dim") = 0);
+      py::arg("chunks"), py::arg("dim") = 0, kPiecesDoc);
   cls.def(
       "unbind",
       [](const PyTree& s, int64_t dim) {
@@ -539,7 +545,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
             n, [&] { return treetensor::unbind(n, dim); },
             [&](const at::Tensor& t) { return t.unbind(dim); });
       },
-      py::arg("dim") = 0);
+      py::arg("dim") = 0, kPiecesDoc);
   m.def(
       "_cat",
       [](py::handle seq, int64_t dim) {

@@ -332,15 +332,24 @@ void wait_interruptibly(const std::function<bool(std::chrono::milliseconds)>& do
 }
 
 void bind_runtime(py::module_& m) {
-  // Unread::m is taken by submit with the GIL released: a child forked meanwhile must not
-  // inherit it locked (DESIGN.md §10, fork()).
+  // Unread::m (taken by submit with the GIL released) and thread_state_mutex are held over
+  // fork(): a child forked meanwhile must not inherit them locked (DESIGN.md §10, fork()).
+  // They are never held together elsewhere, so the order here is free.
   unread();
-  if (const int err = pthread_atfork([] { unread().m.lock(); }, [] { unread().m.unlock(); },
-                                     [] { unread().m.unlock(); }))
-    throw std::system_error(err, std::generic_category(), "treetensor: pthread_atfork");
-  if (const int err =
-          pthread_atfork([] { thread_state_mutex().lock(); }, [] { thread_state_mutex().unlock(); },
-                         [] { thread_state_mutex().unlock(); }))
+  thread_state_mutex();
+  if (const int err = pthread_atfork(
+          [] {
+            thread_state_mutex().lock();
+            unread().m.lock();
+          },
+          [] {
+            unread().m.unlock();
+            thread_state_mutex().unlock();
+          },
+          [] {
+            unread().m.unlock();
+            thread_state_mutex().unlock();
+          }))
     throw std::system_error(err, std::generic_category(), "treetensor: pthread_atfork");
   m.def(
       "set_stream",

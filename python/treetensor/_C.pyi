@@ -232,11 +232,8 @@ class Tensor:
         """ceil(): smallest integer >= x, on every leaf."""
     def ceil_(self) -> Any:
         """ceil_(): smallest integer >= x, in place on every leaf (the same tensors); returns self."""
-    def chunk(self, *args, **kwargs):
-        """chunk(self: treetensor._C.Tensor, chunks: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex = 0) -> object
-
-
-        A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after the tree call found the counts differ."""
+    def chunk(self, chunks: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex = ...) -> Any:
+        """A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after the tree call found the counts differ."""
     def clamp(self, min=..., max=...):
         """Every leaf clamped to [min, max] (numbers: in C++; trees of bounds: torch.clamp per leaf
         pair, a leaf bound broadcasting into a subtree; DI-treetensor)."""
@@ -557,11 +554,8 @@ class Tensor:
         """sinh(): hyperbolic sine, on every leaf."""
     def sinh_(self) -> Any:
         """sinh_(): hyperbolic sine, in place on every leaf (the same tensors); returns self."""
-    def split(self, *args, **kwargs):
-        """split(self: treetensor._C.Tensor, split_size_or_sections: object, dim: typing.SupportsInt | typing.SupportsIndex = 0) -> object
-
-
-        A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after the tree call found the counts differ."""
+    def split(self, split_size_or_sections: Any, dim: typing.SupportsInt | typing.SupportsIndex = ...) -> Any:
+        """A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after the tree call found the counts differ."""
     def sqrt(self) -> Any:
         """sqrt(): square root, on every leaf."""
     def sqrt_(self) -> Any:
@@ -615,11 +609,8 @@ class Tensor:
         shared; as ``Tensor(dict)``, a Tensor converts other leaves with torch.as_tensor); any other
         argument is torch.Tensor.type leaf-wise (``t.type(torch.float64)``, an extension: treevalue
         raises TypeError there)."""
-    def unbind(self, *args, **kwargs):
-        """unbind(self: treetensor._C.Tensor, dim: typing.SupportsInt | typing.SupportsIndex = 0) -> object
-
-
-        A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after the tree call found the counts differ."""
+    def unbind(self, dim: typing.SupportsInt | typing.SupportsIndex = ...) -> Any:
+        """A tuple of trees, tree k holding every leaf's piece k; when the leaves give different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces (DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after the tree call found the counts differ."""
     @classmethod
     def union(cls, *trees, return_type=..., **options):
         """A tree of tuples, one element from each tree (non-tree arguments broadcast), zipped by key

@@ -5,6 +5,7 @@ one Python call per leaf, as DI-treetensor's do.
 """
 from . import _C
 from .common import _MAX_DEPTH, Object, _cannot_enter, _foreign_dict, _is_foreign_tree
+from .common import _describe as _describe_link
 from .common import _leaves as _dict_leaves
 
 _Tree = _C.Tensor
@@ -64,11 +65,11 @@ def _key_sets(a, b):
     return text(a), text(b)
 
 
-def _leaf_error(name, path, e):
-    """e's type with the op and leaf path prepended (the caller chains it to e), or e when its
-    type cannot be built from one message."""
+def _leaf_error(name, where, e):
+    """e's type with the op and the leaf's dotted path `where` prepended (the caller chains it
+    to e), or e when its type cannot be built from one message."""
     try:
-        return type(e)(f"{name} at leaf '{_describe(path)}': {e}")
+        return type(e)(f"{name} at leaf '{where}': {e}")
     except Exception:  # noqa: BLE001  (a type with another constructor: raise e itself)
         return e
 
@@ -120,14 +121,14 @@ def _walk(fn, targs, tkw, trees, name):
                 elif n.keys() != keys:
                     mine, theirs = _key_sets(keys, n)
                     raise ValueError(
-                        f"treetensor: {name}: the trees differ at '{_describe(_path(link))}': tree "
+                        f"treetensor: {name}: the trees differ at '{_describe_link(link)}': tree "
                         f"argument {first} has keys {mine}, tree argument {i} has keys {theirs}")
         if keys is None:
             try:
                 parent[key] = fn(*[_fill(a, nodes) for a in targs],
                                  **{k: _fill(v, nodes) for k, v in tkw.items()})
             except Exception as e:  # noqa: BLE001  (re-raised with its type and the path)
-                new = _leaf_error(name, _path(link), e)
+                new = _leaf_error(name, _describe_link(link), e)
                 if new is e:
                     raise
                 raise new from e
@@ -145,15 +146,6 @@ def _walk(fn, targs, tkw, trees, name):
             todo += [([n[k] if type(n) is dict else n for n in nodes], (k, link), node, k)
                      for k in reversed(keys)]
     return out[None]
-
-
-def _path(link):
-    """The key tuple of a (key, parent link) chain."""
-    keys = []
-    while link is not None:
-        key, link = link
-        keys.append(key)
-    return tuple(reversed(keys))
 
 
 def _map(d, f):
@@ -185,10 +177,10 @@ def _rise(d, leaves):
     return kind([wrap(_map(d, lambda x, i=i: x[i])) for i in range(len(first))])
 
 
-def wrap(d, rise=True, empty=_Tree):
+def wrap(d, rise=True, empty=_Tree, plain=Object):
     """A nested dict of leaf results as a tree of their kind (treetensor.common docstring);
     ``rise=False``: tuples stay leaves (an attribute's value, as ``shape``); ``empty(d)`` makes
-    a tree without leaves."""
+    a tree without leaves, ``plain(d)`` one whose leaves have no kind (an Object)."""
     if type(d) is not dict:
         return d
     leaves = _leaves(d)
@@ -206,7 +198,7 @@ def wrap(d, rise=True, empty=_Tree):
     risen = _rise(d, leaves) if rise else None
     if risen is not None:
         return risen
-    return Object(d)
+    return plain(d)
 
 
 def _leaves(d):

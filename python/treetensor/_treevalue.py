@@ -407,8 +407,7 @@ def _operator_result(self, d):
     # where they have one; else (no leaf, or leaves of no kind) the operand's own class, so a
     # subclass (tnp.ndarray among them) keeps it, as treevalue's operators keep theirs; never
     # risen into a tuple of trees.
-    r = _leafwise.wrap(d, rise=False, empty=type(self)._view)  # no leaf: no kind
-    return type(self)._view(d) if type(r) is Object else r
+    return _leafwise.wrap(d, rise=False, empty=type(self)._view, plain=type(self)._view)
 
 
 def operator_method(fn, name, reflected=False):

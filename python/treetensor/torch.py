@@ -140,29 +140,6 @@ Tensor.device = _prop("_device")  # a tree of torch.device
 Tensor.requires_grad = property(lambda self: Object._wrap(self._requires_grad()))
 
 
-def _pieces_method(name):
-    """Tensor.<name> (split, chunk, unbind): a tuple of trees, or, when the leaves give
-    different numbers of pieces, an Object of each leaf's tuple (DI-treetensor parity: its
-    rise of the per-leaf tuples fails and the tree of tuples is kept)."""
-    raw = getattr(Tensor, name)
-
-    def method(self, *args, **kwargs):
-        r = raw(self, *args, **kwargs)
-        return Object._wrap(r) if isinstance(r, dict) else r
-
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = (raw.__doc__ or "") + (
-        "\n\nA tuple of trees, tree k holding every leaf's piece k; when the leaves give "
-        "different numbers of pieces, a treetensor.common.Object of each leaf's tuple of pieces "
-        "(DI-treetensor parity), made on the calling thread (inside an asyncs scope too) after "
-        "the tree call found the counts differ.")
-    setattr(Tensor, name, method)
-
-
-for _n in ["split", "chunk", "unbind"]:
-    _pieces_method(_n)
-
-
 def _numel(self):
     """The number of elements of every leaf together (DI-treetensor); ``ttorch.numel(t)`` is
     the same."""
@@ -819,7 +796,7 @@ def _map_dict(d, fn, name="treetensor", path=()):
         try:
             out[k] = fn(v)
         except Exception as e:  # noqa: BLE001  (re-raised with its type and the path)
-            new = _leafwise._leaf_error(name, path + (str(k),), e)
+            new = _leafwise._leaf_error(name, _leafwise._describe(path + (str(k),)), e)
             if new is e:
                 raise
             raise new from e
