@@ -4,14 +4,17 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ScalarOps.h>
+#include <ATen/Version.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "tensor/fuse_kernels.hpp"
 #include "tensor/leafwise.hpp"
 #include "treetensor/runtime/errors.hpp"
 
@@ -71,8 +74,9 @@ struct FuseProgram {
   std::vector<at::Tensor> constants;          // operands inputs, inputs + 1, ... of the call
   std::vector<Step> steps;
   std::uint32_t root = 0;
-  std::size_t root_step = 0;  // the out-of-place step that makes the root's slot
-  std::string name;           // "fuse(mul, add, sigmoid_)": the op of the tree call
+  std::size_t root_step = 0;            // the out-of-place step that makes the root's slot
+  std::string name;                     // "fuse(mul, add, sigmoid_)": the op of the tree call
+  std::optional<VectorProgram> vector;  // the one-pass form, where every step has one
 };
 
 void FuseProgramDeleter::operator()(FuseProgram* p) const noexcept {
@@ -172,6 +176,60 @@ Expr FuseRecorder::binary(std::string_view op, const BinaryKernels& k, const Exp
   return Expr(this, p_->steps.back().dst);
 }
 
+namespace {
+
+// The one-pass form of an operand: a slot, or a real number cast as ATen casts it.
+std::optional<VectorOperand> vector_operand(const StepOperand& o) {
+  VectorOperand v;
+  if (o.slot != StepOperand::kScalar) {
+    v.slot = static_cast<std::int32_t>(o.slot);
+    return v;
+  }
+  const at::Scalar& s = o.scalar;
+  if (s.isBoolean() || s.isIntegral(false)) {
+    const int64_t i = s.isBoolean() ? int64_t{s.toBool()} : s.toLong();
+    v.f = static_cast<float>(i);
+    v.d = static_cast<double>(i);
+  } else if (s.isFloatingPoint()) {
+    v.d = s.toDouble();
+    v.f = static_cast<float>(v.d);
+  } else {
+    return std::nullopt;  // complex or symbolic: ATen's promotion, not ours
+  }
+  return v;
+}
+
+bool alpha_is_one(const at::Scalar& a) {
+  return !a.isComplex() && !a.isSymbolic() && a.toDouble() == 1.0;
+}
+
+// The one-pass form of the whole program, or nothing when a step has none: another op, an
+// alpha other than 1 (ATen's add fuses alpha into an FMA on some instruction sets), a complex
+// number, or a broadcast tensor (its dtype and shape take part in promotion and broadcasting).
+std::optional<VectorProgram> vector_program(const FuseProgram& p) {
+  if (!p.constants.empty()) return std::nullopt;
+  VectorProgram v;
+  v.inputs = static_cast<std::int32_t>(p.inputs);
+  v.slots = static_cast<std::int32_t>(p.kinds.size());
+  v.root = static_cast<std::int32_t>(p.root);
+  for (const Step& s : p.steps) {
+    std::string_view name = s.name;
+    if (s.inplace) name.remove_suffix(1);
+    const std::optional<VectorOp> op = vector_op(name);
+    if (!op || (s.binary && !alpha_is_one(s.alpha))) return std::nullopt;
+    VectorStep step{*op, static_cast<std::int32_t>(s.dst), {}, {}};
+    const auto a = vector_operand(s.a);
+    const auto b = s.binary ? vector_operand(s.b) : std::optional<VectorOperand>(VectorOperand{});
+    if (!a || !b) return std::nullopt;
+    step.a = *a;
+    step.b = *b;
+    v.steps.push_back(step);
+  }
+  return v;
+}
+
+}  // namespace
+
 FuseProgramPtr FuseRecorder::finish(const Expr& root) {
   if (root.rec_ != this)
     throw std::invalid_argument("fuse: the function returned an Expr of another fuse() call");
@@ -182,6 +240,7 @@ FuseProgramPtr FuseRecorder::finish(const Expr& root) {
   for (std::size_t i = 0; i < p_->steps.size(); ++i)
     p_->name += (i ? ", " : "") + p_->steps[i].name;
   p_->name += ")";
+  p_->vector = vector_program(*p_);
   return std::move(p_);
 }
 
@@ -287,7 +346,32 @@ bool tileable(const FuseProgram& p, c10::ArrayRef<at::Tensor> in, c10::ArrayRef<
   return shape != nullptr;
 }
 
-// One leaf job: the whole chain on this leaf's operands, tile by tile where it can. The first
+// Whether the one-pass kernels take this leaf: every operand a tree leaf (tileable() has
+// checked them contiguous CPU tensors of one shape) of one dtype, float32 or float64.
+bool one_pass(const FuseProgram& p, c10::ArrayRef<at::Tensor> in, c10::ArrayRef<Operand> args) {
+  if (!p.vector) return false;
+  const at::ScalarType dtype = in[0].scalar_type();
+  if (dtype != at::kFloat && dtype != at::kDouble) return false;
+  for (std::size_t k = 0; k < in.size(); ++k)
+    if (!args[k].is_tree() || in[k].scalar_type() != dtype) return false;
+  return true;
+}
+
+// The chain in one pass over the leaf, block by block (fuse_kernels.hpp), on this leaf job's
+// thread: the runtime spreads leaves (and a consolidated tree's pieces) over lanes.
+at::Tensor run_one_pass(const VectorProgram& v, c10::ArrayRef<at::Tensor> in, int64_t tile_bytes) {
+  // 8 KiB blocks keep a chain's temporaries in L1; a smaller tile_bytes makes smaller blocks.
+  constexpr int64_t kBlockBytes = 8 << 10;
+  const at::Tensor& first = in[0];
+  const int64_t element = static_cast<int64_t>(first.element_size());
+  const int64_t block = std::min(tile_elements(tile_bytes, element), kBlockBytes / element);
+  at::Tensor out = at::empty(first.sizes(), first.options());
+  run_vector_program(v, in, out, block, 0, first.numel());
+  return out;
+}
+
+// One leaf job: the whole chain on this leaf's operands, in one pass or tile by tile where it
+// can. The first
 // tile runs as written and is copied into the result; later tiles write the root's step into
 // the result's slice (out=).
 at::Tensor run_leaf(const FuseProgram& p, int64_t tile_bytes, c10::ArrayRef<Operand> args,
@@ -296,6 +380,7 @@ at::Tensor run_leaf(const FuseProgram& p, int64_t tile_bytes, c10::ArrayRef<Oper
   for (std::size_t k = 0; k < args.size(); ++k) in.push_back(x.t(k));
   int64_t widest = 0;
   if (!tileable(p, in, args, widest)) return run_program(p, in);
+  if (one_pass(p, in, args)) return run_one_pass(*p.vector, in, tile_bytes);
   const at::Tensor* first = nullptr;
   for (std::size_t k = 0; k < args.size() && !first; ++k)
     if (args[k].is_tree()) first = &in[k];
@@ -400,6 +485,49 @@ Expr FuseRecorder::operate(std::string_view op, const ExprOperand& a, const Expr
   return rec->binary(op, k, a, b, 1, false);
 }
 
+}  // namespace detail
+
+// ---- the one-pass kernels (fuse_kernels.hpp), per instruction set ---------------------------
+
+namespace detail {
+#define TREETENSOR_DECLARE_KERNELS(isa)                                                       \
+  namespace isa {                                                                             \
+  void run_vector_program(const VectorProgram&, c10::ArrayRef<at::Tensor>, const at::Tensor&, \
+                          int64_t, int64_t, int64_t);                                         \
+  }
+TREETENSOR_DECLARE_KERNELS(isa_default)
+#if defined(__x86_64__)
+TREETENSOR_DECLARE_KERNELS(isa_avx2)
+TREETENSOR_DECLARE_KERNELS(isa_avx512)
+#endif
+#undef TREETENSOR_DECLARE_KERNELS
+
+// The instruction set ATen's own CPU kernels run with here (it honours ATEN_CPU_CAPABILITY), so
+// that a fused op computes with the vector width, and the SLEEF functions, of its ATen kernel.
+void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::Tensor& out,
+                        int64_t block, int64_t begin, int64_t end) {
+#if defined(__x86_64__)
+  static const std::string isa = at::get_cpu_capability();
+  if (isa == "AVX512") return isa_avx512::run_vector_program(p, in, out, block, begin, end);
+  if (isa == "AVX2") return isa_avx2::run_vector_program(p, in, out, block, begin, end);
+#endif
+  isa_default::run_vector_program(p, in, out, block, begin, end);
+}
+
+std::optional<VectorOp> vector_op(std::string_view name) {
+  static constexpr std::pair<std::string_view, VectorOp> kOps[] = {
+      {"add", VectorOp::add},         {"sub", VectorOp::sub},
+      {"mul", VectorOp::mul},         {"div", VectorOp::div},
+      {"maximum", VectorOp::maximum}, {"minimum", VectorOp::minimum},
+      {"neg", VectorOp::neg},         {"abs", VectorOp::abs},
+      {"sqrt", VectorOp::sqrt},       {"reciprocal", VectorOp::reciprocal},
+      {"square", VectorOp::square},   {"relu", VectorOp::relu},
+      {"exp", VectorOp::exp},         {"log", VectorOp::log},
+      {"tanh", VectorOp::tanh},       {"sigmoid", VectorOp::sigmoid}};
+  for (const auto& [n, op] : kOps)
+    if (n == name) return op;
+  return std::nullopt;
+}
 }  // namespace detail
 
 FuseOptions& FuseOptions::tile(std::int64_t bytes) {

@@ -208,7 +208,8 @@ WorkloadResult run_elementwise(const Config& cfg, Progress& progress) {
       "GB/s: 3*N*E*element bytes (x and y read, the result written once) / mean time; "
       "flat: consolidated trees, one ATen call per buffer, result leaves not yet made; "
       "flat+read: the same, then every result leaf made once; fused: the same lambda through "
-      "fuse() on the consolidated trees under automatic (leaf-major, 64 KiB tiles); one-call: "
+      "fuse() on the consolidated trees under automatic (leaf-major; float32 add and chain in one "
+      "pass, 8 KiB blocks, no ATen call); one-call: "
       "one ATen call over a tensor of all N*E elements (the floor, nothing to verify)");
   out.config = {{"leaves", cfg.elementwise_leaves},
                 {"elements", cfg.elementwise_elements},

@@ -209,10 +209,17 @@ requires detail::ExprOperatorArgs<A, B> Expr operator/(const A& a, const B& b) {
 /// leaves.
 /// Autograd: when grad mode is on and an operand requires grad, each leaf runs the chain whole
 /// with ATen's own autograd, so the graph (and backward) is the op-at-a-time one's, leaf by leaf.
+/// One pass: where every tree operand of a tileable leaf is float32 (or every one float64),
+/// no tensor is broadcast, and every step is + - * / (alpha 1), maximum, minimum, neg, abs,
+/// sqrt, reciprocal, square, relu, exp, log, tanh or sigmoid (numbers as other operands), the
+/// chain runs without any ATen call: block by block (8 KiB, or less with a smaller
+/// tile_bytes), with ATen's own vector arithmetic for the instruction set ATen uses here
+/// (DESIGN.md §19). Other chains run as ATen calls per tile.
 /// Values: bitwise those of `f` applied op at a time to the trees for correctly rounded ops
-/// (add, sub, mul, div, sqrt, comparisons, ...); for libm-style functions (exp, sigmoid, tanh,
-/// ...) ATen computes a tensor's last n mod 16 elements with the scalar form, so where tiles or
-/// buffers move that tail the last bits may differ, within 8 ulp (as flat execution).
+/// (add, sub, mul, div, sqrt, comparisons, ...; a NaN may differ in its sign bit); for
+/// libm-style functions (exp, log, sigmoid, tanh, ...) ATen computes a tensor's last n mod 16
+/// elements with the scalar form, so where tiles, blocks or buffers move that tail the last
+/// bits may differ, within 8 ulp (as flat execution).
 /// @throws std::invalid_argument when no argument is a tree, when an argument is a number, or
 ///         as Expr documents; tree::StructureError as above; a torch error of a leaf with its
 ///         type kept and "fuse(<ops>) at leaf '<path>': <op> (step i of n): " prepended.

@@ -1,0 +1,186 @@
+// The one-pass chain kernels (fuse_kernels.hpp), compiled once per instruction set as the
+// optimizer kernels are, plus AVX-512 (TREETENSOR_ISA names the namespace; CMakeLists.txt;
+// fuse.cpp picks the one matching at::get_cpu_capability()). Each op is
+// written as ATen's CPU kernel writes its vector body, so both compute the same operations.
+#include <ATen/ATen.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/fuse_kernels.hpp"
+
+namespace treetensor::detail::TREETENSOR_ISA {
+namespace {
+
+template <class T>
+using V = at::vec::Vectorized<T>;
+
+template <class T>
+V<T> unary(VectorOp op, const V<T>& a) {
+  switch (op) {
+    case VectorOp::neg:
+      return a.neg();
+    case VectorOp::abs:
+      return a.abs();
+    case VectorOp::sqrt:
+      return a.sqrt();
+    case VectorOp::reciprocal:
+      return a.reciprocal();
+    case VectorOp::square:
+      return a * a;  // ATen's pow(x, 2)
+    case VectorOp::relu:
+      return at::vec::clamp_min(a, V<T>(T(0)));  // ATen's clamp_min(x, 0)
+    case VectorOp::exp:
+      return a.exp();
+    case VectorOp::log:
+      return a.log();
+    case VectorOp::tanh:
+      return a.tanh();
+    case VectorOp::sigmoid:  // ATen's sigmoid kernel: 1 / (1 + exp(0 - x))
+      return ((V<T>(T(0)) - a).exp() + V<T>(T(1))).reciprocal();
+    default:
+      return a;
+  }
+}
+
+template <class T>
+V<T> binary(VectorOp op, const V<T>& a, const V<T>& b) {
+  switch (op) {
+    case VectorOp::add:
+      return a + b;
+    case VectorOp::sub:
+      return a - b;
+    case VectorOp::mul:
+      return a * b;
+    case VectorOp::div:
+      return a / b;
+    case VectorOp::maximum:
+      return at::vec::maximum(a, b);
+    case VectorOp::minimum:
+      return at::vec::minimum(a, b);
+    default:
+      return a;
+  }
+}
+
+template <class T>
+T number(const VectorOperand& o) {
+  if constexpr (std::is_same_v<T, float>)
+    return o.f;
+  else
+    return o.d;
+}
+
+bool is_unary(VectorOp op) {
+  return op >= VectorOp::neg;
+}
+
+// One operand over one block: a pointer, or a number broadcast to a vector.
+template <class T>
+struct Source {
+  const T* p = nullptr;
+  T s{};
+  V<T> load(int64_t i, int64_t count) const {
+    if (!p) return V<T>(s);
+    return count == V<T>::size() ? V<T>::loadu(p + i) : V<T>::loadu(p + i, count);
+  }
+};
+
+template <class T>
+void store(const V<T>& v, T* d, int64_t i, int64_t count) {
+  if (count == V<T>::size())
+    v.store(d + i);
+  else
+    v.store(d + i, count);
+}
+
+// The step over n elements. The op's switch sits inside the vector loop but is the same for
+// every iteration, so the branch predictor resolves it; the block stays in L1.
+template <class T, class F>
+void for_vectors(int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + V<T>::size() <= n; i += V<T>::size()) f(i, V<T>::size());
+  if (i < n) f(i, n - i);
+}
+
+template <class T, VectorOp Op>
+void run_step_as(const Source<T>& a, const Source<T>& b, T* d, int64_t n) {
+  if constexpr (Op >= VectorOp::neg) {
+    for_vectors<T>(n, [&](int64_t i, int64_t c) { store(unary<T>(Op, a.load(i, c)), d, i, c); });
+  } else {
+    for_vectors<T>(n, [&](int64_t i, int64_t c) {
+      store(binary<T>(Op, a.load(i, c), b.load(i, c)), d, i, c);
+    });
+  }
+}
+
+// Each op gets its own loop (the switch above folds away in each instantiation).
+template <class T>
+void run_step(VectorOp op, const Source<T>& a, const Source<T>& b, T* d, int64_t n) {
+  switch (op) {
+#define TREETENSOR_VECTOR_CASE(name) \
+  case VectorOp::name:               \
+    return run_step_as<T, VectorOp::name>(a, b, d, n);
+    TREETENSOR_VECTOR_CASE(add)
+    TREETENSOR_VECTOR_CASE(sub)
+    TREETENSOR_VECTOR_CASE(mul)
+    TREETENSOR_VECTOR_CASE(div)
+    TREETENSOR_VECTOR_CASE(maximum)
+    TREETENSOR_VECTOR_CASE(minimum)
+    TREETENSOR_VECTOR_CASE(neg)
+    TREETENSOR_VECTOR_CASE(abs)
+    TREETENSOR_VECTOR_CASE(sqrt)
+    TREETENSOR_VECTOR_CASE(reciprocal)
+    TREETENSOR_VECTOR_CASE(square)
+    TREETENSOR_VECTOR_CASE(relu)
+    TREETENSOR_VECTOR_CASE(exp)
+    TREETENSOR_VECTOR_CASE(log)
+    TREETENSOR_VECTOR_CASE(tanh)
+    TREETENSOR_VECTOR_CASE(sigmoid)
+#undef TREETENSOR_VECTOR_CASE
+  }
+}
+
+template <class T>
+void run_typed(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::Tensor& out,
+               int64_t block, int64_t begin, int64_t end) {
+  thread_local std::vector<T> scratch;
+  if (scratch.size() < static_cast<std::size_t>(p.slots * block))
+    scratch.resize(static_cast<std::size_t>(p.slots * block));
+  c10::SmallVector<T*, 16> slot(static_cast<std::size_t>(p.slots), nullptr);
+  T* const result = out.data_ptr<T>();
+  for (int64_t lo = begin; lo < end; lo += block) {
+    const int64_t n = std::min(block, end - lo);
+    for (int32_t s = 0; s < p.slots; ++s)
+      slot[s] = s < p.inputs  ? const_cast<T*>(in[s].const_data_ptr<T>()) + lo
+                : s == p.root ? result + lo
+                              : scratch.data() + s * block;
+    for (const VectorStep& st : p.steps) {
+      Source<T> a, b;
+      if (st.a.slot >= 0)
+        a.p = slot[st.a.slot];
+      else
+        a.s = number<T>(st.a);
+      if (st.b.slot >= 0 && !is_unary(st.op))
+        b.p = slot[st.b.slot];
+      else
+        b.s = number<T>(st.b);
+      run_step<T>(st.op, a, b, slot[st.dst], n);
+    }
+  }
+}
+
+}  // namespace
+
+void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::Tensor& out,
+                        int64_t block, int64_t begin, int64_t end) {
+  if (out.scalar_type() == at::kDouble)
+    run_typed<double>(p, in, out, block, begin, end);
+  else
+    run_typed<float>(p, in, out, block, begin, end);
+}
+
+}  // namespace treetensor::detail::TREETENSOR_ISA
