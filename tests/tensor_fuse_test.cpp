@@ -4,7 +4,9 @@
 // different sizes, tile boundaries inside leaves, non-contiguous leaves, mixed dtypes,
 // broadcast operands, consolidated trees; autograd, asyncs scopes and errors as tree calls.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,6 +26,7 @@ namespace asyncs = treetensor::asyncs;
 using namespace tt_test;
 using tt::Expr;
 using tt::FuseOptions;
+using CT = const at::Tensor&;
 
 namespace {
 
@@ -171,6 +174,66 @@ TEST_P(Fuse, FloatChainsOfOnePassOpsCallNoATenOp) {
     const OpsCalled calls;
     (void)tt::fuse(rounded_chain, x, y);  // add with alpha -2: ATen op by op
     EXPECT_TRUE(calls.any({"aten::add", "aten::add.out"}));
+  }
+}
+
+// Plain tree calls of the exact ops run each float leaf through the one-pass kernel instead of
+// ATen's dispatcher (fuse_kernels.hpp): bitwise ATen's values, ATen where autograd must record.
+TEST_P(Fuse, TreeOpsOnFloatLeavesGiveATensValuesWithoutATen) {
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const TreeTensor x = special_values(dtype), y = like(x);
+    const OpsCalled calls;
+    expect_bitwise(x + y, native([](CT a, CT b) { return a + b; }, x, y));
+    expect_bitwise(x - y, native([](CT a, CT b) { return a - b; }, x, y));
+    expect_bitwise(x * y, native([](CT a, CT b) { return a * b; }, x, y));
+    expect_bitwise(x / y, native([](CT a, CT b) { return a / b; }, x, y));
+    expect_bitwise(x.maximum(y), native([](CT a, CT b) { return a.maximum(b); }, x, y));
+    expect_bitwise(x.minimum(y), native([](CT a, CT b) { return a.minimum(b); }, x, y));
+    expect_bitwise(x + 1, native([](CT a) { return a + 1; }, x));
+    expect_bitwise(x * 2.5, native([](CT a) { return a * 2.5; }, x));
+    expect_bitwise(x - 16777217, native([](CT a) { return a - 16777217; }, x));
+    expect_bitwise(x / 3, native([](CT a) { return a / 3; }, x));
+    expect_bitwise(x * true, native([](CT a) { return a * true; }, x));
+    expect_bitwise(-x, native([](CT a) { return -a; }, x));
+    expect_bitwise(x.abs(), native([](CT a) { return a.abs(); }, x));
+    expect_bitwise(x.reciprocal(), native([](CT a) { return a.reciprocal(); }, x));
+    expect_bitwise(x.square(), native([](CT a) { return a.square(); }, x));
+    expect_bitwise(x.relu(), native([](CT a) { return a.relu(); }, x));
+    EXPECT_TRUE(calls.any({"aten::add"}));  // the hand-written loops' calls are seen
+  }
+  const TreeTensor x = special_values(at::kFloat), y = like(x);
+  auto tree_calls_aten = [](const auto& call, std::initializer_list<std::string> names) {
+    const OpsCalled calls;
+    (void)call();
+    return calls.any(names);
+  };
+  EXPECT_FALSE(tree_calls_aten([&] { return x + y; }, {"aten::add"}));
+  EXPECT_FALSE(tree_calls_aten([&] { return x * 2; }, {"aten::mul"}));
+  EXPECT_FALSE(tree_calls_aten([&] { return x.relu(); }, {"aten::relu", "aten::clamp_min"}));
+  // Where the one-pass kernel would not give ATen's exact result or metadata: ATen.
+  EXPECT_TRUE(tree_calls_aten([&] { return x.sub(y, 2); }, {"aten::sub"}));  // alpha: FMA
+  EXPECT_TRUE(tree_calls_aten([&] { return x.sqrt(); }, {"aten::sqrt"}));    // NaN sign
+  EXPECT_TRUE(tree_calls_aten([&] { return x.sigmoid(); }, {"aten::sigmoid"}));
+  EXPECT_TRUE(tree_calls_aten([&] { return x + x.to(at::kDouble); }, {"aten::add"}));
+  const TreeTensor ints = tt::tree::map([](CT t) { return t.to(at::kInt); }, x);
+  EXPECT_TRUE(tree_calls_aten([&] { return ints + 1; }, {"aten::add"}));
+  const TreeTensor wide{{"a", at::randn({3, 4})}}, row{{"a", at::randn({4})}};
+  EXPECT_TRUE(tree_calls_aten([&] { return wide * row; }, {"aten::mul"}));  // broadcasting
+  EXPECT_TRUE(tree_calls_aten([&] { return 2 - x; }, {"aten::sub"}));       // number first
+  // Autograd: a leaf that requires grad goes to ATen under grad mode, so the graph is made...
+  TreeTensor g = tt::tree::map([](CT t) { return t.detach().clone().requires_grad_(); }, x);
+  const TreeTensor r = g * 3;
+  for (const auto& l : leaves(r)) EXPECT_TRUE(l.requires_grad() && l.grad_fn());
+  // ...and without grad mode the result needs none, as ATen gives it.
+  {
+    const at::NoGradGuard no_grad;
+    EXPECT_FALSE(tree_calls_aten([&] { return g * 3; }, {"aten::mul"}));
+    for (const auto& l : leaves(g * 3)) EXPECT_FALSE(l.requires_grad());
+  }
+  {
+    const c10::InferenceMode inference;
+    for (const auto& l : leaves(x + y)) EXPECT_TRUE(l.is_inference());
   }
 }
 

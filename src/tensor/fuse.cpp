@@ -180,22 +180,9 @@ namespace {
 
 // The one-pass form of an operand: a slot, or a real number cast as ATen casts it.
 std::optional<VectorOperand> vector_operand(const StepOperand& o) {
+  if (o.slot == StepOperand::kScalar) return vector_number(o.scalar);
   VectorOperand v;
-  if (o.slot != StepOperand::kScalar) {
-    v.slot = static_cast<std::int32_t>(o.slot);
-    return v;
-  }
-  const at::Scalar& s = o.scalar;
-  if (s.isBoolean() || s.isIntegral(false)) {
-    const int64_t i = s.isBoolean() ? int64_t{s.toBool()} : s.toLong();
-    v.f = static_cast<float>(i);
-    v.d = static_cast<double>(i);
-  } else if (s.isFloatingPoint()) {
-    v.d = s.toDouble();
-    v.f = static_cast<float>(v.d);
-  } else {
-    return std::nullopt;  // complex or symbolic: ATen's promotion, not ours
-  }
+  v.slot = static_cast<std::int32_t>(o.slot);
   return v;
 }
 
@@ -512,6 +499,22 @@ void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, co
   if (isa == "AVX2") return isa_avx2::run_vector_program(p, in, out, block, begin, end);
 #endif
   isa_default::run_vector_program(p, in, out, block, begin, end);
+}
+
+std::optional<VectorOperand> vector_number(const c10::Scalar& s) {
+  VectorOperand v;
+  if (s.isSymbolic()) return std::nullopt;
+  if (s.isBoolean() || s.isIntegral(false)) {
+    const int64_t i = s.isBoolean() ? int64_t{s.toBool()} : s.toLong();
+    v.f = static_cast<float>(i);
+    v.d = static_cast<double>(i);
+  } else if (s.isFloatingPoint()) {
+    v.d = s.toDouble();
+    v.f = static_cast<float>(v.d);
+  } else {
+    return std::nullopt;
+  }
+  return v;
 }
 
 std::optional<VectorOp> vector_op(std::string_view name) {

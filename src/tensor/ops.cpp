@@ -2,12 +2,14 @@
 // LibTorch 1.13 and 2.x, a batched at::_foreach_* or bmm form) to the dispatch core.
 #include "treetensor/tensor/ops.hpp"
 
+#include "tensor/fuse_kernels.hpp"
 #include "tensor/leafwise.hpp"
 #include "tensor/pending.hpp"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <optional>
 #include <string_view>
 
 namespace treetensor {
@@ -29,6 +31,27 @@ using detail::update_owned;
 using Kernel1 = at::Tensor (*)(const at::Tensor&);
 using Update1 = void (*)(const at::Tensor&);
 
+// The fused (stream('fused')) form through the one-pass kernel where every leaf takes it: on
+// the CPU at::_foreach_<op> is itself a loop of ATen calls. False (nothing kept) otherwise.
+bool direct_fused(std::optional<detail::VectorOp> op, const FusedArgs& f,
+                  std::vector<at::Tensor>& out) {
+  if (!op || !f.operand(0).is_tree()) return false;
+  const at::TensorList a = f.column(0);
+  const bool binary = f.operands() > 1;
+  const bool tree_b = binary && f.operand(1).is_tree();
+  if (binary && !tree_b && f.operand(1).kind() != Operand::Kind::scalar) return false;
+  std::vector<at::Tensor> r;
+  r.reserve(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    r.push_back(!binary  ? detail::direct_unary(*op, a[i])
+                : tree_b ? detail::direct_binary(*op, a[i], f.column(1)[i])
+                         : detail::direct_binary(*op, a[i], f.operand(1).scalar()));
+    if (!r.back().defined()) return false;
+  }
+  out = std::move(r);
+  return true;
+}
+
 // A registry op's fused form (its `foreach` column, codegen/ops.toml): at::_foreach_<name> and
 // _foreach_<name>_, or none; one constant an op (ops_generated.inc), no lookup by name.
 struct ForeachUnary {
@@ -44,11 +67,19 @@ CallOptions unary_options(std::string_view op) {
   return o;
 }
 
+// The leaf kernels below try the one-pass kernel first (detail::direct_*: the same values as
+// ATen's op, without its dispatcher), then call ATen.
 TreeTensor unary_map(std::string_view op, const TensorTree& t, Kernel1 k, const ForeachUnary* fe) {
   const Operand args[] = {Operand(t)};
-  auto leaf = [k](const LeafArgs& x) { return k(x.t(0)); };
+  auto leaf = [k, direct = detail::vector_op(op)](const LeafArgs& x) {
+    if (direct)
+      if (at::Tensor r = detail::direct_unary(*direct, x.t(0)); r.defined()) return r;
+    return k(x.t(0));
+  };
   if (!fe) return map_owned(unary_options(op), args, leaf);
-  auto fused = [fe](const FusedArgs& a, std::vector<at::Tensor>& out) {
+  auto fused = [fe, direct = detail::vector_op(op)](const FusedArgs& a,
+                                                    std::vector<at::Tensor>& out) {
+    if (direct_fused(direct, a, out)) return true;
     if (!a.foreach_compatible()) return false;
     out = fe->map(a.column(0));
     return true;
@@ -96,11 +127,18 @@ struct ForeachBinary {
 TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, KernelTT tt,
                       KernelTS ts, const ForeachBinary* fe) {
   const Operand args[] = {a, b};
-  auto leaf = [tt, ts](const LeafArgs& x) {
+  auto leaf = [tt, ts, direct = detail::vector_op(op)](const LeafArgs& x) {
+    if (direct) {
+      at::Tensor r = x.is_scalar(1) ? detail::direct_binary(*direct, x.t(0), x.s(1))
+                                    : detail::direct_binary(*direct, x.t(0), x.t(1));
+      if (r.defined()) return r;
+    }
     return x.is_scalar(1) ? ts(x.t(0), x.s(1)) : tt(x.t(0), x.t(1));
   };
   if (!fe) return map_owned(binary_options(op, a), args, leaf);
-  auto fused = [fe](const FusedArgs& f, std::vector<at::Tensor>& out) {
+  auto fused = [fe, direct = detail::vector_op(op)](const FusedArgs& f,
+                                                    std::vector<at::Tensor>& out) {
+    if (direct_fused(direct, f, out)) return true;
     if (!f.operand(0).is_tree() || !f.foreach_compatible()) return false;
     out = f.operand(1).is_tree() ? fe->map_ll(f.column(0), f.column(1))
                                  : fe->map_ls(f.column(0), f.operand(1).scalar());
@@ -113,7 +151,11 @@ TreeTensor binary_tensor_map(std::string_view op, const Operand& a, const Operan
   const Operand args[] = {a, b};
   CallOptions o = elementwise(op);
   o.wrap_scalars = true;
-  return map_owned(o, args, [tt](const LeafArgs& x) { return tt(x.t(0), x.t(1)); });
+  return map_owned(o, args, [tt, direct = detail::vector_op(op)](const LeafArgs& x) {
+    if (direct)
+      if (at::Tensor r = detail::direct_binary(*direct, x.t(0), x.t(1)); r.defined()) return r;
+    return tt(x.t(0), x.t(1));
+  });
 }
 
 TreeTensor& binary_update(std::string_view op, TreeTensor& a, const Operand& b, UpdateTT tt,
@@ -177,10 +219,19 @@ TreeTensor alpha_map(const AlphaOp& op, const Operand& a, const Operand& b,
                      const at::Scalar& alpha) {
   const Operand args[] = {a, b};
   // `op` is a constexpr table entry (static storage); alpha is copied: the call may be pending.
-  auto leaf = [&op, alpha](const LeafArgs& x) {
+  // The one-pass kernel only with alpha 1 (ATen's add fuses alpha into an FMA on AVX2).
+  const std::optional<detail::VectorOp> direct =
+      !alpha.isComplex() && is_one(alpha) ? detail::vector_op(op.name) : std::nullopt;
+  auto leaf = [&op, alpha, direct](const LeafArgs& x) {
+    if (direct) {
+      at::Tensor r = x.is_scalar(1) ? detail::direct_binary(*direct, x.t(0), x.s(1))
+                                    : detail::direct_binary(*direct, x.t(0), x.t(1));
+      if (r.defined()) return r;
+    }
     return x.is_scalar(1) ? op.ts(x.t(0), x.s(1), alpha) : op.tt(x.t(0), x.t(1), alpha);
   };
-  auto fused = [&op, alpha](const FusedArgs& f, std::vector<at::Tensor>& out) {
+  auto fused = [&op, alpha, direct](const FusedArgs& f, std::vector<at::Tensor>& out) {
+    if (direct_fused(direct, f, out)) return true;
     if (!f.operand(0).is_tree() || !f.foreach_compatible()) return false;
     if (f.operand(1).is_tree()) {
       out = op.map_ll(f.column(0), f.column(1), alpha);
