@@ -86,6 +86,10 @@ void expect_bitwise(const TensorTree& got, const TensorTree& want) {
   for (std::size_t i = 0; i < g.size(); ++i) {
     SCOPED_TRACE("leaf " + paths(want)[i]);
     ASSERT_EQ(g[i].scalar_type(), w[i].scalar_type());
+    if (!at::isFloatingType(w[i].scalar_type())) {
+      EXPECT_TRUE(at::equal(g[i], w[i])) << g[i] << "\nvs\n" << w[i];
+      continue;
+    }
     const at::ScalarType bits = w[i].scalar_type() == at::kDouble ? at::kLong : at::kInt;
     const at::Tensor nan = g[i].isnan() & w[i].isnan();
     const at::Tensor gb = g[i].contiguous().view(bits).masked_fill(nan, 0);
@@ -195,12 +199,49 @@ TEST_P(Fuse, TreeOpsOnFloatLeavesGiveATensValuesWithoutATen) {
     expect_bitwise(x - 16777217, native([](CT a) { return a - 16777217; }, x));
     expect_bitwise(x / 3, native([](CT a) { return a / 3; }, x));
     expect_bitwise(x * true, native([](CT a) { return a * true; }, x));
+    expect_bitwise(x + 1e300, native([](CT a) { return a + 1e300; }, x));  // inf in float
+    EXPECT_THROW((void)(x - true), c10::Error);
+    EXPECT_THROW((void)x.add(y, true), c10::Error);
+    EXPECT_THROW((void)tt::fuse([](const auto& p) { return p - true; }, x), c10::Error);
+    EXPECT_THROW((void)tt::fuse([](const auto& p, const auto& q) { return p.add(q, true); }, x, y),
+                 c10::Error);
     expect_bitwise(-x, native([](CT a) { return -a; }, x));
     expect_bitwise(x.abs(), native([](CT a) { return a.abs(); }, x));
     expect_bitwise(x.reciprocal(), native([](CT a) { return a.reciprocal(); }, x));
     expect_bitwise(x.square(), native([](CT a) { return a.square(); }, x));
     expect_bitwise(x.relu(), native([](CT a) { return a.relu(); }, x));
     EXPECT_TRUE(calls.any({"aten::add"}));  // the hand-written loops' calls are seen
+  }
+  // Integer leaves: the wrapping ops, with the extremes that wrap.
+  for (const at::ScalarType dtype : {at::kLong, at::kInt}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const int64_t lo = dtype == at::kLong ? std::numeric_limits<int64_t>::min() : INT32_MIN;
+    const int64_t hi = dtype == at::kLong ? std::numeric_limits<int64_t>::max() : INT32_MAX;
+    auto leaf = [&](int64_t n) {
+      at::Tensor t = at::randint(-1000, 1000, {n}, at::TensorOptions().dtype(dtype));
+      t[0] = lo;
+      if (n > 1) t[n - 1] = hi;
+      return t;
+    };
+    const TreeTensor a{{"a", leaf(1)}, {"b", leaf(7)}, {"c", leaf(33)}, {"d", leaf(1025)}};
+    const TreeTensor b = tt::tree::map([](CT t) { return at::randint_like(t, -70000, 70000); }, a);
+    expect_bitwise(a + b, native([](CT p, CT q) { return p + q; }, a, b));
+    expect_bitwise(a - b, native([](CT p, CT q) { return p - q; }, a, b));
+    expect_bitwise(a * b, native([](CT p, CT q) { return p * q; }, a, b));
+    expect_bitwise(a.maximum(b), native([](CT p, CT q) { return p.maximum(q); }, a, b));
+    expect_bitwise(a.minimum(b), native([](CT p, CT q) { return p.minimum(q); }, a, b));
+    expect_bitwise(a * 3000000000LL, native([](CT p) { return p * 3000000000LL; }, a));
+    expect_bitwise(a * true, native([](CT p) { return p * true; }, a));
+    expect_bitwise(a + (int64_t{1} << 40), native([](CT p) { return p + (int64_t{1} << 40); }, a));
+    // ATen's own refusals stand: no bool in a subtraction, no bool alpha.
+    EXPECT_THROW((void)(a - true), c10::Error);
+    EXPECT_THROW((void)a.add(b, true), c10::Error);
+    expect_bitwise(-a, native([](CT p) { return -p; }, a));
+    expect_bitwise(a.abs(), native([](CT p) { return p.abs(); }, a));
+    expect_bitwise(a.square(), native([](CT p) { return p.square(); }, a));
+    expect_bitwise(a.relu(), native([](CT p) { return p.relu(); }, a));
+    expect_bitwise(a / b, native([](CT p, CT q) { return p / q; }, a, b));  // floats: ATen
+    expect_bitwise(a + 0.5, native([](CT p) { return p + 0.5; }, a));       // floats: ATen
   }
   const TreeTensor x = special_values(at::kFloat), y = like(x);
   auto tree_calls_aten = [](const auto& call, std::initializer_list<std::string> names) {
@@ -216,8 +257,12 @@ TEST_P(Fuse, TreeOpsOnFloatLeavesGiveATensValuesWithoutATen) {
   EXPECT_TRUE(tree_calls_aten([&] { return x.sqrt(); }, {"aten::sqrt"}));    // NaN sign
   EXPECT_TRUE(tree_calls_aten([&] { return x.sigmoid(); }, {"aten::sigmoid"}));
   EXPECT_TRUE(tree_calls_aten([&] { return x + x.to(at::kDouble); }, {"aten::add"}));
-  const TreeTensor ints = tt::tree::map([](CT t) { return t.to(at::kInt); }, x);
-  EXPECT_TRUE(tree_calls_aten([&] { return ints + 1; }, {"aten::add"}));
+  const TreeTensor ints = tt::tree::map([](CT t) { return t.nan_to_num().to(at::kLong); }, x);
+  EXPECT_FALSE(tree_calls_aten([&] { return ints + 1; }, {"aten::add"}));
+  EXPECT_TRUE(tree_calls_aten([&] { return ints / 2; }, {"aten::div"}));    // gives floats
+  EXPECT_TRUE(tree_calls_aten([&] { return ints * 1.5; }, {"aten::mul"}));  // promotes
+  const TreeTensor halves = tt::tree::map([](CT t) { return t.to(at::kHalf); }, x);
+  EXPECT_TRUE(tree_calls_aten([&] { return halves + 1; }, {"aten::add"}));
   const TreeTensor wide{{"a", at::randn({3, 4})}}, row{{"a", at::randn({4})}};
   EXPECT_TRUE(tree_calls_aten([&] { return wide * row; }, {"aten::mul"}));  // broadcasting
   EXPECT_TRUE(tree_calls_aten([&] { return 2 - x; }, {"aten::sub"}));       // number first

@@ -15,7 +15,12 @@ namespace {
 const c10::DispatchKeySet kPlainCpu{c10::DispatchKey::CPU, c10::DispatchKey::ADInplaceOrView,
                                     c10::DispatchKey::AutogradCPU, c10::DispatchKey::AutocastCPU};
 
-bool exact(VectorOp op) {
+bool floating(at::ScalarType d) {
+  return d == at::kFloat || d == at::kDouble;
+}
+
+// Whether `op` on `dtype` is computed exactly as ATen computes it (fuse_kernels.hpp).
+bool exact(VectorOp op, at::ScalarType dtype) {
   switch (op) {
     case VectorOp::sqrt:
     case VectorOp::exp:
@@ -23,6 +28,9 @@ bool exact(VectorOp op) {
     case VectorOp::tanh:
     case VectorOp::sigmoid:
       return false;
+    case VectorOp::div:
+    case VectorOp::reciprocal:
+      return floating(dtype);  // integer operands give floats
     default:
       return true;
   }
@@ -31,7 +39,7 @@ bool exact(VectorOp op) {
 bool ready(const at::Tensor& t) {
   if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided) return false;
   const at::ScalarType d = t.scalar_type();
-  if (d != at::kFloat && d != at::kDouble) return false;
+  if (!floating(d) && d != at::kLong && d != at::kInt) return false;
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (!kPlainCpu.isSupersetOf(t.key_set()) || impl->is_wrapped_number() || t.has_names())
     return false;
@@ -64,13 +72,13 @@ VectorProgram one_step(VectorOp op, std::int32_t inputs) {
 }  // namespace
 
 at::Tensor direct_unary(VectorOp op, const at::Tensor& a) {
-  if (!exact(op) || !ready(a) || !thread_ready()) return {};
+  if (!ready(a) || !exact(op, a.scalar_type()) || !thread_ready()) return {};
   const at::Tensor in[] = {a};
   return run(one_step(op, 1), in);
 }
 
 at::Tensor direct_binary(VectorOp op, const at::Tensor& a, const at::Tensor& b) {
-  if (!exact(op) || !ready(a) || !ready(b) || a.scalar_type() != b.scalar_type() ||
+  if (!ready(a) || !ready(b) || a.scalar_type() != b.scalar_type() || !exact(op, a.scalar_type()) ||
       !a.sizes().equals(b.sizes()) || !thread_ready())
     return {};
   const at::Tensor in[] = {a, b};
@@ -78,9 +86,12 @@ at::Tensor direct_binary(VectorOp op, const at::Tensor& a, const at::Tensor& b) 
 }
 
 at::Tensor direct_binary(VectorOp op, const at::Tensor& a, const at::Scalar& b) {
-  if (!exact(op) || !ready(a) || !thread_ready()) return {};
+  if (!ready(a) || !exact(op, a.scalar_type()) || !thread_ready()) return {};
   const std::optional<VectorOperand> s = vector_number(b);
-  if (!s) return {};
+  // A floating number promotes an integer tensor to the default floating dtype, and ATen
+  // refuses a bool in a subtraction: ATen's.
+  if (!s || (!floating(a.scalar_type()) && !s->integral) || (op == VectorOp::sub && b.isBoolean()))
+    return {};
   VectorProgram p = one_step(op, 1);
   p.steps[0].b = *s;
   const at::Tensor in[] = {a};

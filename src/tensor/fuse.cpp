@@ -187,12 +187,21 @@ std::optional<VectorOperand> vector_operand(const StepOperand& o) {
 }
 
 bool alpha_is_one(const at::Scalar& a) {
-  return !a.isComplex() && !a.isSymbolic() && a.toDouble() == 1.0;
+  return !a.isComplex() && !a.isSymbolic() && !a.isBoolean() && a.toDouble() == 1.0;
+}
+
+// A bool in a subtraction is ATen's error, which the program must then raise.
+bool bool_subtraction(const Step& s) {
+  auto is_bool = [](const StepOperand& o) {
+    return o.slot == StepOperand::kScalar && o.scalar.isBoolean();
+  };
+  return s.name.rfind("sub", 0) == 0 && (is_bool(s.a) || is_bool(s.b));
 }
 
 // The one-pass form of the whole program, or nothing when a step has none: another op, an
 // alpha other than 1 (ATen's add fuses alpha into an FMA on some instruction sets), a complex
-// number, or a broadcast tensor (its dtype and shape take part in promotion and broadcasting).
+// number, a bool subtracted (ATen's error), or a broadcast tensor (its dtype and shape take
+// part in promotion and broadcasting).
 std::optional<VectorProgram> vector_program(const FuseProgram& p) {
   if (!p.constants.empty()) return std::nullopt;
   VectorProgram v;
@@ -203,7 +212,7 @@ std::optional<VectorProgram> vector_program(const FuseProgram& p) {
     std::string_view name = s.name;
     if (s.inplace) name.remove_suffix(1);
     const std::optional<VectorOp> op = vector_op(name);
-    if (!op || (s.binary && !alpha_is_one(s.alpha))) return std::nullopt;
+    if (!op || (s.binary && (!alpha_is_one(s.alpha) || bool_subtraction(s)))) return std::nullopt;
     VectorStep step{*op, static_cast<std::int32_t>(s.dst), {}, {}};
     const auto a = vector_operand(s.a);
     const auto b = s.binary ? vector_operand(s.b) : std::optional<VectorOperand>(VectorOperand{});
@@ -505,9 +514,10 @@ std::optional<VectorOperand> vector_number(const c10::Scalar& s) {
   VectorOperand v;
   if (s.isSymbolic()) return std::nullopt;
   if (s.isBoolean() || s.isIntegral(false)) {
-    const int64_t i = s.isBoolean() ? int64_t{s.toBool()} : s.toLong();
-    v.f = static_cast<float>(i);
-    v.d = static_cast<double>(i);
+    v.i = s.isBoolean() ? int64_t{s.toBool()} : s.toLong();
+    v.f = static_cast<float>(v.i);
+    v.d = static_cast<double>(v.i);
+    v.integral = true;
   } else if (s.isFloatingPoint()) {
     v.d = s.toDouble();
     v.f = static_cast<float>(v.d);

@@ -50,6 +50,8 @@ struct VectorOperand {
   std::int32_t slot = -1;
   float f = 0;
   double d = 0;
+  std::int64_t i = 0;     // the number as an int64, for integer tensors
+  bool integral = false;  // an int or a bool (promotes no integer tensor to floating)
 };
 
 struct VectorStep {
@@ -72,8 +74,9 @@ struct VectorProgram {
 std::optional<VectorOperand> vector_number(const c10::Scalar& s);
 
 /// Runs `p` over elements [begin, end) of contiguous tensors `in` (one per argument slot, all
-/// of `out`'s dtype: float32 or float64) into `out`, in blocks of `block` elements (a multiple
-/// of 64). Thread-safe; each calling thread keeps its own block-sized temporaries.
+/// of `out`'s dtype: float32 or float64; int64 or int32 for the integer ops) into `out`, in blocks
+/// of `block` elements (a multiple of 64). Thread-safe; each calling thread keeps its own
+/// block-sized temporaries.
 void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::Tensor& out,
                         std::int64_t block, std::int64_t begin, std::int64_t end);
 
@@ -86,12 +89,14 @@ namespace treetensor::detail {
 /// result's at::empty), where that computes exactly what ATen's op computes and returns: the
 /// ops whose kernel is an IEEE operation (add, sub, mul, div, maximum, minimum, neg, abs,
 /// reciprocal, square, relu; not sqrt, whose NaN sign differs, nor the libm ones, whose last
-/// elements ATen computes with scalar code), on a defined, contiguous, strided CPU float32 or
-/// float64 tensor (both operands of one dtype and shape, or a real number as the second)
-/// with only the plain CPU dispatch keys, no names, nothing for autograd to record (grad mode
-/// off, or no operand requiring grad) and no dispatch key forced on this thread (a Python
-/// mode, functorch). Returns an undefined tensor where any of that does not hold; the caller
-/// then calls ATen. Profilers see no aten:: op for a leaf computed here.
+/// elements ATen computes with scalar code) on float32 or float64 leaves, and the wrapping
+/// integer ones (add, sub, mul, maximum, minimum, neg, abs, square, relu: not div or
+/// reciprocal, which give floats) on int64 or int32 leaves with int or bool numbers; on a
+/// defined, contiguous, strided CPU tensor (both operands of one dtype and shape, or a number
+/// as the second) with only the plain CPU dispatch keys, no names, nothing for autograd to
+/// record (grad mode off, or no operand requiring grad) and no dispatch key forced on this
+/// thread (a Python mode, functorch). Returns an undefined tensor where any of that does not
+/// hold; the caller then calls ATen. Profilers see no aten:: op for a leaf computed here.
 at::Tensor direct_unary(VectorOp op, const at::Tensor& a);
 at::Tensor direct_binary(VectorOp op, const at::Tensor& a, const at::Tensor& b);
 at::Tensor direct_binary(VectorOp op, const at::Tensor& a, const at::Scalar& b);

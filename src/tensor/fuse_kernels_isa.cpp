@@ -18,6 +18,8 @@ namespace {
 template <class T>
 using V = at::vec::Vectorized<T>;
 
+// Integer tensors take the wrapping integer ops only (direct_ops.cpp): the floating ones are
+// not instantiated for them.
 template <class T>
 V<T> unary(VectorOp op, const V<T>& a) {
   switch (op) {
@@ -25,25 +27,32 @@ V<T> unary(VectorOp op, const V<T>& a) {
       return a.neg();
     case VectorOp::abs:
       return a.abs();
-    case VectorOp::sqrt:
-      return a.sqrt();
-    case VectorOp::reciprocal:
-      return a.reciprocal();
     case VectorOp::square:
       return a * a;  // ATen's pow(x, 2)
     case VectorOp::relu:
       return at::vec::clamp_min(a, V<T>(T(0)));  // ATen's clamp_min(x, 0)
-    case VectorOp::exp:
-      return a.exp();
-    case VectorOp::log:
-      return a.log();
-    case VectorOp::tanh:
-      return a.tanh();
-    case VectorOp::sigmoid:  // ATen's sigmoid kernel: 1 / (1 + exp(0 - x))
-      return ((V<T>(T(0)) - a).exp() + V<T>(T(1))).reciprocal();
     default:
-      return a;
+      break;
   }
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case VectorOp::sqrt:
+        return a.sqrt();
+      case VectorOp::reciprocal:
+        return a.reciprocal();
+      case VectorOp::exp:
+        return a.exp();
+      case VectorOp::log:
+        return a.log();
+      case VectorOp::tanh:
+        return a.tanh();
+      case VectorOp::sigmoid:  // ATen's sigmoid kernel: 1 / (1 + exp(0 - x))
+        return ((V<T>(T(0)) - a).exp() + V<T>(T(1))).reciprocal();
+      default:
+        break;
+    }
+  }
+  return a;
 }
 
 template <class T>
@@ -55,23 +64,26 @@ V<T> binary(VectorOp op, const V<T>& a, const V<T>& b) {
       return a - b;
     case VectorOp::mul:
       return a * b;
-    case VectorOp::div:
-      return a / b;
     case VectorOp::maximum:
       return at::vec::maximum(a, b);
     case VectorOp::minimum:
       return at::vec::minimum(a, b);
     default:
-      return a;
+      break;
   }
+  if constexpr (std::is_floating_point_v<T>)
+    if (op == VectorOp::div) return a / b;
+  return a;
 }
 
 template <class T>
 T number(const VectorOperand& o) {
   if constexpr (std::is_same_v<T, float>)
     return o.f;
-  else
+  else if constexpr (std::is_same_v<T, double>)
     return o.d;
+  else
+    return static_cast<T>(o.i);  // int64 to int32 wraps, as ATen's cast of a wrapped number
 }
 
 bool is_unary(VectorOp op) {
@@ -177,10 +189,16 @@ void run_typed(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::T
 
 void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::Tensor& out,
                         int64_t block, int64_t begin, int64_t end) {
-  if (out.scalar_type() == at::kDouble)
-    run_typed<double>(p, in, out, block, begin, end);
-  else
-    run_typed<float>(p, in, out, block, begin, end);
+  switch (out.scalar_type()) {
+    case at::kDouble:
+      return run_typed<double>(p, in, out, block, begin, end);
+    case at::kLong:
+      return run_typed<int64_t>(p, in, out, block, begin, end);
+    case at::kInt:
+      return run_typed<int32_t>(p, in, out, block, begin, end);
+    default:
+      return run_typed<float>(p, in, out, block, begin, end);
+  }
 }
 
 }  // namespace treetensor::detail::TREETENSOR_ISA
