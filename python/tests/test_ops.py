@@ -351,3 +351,24 @@ def test_consolidated_trees_run_flat_with_the_dict_comprehensions_values():
     dicts_equal(ca, dmap(lambda x, y: x + y, a, b))
     # The tree sum reduces the buffer's leaf elements, in flatten order: the sum of their cat.
     assert torch.equal(r.sum(), torch.cat([r.a.flatten(), r.b.x.flatten(), r.b.y.flatten()]).sum())
+
+
+def test_leaves_computed_without_aten_keep_what_torch_gives():
+    """The per-leaf shortcut past ATen's dispatcher (DESIGN.md §5) must leave what torch gives:
+    forward-mode tangents, a size-1 dimension's stride, ATen's errors."""
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(torch.randn(5), torch.ones(5))
+        t = ttorch.Tensor({"a": dual})
+        for got, want in (((t * 2).a, dual * 2), ((-t).a, -dual), ((t * t).a, dual * dual)):
+            assert torch.equal(fwAD.unpack_dual(got).tangent, fwAD.unpack_dual(want).tangent)
+    column = torch.randn(1, 3).t()  # contiguous, stride (1, 3)
+    assert (ttorch.Tensor({"a": column}) + 1).a.stride() == (column + 1).stride()
+    nc11 = torch.randn(2, 3, 1, 1).contiguous(memory_format=torch.channels_last)
+    assert (ttorch.Tensor({"a": nc11}) + 1).a.stride() == (nc11 + 1).stride()
+    i = torch.arange(3)
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point"):
+        ttorch.add(ttorch.Tensor({"a": i}), ttorch.Tensor({"a": i}), alpha=1.0)
+    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool"):
+        ttorch.Tensor({"a": torch.randn(3)}) - True

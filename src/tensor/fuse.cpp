@@ -9,10 +9,12 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <exception>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "tensor/fuse_kernels.hpp"
 #include "tensor/leafwise.hpp"
@@ -178,32 +180,19 @@ Expr FuseRecorder::binary(std::string_view op, const BinaryKernels& k, const Exp
 
 namespace {
 
-// The one-pass form of an operand: a slot, or a real number cast as ATen casts it.
-std::optional<VectorOperand> vector_operand(const StepOperand& o) {
-  if (o.slot == StepOperand::kScalar) return vector_number(o.scalar);
+// The one-pass form of an operand of `op`: a slot, or a number cast as ATen casts it.
+std::optional<VectorOperand> vector_operand(VectorOp op, const StepOperand& o) {
+  if (o.slot == StepOperand::kScalar) return vector_number(op, o.scalar);
   VectorOperand v;
   v.slot = static_cast<std::int32_t>(o.slot);
   return v;
 }
 
-bool alpha_is_one(const at::Scalar& a) {
-  return !a.isComplex() && !a.isSymbolic() && !a.isBoolean() && a.toDouble() == 1.0;
-}
-
-// A bool in a subtraction is ATen's error, which the program must then raise.
-bool bool_subtraction(const Step& s) {
-  auto is_bool = [](const StepOperand& o) {
-    return o.slot == StepOperand::kScalar && o.scalar.isBoolean();
-  };
-  return s.name.rfind("sub", 0) == 0 && (is_bool(s.a) || is_bool(s.b));
-}
-
 // The one-pass form of the whole program, or nothing when a step has none: another op, an
-// alpha other than 1 (ATen's add fuses alpha into an FMA on some instruction sets), a complex
-// number, a bool subtracted (ATen's error), or a broadcast tensor (its dtype and shape take
-// part in promotion and broadcasting).
+// alpha or a number the kernels do not take (vector_alpha, vector_number), a broadcast tensor
+// (its dtype and shape take part in promotion and broadcasting), or too many slots.
 std::optional<VectorProgram> vector_program(const FuseProgram& p) {
-  if (!p.constants.empty()) return std::nullopt;
+  if (!p.constants.empty() || p.kinds.size() > std::size_t{kMaxVectorSlots}) return std::nullopt;
   VectorProgram v;
   v.inputs = static_cast<std::int32_t>(p.inputs);
   v.slots = static_cast<std::int32_t>(p.kinds.size());
@@ -212,10 +201,11 @@ std::optional<VectorProgram> vector_program(const FuseProgram& p) {
     std::string_view name = s.name;
     if (s.inplace) name.remove_suffix(1);
     const std::optional<VectorOp> op = vector_op(name);
-    if (!op || (s.binary && (!alpha_is_one(s.alpha) || bool_subtraction(s)))) return std::nullopt;
+    if (!op || (s.binary && !vector_alpha(s.alpha))) return std::nullopt;
     VectorStep step{*op, static_cast<std::int32_t>(s.dst), {}, {}};
-    const auto a = vector_operand(s.a);
-    const auto b = s.binary ? vector_operand(s.b) : std::optional<VectorOperand>(VectorOperand{});
+    const auto a = vector_operand(*op, s.a);
+    const auto b =
+        s.binary ? vector_operand(*op, s.b) : std::optional<VectorOperand>(VectorOperand{});
     if (!a || !b) return std::nullopt;
     step.a = *a;
     step.b = *b;
@@ -343,24 +333,25 @@ bool tileable(const FuseProgram& p, c10::ArrayRef<at::Tensor> in, c10::ArrayRef<
 }
 
 // Whether the one-pass kernels take this leaf: every operand a tree leaf (tileable() has
-// checked them contiguous CPU tensors of one shape) of one dtype, float32 or float64.
+// checked them contiguous CPU tensors of one shape) of one dtype, float32 or float64, that
+// ATen would compute as a plain CPU tensor, on a thread that forces no dispatch key.
 bool one_pass(const FuseProgram& p, c10::ArrayRef<at::Tensor> in, c10::ArrayRef<Operand> args) {
-  if (!p.vector) return false;
+  if (!p.vector || !plain_cpu_thread()) return false;
   const at::ScalarType dtype = in[0].scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble) return false;
   for (std::size_t k = 0; k < in.size(); ++k)
-    if (!args[k].is_tree() || in[k].scalar_type() != dtype) return false;
+    if (!args[k].is_tree() || in[k].scalar_type() != dtype || !plain_cpu_operand(in[k]))
+      return false;
   return true;
 }
 
 // The chain in one pass over the leaf, block by block (fuse_kernels.hpp), on this leaf job's
 // thread: the runtime spreads leaves (and a consolidated tree's pieces) over lanes.
 at::Tensor run_one_pass(const VectorProgram& v, c10::ArrayRef<at::Tensor> in, int64_t tile_bytes) {
-  // 8 KiB blocks keep a chain's temporaries in L1; a smaller tile_bytes makes smaller blocks.
-  constexpr int64_t kBlockBytes = 8 << 10;
   const at::Tensor& first = in[0];
   const int64_t element = static_cast<int64_t>(first.element_size());
-  const int64_t block = std::min(tile_elements(tile_bytes, element), kBlockBytes / element);
+  // A smaller tile_bytes makes smaller blocks.
+  const int64_t block = std::min(tile_elements(tile_bytes, element), kVectorBlockBytes / element);
   at::Tensor out = at::empty(first.sizes(), first.options());
   run_vector_program(v, in, out, block, 0, first.numel());
   return out;
@@ -486,33 +477,59 @@ Expr FuseRecorder::operate(std::string_view op, const ExprOperand& a, const Expr
 // ---- the one-pass kernels (fuse_kernels.hpp), per instruction set ---------------------------
 
 namespace detail {
-#define TREETENSOR_DECLARE_KERNELS(isa)                                                       \
-  namespace isa {                                                                             \
-  void run_vector_program(const VectorProgram&, c10::ArrayRef<at::Tensor>, const at::Tensor&, \
-                          int64_t, int64_t, int64_t);                                         \
-  }
-TREETENSOR_DECLARE_KERNELS(isa_default)
-#if defined(__x86_64__)
-TREETENSOR_DECLARE_KERNELS(isa_avx2)
-TREETENSOR_DECLARE_KERNELS(isa_avx512)
-#endif
-#undef TREETENSOR_DECLARE_KERNELS
+namespace {
 
-// The instruction set ATen's own CPU kernels run with here (it honours ATEN_CPU_CAPABILITY), so
-// that a fused op computes with the vector width, and the SLEEF functions, of its ATen kernel.
-void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::Tensor& out,
-                        int64_t block, int64_t begin, int64_t end) {
-#if defined(__x86_64__)
-  static const std::string isa = at::get_cpu_capability();
-  if (isa == "AVX512") return isa_avx512::run_vector_program(p, in, out, block, begin, end);
-  if (isa == "AVX2") return isa_avx2::run_vector_program(p, in, out, block, begin, end);
-#endif
-  isa_default::run_vector_program(p, in, out, block, begin, end);
+VectorDtype vector_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return VectorDtype::f32;
+    case at::kDouble:
+      return VectorDtype::f64;
+    case at::kLong:
+      return VectorDtype::i64;
+    case at::kInt:
+      return VectorDtype::i32;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "one-pass kernel: dtype ", t);
+  }
 }
 
-std::optional<VectorOperand> vector_number(const c10::Scalar& s) {
+}  // namespace
+
+// The instruction set ATen's own CPU kernels run with here (it honours ATEN_CPU_CAPABILITY), so
+// that an op computes with the vector width, and the SLEEF functions, of its ATen kernel.
+void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::Tensor& out,
+                        int64_t block, int64_t begin, int64_t end) {
+  const VectorDtype dtype = vector_dtype(out.scalar_type());
+  TORCH_INTERNAL_ASSERT(in.size() == std::size_t(p.inputs) && p.slots <= kMaxVectorSlots);
+  c10::SmallVector<const void*, 8> ptrs;
+  for (const at::Tensor& t : in) {
+    TORCH_INTERNAL_ASSERT(t.scalar_type() == out.scalar_type() && t.is_contiguous());
+    ptrs.push_back(t.const_data_ptr());
+  }
+  thread_local std::vector<std::max_align_t> scratch;
+  const std::size_t bytes =
+      std::size_t(p.slots - p.inputs) * std::size_t(block) * out.element_size();
+  scratch.resize(std::max(scratch.size(), bytes / sizeof(std::max_align_t) + 1));
+  void* const o = out.data_ptr();
+#if defined(__x86_64__)
+  static const std::string isa = at::get_cpu_capability();
+  if (isa == "AVX512")
+    return isa_avx512::run_vector_kernel(p, dtype, ptrs.data(), o, scratch.data(), block, begin,
+                                         end);
+  if (isa == "AVX2")
+    return isa_avx2::run_vector_kernel(p, dtype, ptrs.data(), o, scratch.data(), block, begin, end);
+#endif
+  isa_default::run_vector_kernel(p, dtype, ptrs.data(), o, scratch.data(), block, begin, end);
+}
+
+bool vector_alpha(const c10::Scalar& alpha) {
+  return !alpha.isComplex() && !alpha.isSymbolic() && !alpha.isBoolean() && alpha.toDouble() == 1.0;
+}
+
+std::optional<VectorOperand> vector_number(VectorOp op, const c10::Scalar& s) {
   VectorOperand v;
-  if (s.isSymbolic()) return std::nullopt;
+  if (s.isSymbolic() || (op == VectorOp::sub && s.isBoolean())) return std::nullopt;
   if (s.isBoolean() || s.isIntegral(false)) {
     v.i = s.isBoolean() ? int64_t{s.toBool()} : s.toLong();
     v.f = static_cast<float>(v.i);

@@ -1,14 +1,14 @@
-// The one-pass chain kernels (fuse_kernels.hpp), compiled once per instruction set as the
-// optimizer kernels are, plus AVX-512 (TREETENSOR_ISA names the namespace; CMakeLists.txt;
-// fuse.cpp picks the one matching at::get_cpu_capability()). Each op is
-// written as ATen's CPU kernel writes its vector body, so both compute the same operations.
-#include <ATen/ATen.h>
+// The one-pass chain kernels (fuse_kernels.hpp: run_vector_kernel), compiled once per instruction
+// set as the optimizer kernels are, plus AVX-512 (TREETENSOR_ISA names the namespace;
+// CMakeLists.txt; fuse.cpp picks the one matching at::get_cpu_capability()). Each op is written as
+// ATen's CPU kernel writes its vector body, so both compute the same operations. Only the kernel
+// ABI (fuse_kernels.hpp) and at::vec, whose code sits in a namespace per instruction set, are used
+// here: an inline function of another library (std::vector, at::Tensor) instantiated here would be
+// compiled with this file's -m flags, and the linker could keep that copy for the whole program.
 #include <ATen/cpu/vec/vec.h>
-#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <type_traits>
-#include <vector>
 
 #include "tensor/fuse_kernels.hpp"
 
@@ -157,19 +157,17 @@ void run_step(VectorOp op, const Source<T>& a, const Source<T>& b, T* d, int64_t
 }
 
 template <class T>
-void run_typed(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::Tensor& out,
+void run_typed(const VectorProgram& p, const void* const* in, void* out, void* scratch,
                int64_t block, int64_t begin, int64_t end) {
-  thread_local std::vector<T> scratch;
-  if (scratch.size() < static_cast<std::size_t>(p.slots * block))
-    scratch.resize(static_cast<std::size_t>(p.slots * block));
-  c10::SmallVector<T*, 16> slot(static_cast<std::size_t>(p.slots), nullptr);
-  T* const result = out.data_ptr<T>();
+  T* slot[kMaxVectorSlots];
+  T* const result = static_cast<T*>(out);
+  T* const temporaries = static_cast<T*>(scratch);
   for (int64_t lo = begin; lo < end; lo += block) {
     const int64_t n = std::min(block, end - lo);
     for (int32_t s = 0; s < p.slots; ++s)
-      slot[s] = s < p.inputs  ? const_cast<T*>(in[s].const_data_ptr<T>()) + lo
+      slot[s] = s < p.inputs  ? const_cast<T*>(static_cast<const T*>(in[s])) + lo
                 : s == p.root ? result + lo
-                              : scratch.data() + s * block;
+                              : temporaries + (s - p.inputs) * block;
     for (const VectorStep& st : p.steps) {
       Source<T> a, b;
       if (st.a.slot >= 0)
@@ -187,17 +185,17 @@ void run_typed(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::T
 
 }  // namespace
 
-void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, const at::Tensor& out,
-                        int64_t block, int64_t begin, int64_t end) {
-  switch (out.scalar_type()) {
-    case at::kDouble:
-      return run_typed<double>(p, in, out, block, begin, end);
-    case at::kLong:
-      return run_typed<int64_t>(p, in, out, block, begin, end);
-    case at::kInt:
-      return run_typed<int32_t>(p, in, out, block, begin, end);
-    default:
-      return run_typed<float>(p, in, out, block, begin, end);
+void run_vector_kernel(const VectorProgram& p, VectorDtype dtype, const void* const* in, void* out,
+                       void* scratch, int64_t block, int64_t begin, int64_t end) {
+  switch (dtype) {
+    case VectorDtype::f32:
+      return run_typed<float>(p, in, out, scratch, block, begin, end);
+    case VectorDtype::f64:
+      return run_typed<double>(p, in, out, scratch, block, begin, end);
+    case VectorDtype::i64:
+      return run_typed<int64_t>(p, in, out, scratch, block, begin, end);
+    case VectorDtype::i32:
+      return run_typed<int32_t>(p, in, out, scratch, block, begin, end);
   }
 }
 

@@ -219,11 +219,11 @@ TreeTensor alpha_map(const AlphaOp& op, const Operand& a, const Operand& b,
                      const at::Scalar& alpha) {
   const Operand args[] = {a, b};
   // `op` is a constexpr table entry (static storage); alpha is copied: the call may be pending.
-  // The one-pass kernel only with alpha 1 (ATen's add fuses alpha into an FMA on AVX2; a bool
-  // alpha is ATen's error).
+  // The one-pass kernel only with an int alpha of 1 (vector_alpha; a floating alpha with
+  // integer operands is ATen's error).
   const std::optional<detail::VectorOp> direct =
-      !alpha.isComplex() && !alpha.isBoolean() && is_one(alpha) ? detail::vector_op(op.name)
-                                                                : std::nullopt;
+      alpha.isIntegral(false) && detail::vector_alpha(alpha) ? detail::vector_op(op.name)
+                                                             : std::nullopt;
   auto leaf = [&op, alpha, direct](const LeafArgs& x) {
     if (direct) {
       at::Tensor r = x.is_scalar(1) ? detail::direct_binary(*direct, x.t(0), x.s(1))

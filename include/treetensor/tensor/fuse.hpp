@@ -216,10 +216,11 @@ requires detail::ExprOperatorArgs<A, B> Expr operator/(const A& a, const B& b) {
 /// tile_bytes), with ATen's own vector arithmetic for the instruction set ATen uses here
 /// (DESIGN.md §19). Other chains run as ATen calls per tile.
 /// Values: bitwise those of `f` applied op at a time to the trees for correctly rounded ops
-/// (add, sub, mul, div, sqrt, comparisons, ...; a NaN may differ in its sign bit); for
-/// libm-style functions (exp, log, sigmoid, tanh, ...) ATen computes a tensor's last n mod 16
-/// elements with the scalar form, so where tiles, blocks or buffers move that tail the last
-/// bits may differ, within 8 ulp (as flat execution).
+/// (add, sub, mul, div, comparisons, ...; NaN payloads aside); for sqrt in one pass (the IEEE
+/// root, where ATen's float sqrt on AVX-512 is not) and libm-style functions (exp, log,
+/// sigmoid, tanh, ...; ATen computes a tensor's last n mod 16 elements with the scalar form,
+/// so where tiles, blocks or buffers move that tail the last bits may differ) within 8 ulp (as
+/// flat execution).
 /// @throws std::invalid_argument when no argument is a tree, when an argument is a number, or
 ///         as Expr documents; tree::StructureError as above; a torch error of a leaf with its
 ///         type kept and "fuse(<ops>) at leaf '<path>': <op> (step i of n): " prepended.
