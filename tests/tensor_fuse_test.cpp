@@ -182,9 +182,9 @@ TEST_P(Fuse, FloatChainsOfOnePassOpsCallNoATenOp) {
   }
 }
 
-// Plain tree calls of the exact ops run each float leaf through the one-pass kernel instead of
-// ATen's dispatcher (fuse_kernels.hpp): bitwise ATen's values, ATen where autograd must record.
-TEST_P(Fuse, TreeOpsOnFloatLeavesGiveATensValuesWithoutATen) {
+// Plain tree calls of the exact ops run each float or int leaf through the one-pass kernel instead
+// of ATen's dispatcher (fuse_kernels.hpp): bitwise ATen's values, ATen where autograd must record.
+TEST_P(Fuse, TreeOpsOnPlainLeavesGiveATensValuesWithoutATen) {
   for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
     SCOPED_TRACE(c10::toString(dtype));
     const TreeTensor x = special_values(dtype), y = like(x);

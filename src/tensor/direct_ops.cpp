@@ -20,21 +20,11 @@ bool floating(at::ScalarType d) {
   return d == at::kFloat || d == at::kDouble;
 }
 
-// Whether `op` on `dtype` is computed as ATen computes it (fuse_kernels.hpp).
+// Whether a direct_op() on `dtype` is computed as ATen computes it (fuse_kernels.hpp).
 bool exact(VectorOp op, at::ScalarType dtype) {
-  switch (op) {
-    case VectorOp::sqrt:  // ATen's is not the IEEE instruction here (fuse_kernels.hpp)
-    case VectorOp::exp:
-    case VectorOp::log:
-    case VectorOp::tanh:
-    case VectorOp::sigmoid:
-      return false;
-    case VectorOp::div:
-    case VectorOp::reciprocal:
-      return floating(dtype);  // integer operands give floats
-    default:
-      return floating(dtype) || dtype == at::kLong || dtype == at::kInt;
-  }
+  if (op == VectorOp::div || op == VectorOp::reciprocal)
+    return floating(dtype);  // integer operands give floats
+  return floating(dtype) || dtype == at::kLong || dtype == at::kInt;
 }
 
 // The strides at::empty gives: ATen's result has them for such operands (TensorIterator's
@@ -77,6 +67,21 @@ VectorProgram one_step(VectorOp op, std::int32_t inputs) {
 }
 
 }  // namespace
+
+std::optional<VectorOp> direct_op(std::string_view name) {
+  const std::optional<VectorOp> op = vector_op(name);
+  if (!op) return std::nullopt;
+  switch (*op) {
+    case VectorOp::sqrt:  // ATen's is not the IEEE instruction here (fuse_kernels.hpp)
+    case VectorOp::exp:   // the libm ones: ATen's scalar tail
+    case VectorOp::log:
+    case VectorOp::tanh:
+    case VectorOp::sigmoid:
+      return std::nullopt;
+    default:
+      return op;
+  }
+}
 
 bool plain_cpu_operand(const at::Tensor& t) {
   if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided) return false;

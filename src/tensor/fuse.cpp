@@ -513,11 +513,15 @@ void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, co
   scratch.resize(std::max(scratch.size(), bytes / sizeof(std::max_align_t) + 1));
   void* const o = out.data_ptr();
 #if defined(__x86_64__)
-  static const std::string isa = at::get_cpu_capability();
-  if (isa == "AVX512")
+  enum class Isa { portable, avx2, avx512 };
+  static const Isa isa = [] {
+    const std::string c = at::get_cpu_capability();  // read once, not per leaf
+    return c == "AVX512" ? Isa::avx512 : c == "AVX2" ? Isa::avx2 : Isa::portable;
+  }();
+  if (isa == Isa::avx512)
     return isa_avx512::run_vector_kernel(p, dtype, ptrs.data(), o, scratch.data(), block, begin,
                                          end);
-  if (isa == "AVX2")
+  if (isa == Isa::avx2)
     return isa_avx2::run_vector_kernel(p, dtype, ptrs.data(), o, scratch.data(), block, begin, end);
 #endif
   isa_default::run_vector_kernel(p, dtype, ptrs.data(), o, scratch.data(), block, begin, end);

@@ -142,6 +142,9 @@ namespace treetensor::detail {
 /// as in a lane): a bigger leaf keeps ATen's intra-op parallelism. Returns an undefined
 /// tensor where any of that does not hold; the caller then calls ATen. Profilers see no aten::
 /// op for a leaf computed here.
+/// The op of a table op's name that direct_*() may take (vector_op() less sqrt and the libm
+/// ones), looked up once per tree call so that no leaf of another op pays for a check.
+std::optional<VectorOp> direct_op(std::string_view name);
 at::Tensor direct_unary(VectorOp op, const at::Tensor& a);
 at::Tensor direct_binary(VectorOp op, const at::Tensor& a, const at::Tensor& b);
 at::Tensor direct_binary(VectorOp op, const at::Tensor& a, const at::Scalar& b);

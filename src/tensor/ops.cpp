@@ -71,14 +71,14 @@ CallOptions unary_options(std::string_view op) {
 // ATen's op, without its dispatcher), then call ATen.
 TreeTensor unary_map(std::string_view op, const TensorTree& t, Kernel1 k, const ForeachUnary* fe) {
   const Operand args[] = {Operand(t)};
-  auto leaf = [k, direct = detail::vector_op(op)](const LeafArgs& x) {
+  const std::optional<detail::VectorOp> direct = detail::direct_op(op);
+  auto leaf = [k, direct](const LeafArgs& x) {
     if (direct)
       if (at::Tensor r = detail::direct_unary(*direct, x.t(0)); r.defined()) return r;
     return k(x.t(0));
   };
   if (!fe) return map_owned(unary_options(op), args, leaf);
-  auto fused = [fe, direct = detail::vector_op(op)](const FusedArgs& a,
-                                                    std::vector<at::Tensor>& out) {
+  auto fused = [fe, direct](const FusedArgs& a, std::vector<at::Tensor>& out) {
     if (direct_fused(direct, a, out)) return true;
     if (!a.foreach_compatible()) return false;
     out = fe->map(a.column(0));
@@ -127,7 +127,8 @@ struct ForeachBinary {
 TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, KernelTT tt,
                       KernelTS ts, const ForeachBinary* fe) {
   const Operand args[] = {a, b};
-  auto leaf = [tt, ts, direct = detail::vector_op(op)](const LeafArgs& x) {
+  const std::optional<detail::VectorOp> direct = detail::direct_op(op);
+  auto leaf = [tt, ts, direct](const LeafArgs& x) {
     if (direct) {
       at::Tensor r = x.is_scalar(1) ? detail::direct_binary(*direct, x.t(0), x.s(1))
                                     : detail::direct_binary(*direct, x.t(0), x.t(1));
@@ -136,8 +137,7 @@ TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, K
     return x.is_scalar(1) ? ts(x.t(0), x.s(1)) : tt(x.t(0), x.t(1));
   };
   if (!fe) return map_owned(binary_options(op, a), args, leaf);
-  auto fused = [fe, direct = detail::vector_op(op)](const FusedArgs& f,
-                                                    std::vector<at::Tensor>& out) {
+  auto fused = [fe, direct](const FusedArgs& f, std::vector<at::Tensor>& out) {
     if (direct_fused(direct, f, out)) return true;
     if (!f.operand(0).is_tree() || !f.foreach_compatible()) return false;
     out = f.operand(1).is_tree() ? fe->map_ll(f.column(0), f.column(1))
@@ -151,7 +151,7 @@ TreeTensor binary_tensor_map(std::string_view op, const Operand& a, const Operan
   const Operand args[] = {a, b};
   CallOptions o = elementwise(op);
   o.wrap_scalars = true;
-  return map_owned(o, args, [tt, direct = detail::vector_op(op)](const LeafArgs& x) {
+  return map_owned(o, args, [tt, direct = detail::direct_op(op)](const LeafArgs& x) {
     if (direct)
       if (at::Tensor r = detail::direct_binary(*direct, x.t(0), x.t(1)); r.defined()) return r;
     return tt(x.t(0), x.t(1));
@@ -222,7 +222,7 @@ TreeTensor alpha_map(const AlphaOp& op, const Operand& a, const Operand& b,
   // The one-pass kernel only with an int alpha of 1 (vector_alpha; a floating alpha with
   // integer operands is ATen's error).
   const std::optional<detail::VectorOp> direct =
-      alpha.isIntegral(false) && detail::vector_alpha(alpha) ? detail::vector_op(op.name)
+      alpha.isIntegral(false) && detail::vector_alpha(alpha) ? detail::direct_op(op.name)
                                                              : std::nullopt;
   auto leaf = [&op, alpha, direct](const LeafArgs& x) {
     if (direct) {
