@@ -188,7 +188,8 @@ def block(out_dir, old_block=""):
         parts += [
             "",
             f"**{title}** — `{cfg['command']}`; {m['cpu']}, {m['cores']} cores, LibTorch "
-            f"{m['libtorch']}, {m['blas']}, {cfg['allocator']}, {m['date']}"
+            f"{m['libtorch']} ({m.get('cpu_capability', '?')} kernels), {m['blas']}, "
+            f"{cfg['allocator']}, {m['date']}"
             + (f", load average {m['load_average']:.2f}" if m.get("load_average") is not None else "")
             + ("; every row verified" if cfg.get("all_verified") else "; NOT every row verified"),
             "",

@@ -369,45 +369,64 @@ TEST(OptimKernelsThreads, IntraOpThreadCountsComputeTheSameBits) {
 INSTANTIATE_TEST_SUITE_P(Strategies, OptimKernels, ::testing::ValuesIn(strategies()),
                          strategy_name);
 
-// The portable and the AVX2 builds of the kernels (chosen at run time by the CPU) compute the
-// same bits: every operation rounds separately in both (no FMA contraction).
-namespace treetensor::detail {
-namespace isa_default {
-void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                 const at::Tensor&, const AdamScalars&, int64_t, int64_t);
+// The portable and the AVX2 builds of the kernels (chosen at run time as ATen chooses its own)
+// compute the same bits: every operation rounds separately in both (no FMA contraction).
+namespace {
+namespace d = treetensor::detail;
+
+struct Build {
+  decltype(&d::isa_default::adam_kernel) adam;
+  decltype(&d::isa_default::sgd_kernel) sgd;
+};
+const Build kPortable{d::isa_default::adam_kernel, d::isa_default::sgd_kernel};
+const Build kAvx2{d::isa_avx2::adam_kernel, d::isa_avx2::sgd_kernel};
+
+d::OptimDtype optim_dtype(at::ScalarType t) {
+  return t == at::kFloat    ? d::OptimDtype::f32
+         : t == at::kDouble ? d::OptimDtype::f64
+         : t == at::kHalf   ? d::OptimDtype::f16
+                            : d::OptimDtype::bf16;
 }
-namespace isa_avx2 {
-void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                 const at::Tensor&, const AdamScalars&, int64_t, int64_t);
+
+// One Adam (amsgrad, maximize, coupled decay) and one SGD (nesterov) step of `build` on
+// copies of the same state: p, m, v, vmax, then p, momentum buffer; last the p both began from.
+std::vector<at::Tensor> one_step(const Build& build, at::ScalarType dtype) {
+  at::manual_seed(5);
+  const int64_t n = 1029;  // a vector body and a tail at every width
+  const at::Tensor p = at::randn({n}).to(dtype), g = (at::randn({n}) * 0.1).to(dtype),
+                   m = (at::randn({n}) * 1e-2).to(dtype), v = (at::rand({n}) * 1e-3).to(dtype),
+                   x = (at::rand({n}) * 1e-3).to(dtype);
+  const d::AdamScalars s{0.9,
+                         0.999,
+                         1e-8,
+                         0.01,
+                         1e-3 / (1 - 0.9 * 0.9),
+                         std::sqrt(1 - 0.999 * 0.999),
+                         1 - 1e-3 * 0.01,
+                         false,
+                         true,
+                         true};
+  std::vector<at::Tensor> out{p.clone(), m.clone(), v.clone(), x.clone(), p.clone(), m.clone()};
+  build.adam(optim_dtype(dtype),
+             {out[0].data_ptr(), g.const_data_ptr(), out[1].data_ptr(), out[2].data_ptr(),
+              out[3].data_ptr()},
+             s, 0, n);
+  const d::SgdScalars sgd{0.1, 0.9, 0.0, 1e-4, true, false, false};
+  build.sgd(optim_dtype(dtype), {out[4].data_ptr(), g.const_data_ptr(), out[5].data_ptr()}, sgd, 0,
+            n);
+  out.push_back(p);
+  return out;
 }
-}  // namespace treetensor::detail
+}  // namespace
 
 TEST(OptimKernelsIsa, PortableAndAvx2BuildsComputeTheSameBits) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
     GTEST_SKIP() << "no AVX2 on this CPU";
-  namespace d = treetensor::detail;
-  at::manual_seed(5);
-  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
-    const int64_t n = 1029;  // a vector body and a tail
-    const at::Tensor p = at::randn({n}).to(dtype), g = (at::randn({n}) * 0.1).to(dtype),
-                     m = (at::randn({n}) * 1e-2).to(dtype), v = (at::rand({n}) * 1e-3).to(dtype),
-                     x = (at::rand({n}) * 1e-3).to(dtype);
-    const d::AdamScalars s{0.9,
-                           0.999,
-                           1e-8,
-                           0.01,
-                           1e-3 / (1 - 0.9 * 0.9),
-                           std::sqrt(1 - 0.999 * 0.999),
-                           1 - 1e-3 * 0.01,
-                           false,
-                           true,
-                           true};
-    std::vector<at::Tensor> a{p.clone(), m.clone(), v.clone(), x.clone()},
-        b{p.clone(), m.clone(), v.clone(), x.clone()};
-    d::isa_default::adam_kernel(a[0], g, a[1], a[2], a[3], s, 0, n);
-    d::isa_avx2::adam_kernel(b[0], g, b[1], b[2], b[3], s, 0, n);
-    for (int k = 0; k < 4; ++k)
-      EXPECT_TRUE(treetensor::rounding::compare_bitwise(b[k], a[k]).bitwise)
+  for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    const auto want = one_step(kPortable, dtype), got = one_step(kAvx2, dtype);
+    EXPECT_FALSE(want[0].equal(want.back()) || want[4].equal(want.back()));  // real steps
+    for (std::size_t k = 0; k < want.size(); ++k)
+      EXPECT_TRUE(treetensor::rounding::compare_bitwise(got[k], want[k]).bitwise)
           << c10::toString(dtype) << " tensor " << k;
   }
 }

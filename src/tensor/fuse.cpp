@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tensor/fuse_kernels.hpp"
+#include "tensor/kernel_isa.hpp"
 #include "tensor/leafwise.hpp"
 #include "treetensor/runtime/errors.hpp"
 
@@ -513,15 +514,11 @@ void run_vector_program(const VectorProgram& p, c10::ArrayRef<at::Tensor> in, co
   scratch.resize(std::max(scratch.size(), bytes / sizeof(std::max_align_t) + 1));
   void* const o = out.data_ptr();
 #if defined(__x86_64__)
-  enum class Isa { portable, avx2, avx512 };
-  static const Isa isa = [] {
-    const std::string c = at::get_cpu_capability();  // read once, not per leaf
-    return c == "AVX512" ? Isa::avx512 : c == "AVX2" ? Isa::avx2 : Isa::portable;
-  }();
-  if (isa == Isa::avx512)
+  const KernelIsa isa = kernel_isa();
+  if (isa == KernelIsa::avx512)
     return isa_avx512::run_vector_kernel(p, dtype, ptrs.data(), o, scratch.data(), block, begin,
                                          end);
-  if (isa == Isa::avx2)
+  if (isa == KernelIsa::avx2)
     return isa_avx2::run_vector_kernel(p, dtype, ptrs.data(), o, scratch.data(), block, begin, end);
 #endif
   isa_default::run_vector_kernel(p, dtype, ptrs.data(), o, scratch.data(), block, begin, end);

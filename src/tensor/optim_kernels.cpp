@@ -1,50 +1,59 @@
-// Picks the single-pass kernels' instruction set at run time (optim_kernels_isa.cpp): AVX2
-// where the CPU has it, else the portable build. Both compute the same bits.
+// Picks the single-pass kernels' instruction set at run time (optim_kernels_isa.cpp): ATen's own
+// (kernel_isa.hpp), AVX2 where that is AVX-512. Every build computes the same bits.
 #include "tensor/optim_kernels.hpp"
 
 #include <ATen/ATen.h>
 
+#include <stdexcept>
+#include <string>
+
+#include "tensor/kernel_isa.hpp"
+
 namespace treetensor::detail {
 
-#define TREETENSOR_DECLARE_KERNELS(isa)                                                        \
-  namespace isa {                                                                              \
-  void adam_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, \
-                   const at::Tensor&, const AdamScalars&, int64_t, int64_t);                   \
-  void sgd_kernel(const at::Tensor&, const at::Tensor&, const at::Tensor&, const SgdScalars&,  \
-                  int64_t, int64_t);                                                           \
-  }
-TREETENSOR_DECLARE_KERNELS(isa_default)
-#if defined(__x86_64__)
-TREETENSOR_DECLARE_KERNELS(isa_avx2)
-#endif
-#undef TREETENSOR_DECLARE_KERNELS
-
 namespace {
-bool has_avx2() {
-#if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
-  return yes;
-#else
-  return false;
-#endif
+
+OptimDtype optim_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return OptimDtype::f32;
+    case at::kDouble:
+      return OptimDtype::f64;
+    case at::kHalf:
+      return OptimDtype::f16;
+    case at::kBFloat16:
+      return OptimDtype::bf16;
+    default:
+      throw std::invalid_argument(std::string("single-pass optimizer: dtype ") +
+                                  c10::toString(dtype) +
+                                  " (float32, float64, float16 or bfloat16 expected)");
+  }
 }
+
+void* ptr(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr() : nullptr;
+}
+
 }  // namespace
 
 void adam_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
                  const at::Tensor& vmax, const AdamScalars& s, int64_t begin, int64_t end) {
+  const OptimDtype dtype = optim_dtype(p.scalar_type());
+  const AdamPointers t{ptr(p), g.const_data_ptr(), ptr(m), ptr(v), s.amsgrad ? ptr(vmax) : nullptr};
 #if defined(__x86_64__)
-  if (has_avx2()) return isa_avx2::adam_kernel(p, g, m, v, vmax, s, begin, end);
+  if (kernel_isa() != KernelIsa::portable) return isa_avx2::adam_kernel(dtype, t, s, begin, end);
 #endif
-  isa_default::adam_kernel(p, g, m, v, vmax, s, begin, end);
+  isa_default::adam_kernel(dtype, t, s, begin, end);
 }
 
 void sgd_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf,
                 const SgdScalars& s, int64_t begin, int64_t end) {
+  const OptimDtype dtype = optim_dtype(p.scalar_type());
+  const SgdPointers t{ptr(p), g.const_data_ptr(), s.momentum != 0 ? ptr(buf) : nullptr};
 #if defined(__x86_64__)
-  if (has_avx2()) return isa_avx2::sgd_kernel(p, g, buf, s, begin, end);
+  if (kernel_isa() != KernelIsa::portable) return isa_avx2::sgd_kernel(dtype, t, s, begin, end);
 #endif
-  isa_default::sgd_kernel(p, g, buf, s, begin, end);
+  isa_default::sgd_kernel(dtype, t, s, begin, end);
 }
 
 bool kernel_ready(std::initializer_list<const at::Tensor*> tensors) {

@@ -3,15 +3,16 @@
 // defines CPU_CAPABILITY_AVX2 so that at::vec::Vectorized uses 256-bit registers, as ATen's own
 // per-capability kernels do. Every operation is a separate IEEE multiply, add, divide or
 // square root (no FMA, no contraction), so both builds compute the same bits; only the speed
-// differs. optim_kernels.cpp picks one at run time.
-#include "tensor/optim_kernels.hpp"
-
-#include <ATen/ATen.h>
+// differs. optim_kernels.cpp picks one at run time. Only the kernel ABI (raw pointers), at::vec,
+// whose code sits in a namespace per instruction set, and c10's float16/bfloat16 conversions
+// are used here.
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <cmath>
+
+#include "tensor/optim_kernels.hpp"
 
 namespace treetensor::detail::TREETENSOR_ISA {
 namespace {
@@ -168,44 +169,36 @@ void sgd_typed(T* p, const T* g, T* buf, const SgdScalars& s, int64_t begin, int
   for_elements<T, C>(begin, end, vec, one);
 }
 
-template <class T>
-T* ptr(const at::Tensor& t) {
-  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
-}
-
 // Calls f.template operator()<T, C>() for the storage type T and compute type C of `dtype`.
 template <class F>
-void by_dtype(at::ScalarType dtype, F&& f) {
+void by_dtype(OptimDtype dtype, F&& f) {
   switch (dtype) {
-    case at::kFloat:
+    case OptimDtype::f32:
       return f.template operator()<float, float>();
-    case at::kDouble:
+    case OptimDtype::f64:
       return f.template operator()<double, double>();
-    case at::kHalf:
+    case OptimDtype::f16:
       return f.template operator()<c10::Half, float>();
-    case at::kBFloat16:
+    case OptimDtype::bf16:
       return f.template operator()<c10::BFloat16, float>();
-    default:
-      throw std::invalid_argument(std::string("single-pass optimizer: dtype ") +
-                                  c10::toString(dtype) +
-                                  " (float32, float64, float16 or bfloat16 expected)");
   }
 }
 
 }  // namespace
 
-void adam_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
-                 const at::Tensor& vmax, const AdamScalars& s, int64_t begin, int64_t end) {
-  by_dtype(p.scalar_type(), [&]<class T, class C>() {
-    adam_typed<T, C>(ptr<T>(p), ptr<T>(g), ptr<T>(m), ptr<T>(v), s.amsgrad ? ptr<T>(vmax) : nullptr,
-                     s, begin, end);
+void adam_kernel(OptimDtype dtype, const AdamPointers& t, const AdamScalars& s, int64_t begin,
+                 int64_t end) {
+  by_dtype(dtype, [&]<class T, class C>() {
+    adam_typed<T, C>(static_cast<T*>(t.p), static_cast<const T*>(t.g), static_cast<T*>(t.m),
+                     static_cast<T*>(t.v), static_cast<T*>(t.vmax), s, begin, end);
   });
 }
 
-void sgd_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf,
-                const SgdScalars& s, int64_t begin, int64_t end) {
-  by_dtype(p.scalar_type(), [&]<class T, class C>() {
-    sgd_typed<T, C>(ptr<T>(p), ptr<T>(g), s.momentum != 0 ? ptr<T>(buf) : nullptr, s, begin, end);
+void sgd_kernel(OptimDtype dtype, const SgdPointers& t, const SgdScalars& s, int64_t begin,
+                int64_t end) {
+  by_dtype(dtype, [&]<class T, class C>() {
+    sgd_typed<T, C>(static_cast<T*>(t.p), static_cast<const T*>(t.g), static_cast<T*>(t.buf), s,
+                    begin, end);
   });
 }
 

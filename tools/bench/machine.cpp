@@ -153,6 +153,7 @@ MachineInfo collect_machine_info() {
   m.cores = std::thread::hardware_concurrency();
   m.torch_version = torch_version();
   m.blas = blas_in_use(m.blas_threads, m.blas_note);
+  m.cpu_capability = at::get_cpu_capability();
   m.intra_op_threads = at::get_num_threads();
   m.inter_op_threads = at::get_num_interop_threads();
   m.cuda = at::hasCUDA();
@@ -165,7 +166,7 @@ std::string MachineInfo::describe() const {
   std::string s;
   s += "machine: " + cpu + ", " + std::to_string(cores) + " cores" +
        (cuda ? ", CUDA available" : "") + "\n";
-  s += "LibTorch " + torch_version + "; BLAS: " + blas + "\n";
+  s += "LibTorch " + torch_version + " (CPU kernels " + cpu_capability + "); BLAS: " + blas + "\n";
   s += "threads: intra-op " + std::to_string(intra_op_threads) + ", inter-op " +
        std::to_string(inter_op_threads) + ", BLAS " +
        (blas_threads < 0 ? std::string("unknown") : std::to_string(blas_threads)) + "\n";
@@ -181,6 +182,7 @@ nlohmann::json MachineInfo::to_json() const {
           {"cores", cores},
           {"libtorch", torch_version},
           {"blas", blas},
+          {"cpu_capability", cpu_capability},
           {"intra_op_threads", intra_op_threads},
           {"inter_op_threads", inter_op_threads},
           {"blas_threads", blas_threads < 0 ? nlohmann::json() : nlohmann::json(blas_threads)},
