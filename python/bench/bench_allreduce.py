@@ -226,7 +226,8 @@ def main():
         config = {"command": "python python/bench/bench_allreduce.py " + " ".join(sys.argv[1:]),
                   "allocator": "glibc malloc", "all_verified": all(r.get("verified", True) for r in rows),
                   "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
-                              "libtorch": torch.__version__.split("+")[0], "blas": blas_name(),
+                              "libtorch": torch.__version__.split("+")[0],
+                              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "blas": blas_name(),
                               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                               "load_average": os.getloadavg()[0]}}
         with open(args.json, "w") as f:

@@ -492,6 +492,7 @@ def config(args, rows):
             "allocator": "glibc malloc", "threads_per_rank": 1, "runs": args.runs,
             "all_verified": all(r["verified"] for r in rows),
             "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "libtorch": torch.__version__.split("+")[0],
+                        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                         "blas": blas_name(), "date": datetime.datetime.now(datetime.timezone.utc)
                         .strftime("%Y-%m-%dT%H:%M:%SZ"), "load_average": os.getloadavg()[0]}}
 

@@ -326,6 +326,7 @@ def machine_info():
     blas = f"MKL {m.group(1)} (linked into LibTorch)" if m else (
         re.search(r"BLAS_INFO=([^,\s]*)", cfg).group(0) if "BLAS_INFO" in cfg else "unknown")
     return {"cpu": cpu, "cores": os.cpu_count(), "libtorch": torch.__version__.split("+")[0],
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch": torch.__version__, "blas": blas, "intra_op_threads": torch.get_num_threads(),
             "inter_op_threads": torch.get_num_interop_threads(), "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
