@@ -158,9 +158,12 @@ C child_cursor(const C& c, const std::string& key) {
   }
 }
 
+// The cursor tests below run once per child on the fast path and are forced inline, as the
+// tree's accessors are (core.hpp).
+
 // Whether a cursor is a value or a tree cursor on a leaf (not absent, not internal).
 template <class C>
-bool is_present_leaf(const C& c) {
+[[gnu::always_inline]] inline bool is_present_leaf(const C& c) {
   if constexpr (C::is_tree)
     return c.node && c.node->is_leaf();
   else
@@ -169,7 +172,7 @@ bool is_present_leaf(const C& c) {
 
 // The leaf of a cursor that is_present_leaf() accepted.
 template <class C>
-const typename C::leaf_t& present_leaf(const C& c) {
+[[gnu::always_inline]] inline const typename C::leaf_t& present_leaf(const C& c) {
   if constexpr (C::is_tree)
     return c.node->leaf();
   else
@@ -179,7 +182,7 @@ const typename C::leaf_t& present_leaf(const C& c) {
 // Whether a tree cursor is a present internal node with `n` children (the first such cursor
 // sets n); value cursors always fit. Part of the fast-path test in Zipper::zip.
 template <class C>
-bool fits_uniform(const C& c, std::size_t& n) {
+[[gnu::always_inline]] inline bool fits_uniform(const C& c, std::size_t& n) {
   if constexpr (!C::is_tree) {
     return true;
   } else {
@@ -192,7 +195,7 @@ bool fits_uniform(const C& c, std::size_t& n) {
 
 // The (key, child) array of a tree cursor that fits_uniform() accepted; nullptr for a value.
 template <class C>
-auto entries_of(const C& c) {
+[[gnu::always_inline]] inline auto entries_of(const C& c) {
   if constexpr (C::is_tree)
     return c.node->children().data();
   else
@@ -202,7 +205,7 @@ auto entries_of(const C& c) {
 // Key equality written out so that it inlines: keys are short, and a memcmp call (or a byte
 // loop) per key was most of a zip's time. Compares 8- or 4-byte words, the last one
 // overlapping the previous.
-inline bool same_key(const std::string& a, const std::string& b) noexcept {
+[[gnu::always_inline]] inline bool same_key(const std::string& a, const std::string& b) noexcept {
   const std::size_t n = a.size();
   if (n != b.size()) return false;
   const char* p = a.data();
@@ -226,7 +229,8 @@ inline bool same_key(const std::string& a, const std::string& b) noexcept {
 }
 
 template <class E>
-bool key_at_is(E entries, std::size_t i, const std::string& key) noexcept {
+[[gnu::always_inline]] inline bool key_at_is(E entries, std::size_t i,
+                                             const std::string& key) noexcept {
   if constexpr (std::is_null_pointer_v<E>)
     return true;
   else
@@ -235,7 +239,7 @@ bool key_at_is(E entries, std::size_t i, const std::string& key) noexcept {
 
 // The cursor of the i-th child (fast path); a value cursor stays itself.
 template <class C, class E>
-C child_at(const C& c, E entries, std::size_t i) {
+[[gnu::always_inline]] inline C child_at(const C& c, E entries, std::size_t i) {
   if constexpr (std::is_null_pointer_v<E>)
     return c;
   else
@@ -265,23 +269,28 @@ class Zipper {
 
   Tree<R> zip(const C&... cs) {
     if ((is_present_leaf(cs) && ...)) return Tree<R>(call_leaves(cs...));
-    return zip_node(cs...);
+    Tree<R> out;
+    zip_node(out, cs...);
+    return out;
   }
 
  private:
-  // Appends (key, zip of the cursors); a leaf is built in place, with no Tree moved.
+  // Appends (key, zip of the cursors), built in place: no Tree is moved, leaf or subtree.
   void emplace_child(typename Tree<R>::Children& out, const std::string& key, const C&... cs) {
-    if ((is_present_leaf(cs) && ...))
+    if ((is_present_leaf(cs) && ...)) {
       out.emplace_back(std::piecewise_construct, std::forward_as_tuple(key),
                        std::forward_as_tuple(call_leaves(cs...)));
-    else
-      out.emplace_back(key, zip_node(cs...));
+      return;
+    }
+    auto& child = out.emplace_back(std::piecewise_construct, std::forward_as_tuple(key),
+                                   std::forward_as_tuple());
+    zip_node(child.second, cs...);
   }
 
-  // Internal nodes (and absent arguments), out of line so that the leaf path stays small.
-  [[gnu::noinline]] Tree<R> zip_node(const C&... cs) {
-    if (Tree<R> out; zip_uniform(out, cs...)) return out;
-    return zip_general(cs...);
+  // Internal nodes (and absent arguments) into the empty `out`, out of line so that the leaf
+  // path stays small.
+  [[gnu::noinline]] void zip_node(Tree<R>& out, const C&... cs) {
+    if (!zip_uniform(out, cs...)) out = zip_general(cs...);
   }
 
   // Any mode, absent and inherited arguments: merges the key sets, then descends by key.
@@ -315,9 +324,12 @@ class Zipper {
       return f_(leaf_of(cs, std::get<I>(fills), missing_, I, trail_)...);
   }
 
+  static constexpr bool kTakesPath =
+      std::is_invocable_v<F&, const Path&, const cursor_leaf_t<C>&...>;
+
   // Every tree argument is a leaf here (the most common call): no fills, no counting.
   decltype(auto) call_leaves(const C&... cs) {
-    if constexpr (std::is_invocable_v<F&, const Path&, const cursor_leaf_t<C>&...>)
+    if constexpr (kTakesPath)
       return f_(make_path(trail_), present_leaf(cs)...);
     else
       return f_(present_leaf(cs)...);
@@ -350,9 +362,13 @@ class Zipper {
     auto& children = out.children();
     children.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
-      trail_.push_back(&first[i].first);
+      // The trail is read only by f with a path and by the walks below a subtree (their
+      // messages): a leaf call of f without one needs none.
+      const bool trail =
+          kTakesPath || !(is_present_leaf(child_at(cs, std::get<I>(entries), i)) && ...);
+      if (trail) trail_.push_back(&first[i].first);
       emplace_child(children, first[i].first, child_at(cs, std::get<I>(entries), i)...);
-      trail_.pop_back();
+      if (trail) trail_.pop_back();
     }
     return true;
   }
