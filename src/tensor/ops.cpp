@@ -124,16 +124,20 @@ struct ForeachBinary {
   void (*update_ls)(at::TensorList, const at::Scalar&);
 };
 
+// The one-pass kernel's result for a binary leaf call (a number or a tensor second operand), or
+// an undefined tensor where ATen must compute it.
+at::Tensor direct_leaf(std::optional<detail::VectorOp> direct, const LeafArgs& x) {
+  if (!direct) return {};
+  return x.is_scalar(1) ? detail::direct_binary(*direct, x.t(0), x.s(1))
+                        : detail::direct_binary(*direct, x.t(0), x.t(1));
+}
+
 TreeTensor binary_map(std::string_view op, const Operand& a, const Operand& b, KernelTT tt,
                       KernelTS ts, const ForeachBinary* fe) {
   const Operand args[] = {a, b};
   const std::optional<detail::VectorOp> direct = detail::direct_op(op);
   auto leaf = [tt, ts, direct](const LeafArgs& x) {
-    if (direct) {
-      at::Tensor r = x.is_scalar(1) ? detail::direct_binary(*direct, x.t(0), x.s(1))
-                                    : detail::direct_binary(*direct, x.t(0), x.t(1));
-      if (r.defined()) return r;
-    }
+    if (at::Tensor r = direct_leaf(direct, x); r.defined()) return r;
     return x.is_scalar(1) ? ts(x.t(0), x.s(1)) : tt(x.t(0), x.t(1));
   };
   if (!fe) return map_owned(binary_options(op, a), args, leaf);
@@ -152,8 +156,7 @@ TreeTensor binary_tensor_map(std::string_view op, const Operand& a, const Operan
   CallOptions o = elementwise(op);
   o.wrap_scalars = true;
   return map_owned(o, args, [tt, direct = detail::direct_op(op)](const LeafArgs& x) {
-    if (direct)
-      if (at::Tensor r = detail::direct_binary(*direct, x.t(0), x.t(1)); r.defined()) return r;
+    if (at::Tensor r = direct_leaf(direct, x); r.defined()) return r;
     return tt(x.t(0), x.t(1));
   });
 }
@@ -225,11 +228,7 @@ TreeTensor alpha_map(const AlphaOp& op, const Operand& a, const Operand& b,
       alpha.isIntegral(false) && detail::vector_alpha(alpha) ? detail::direct_op(op.name)
                                                              : std::nullopt;
   auto leaf = [&op, alpha, direct](const LeafArgs& x) {
-    if (direct) {
-      at::Tensor r = x.is_scalar(1) ? detail::direct_binary(*direct, x.t(0), x.s(1))
-                                    : detail::direct_binary(*direct, x.t(0), x.t(1));
-      if (r.defined()) return r;
-    }
+    if (at::Tensor r = direct_leaf(direct, x); r.defined()) return r;
     return x.is_scalar(1) ? op.ts(x.t(0), x.s(1), alpha) : op.tt(x.t(0), x.t(1), alpha);
   };
   auto fused = [&op, alpha, direct](const FusedArgs& f, std::vector<at::Tensor>& out) {
