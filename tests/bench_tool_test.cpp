@@ -80,10 +80,12 @@ std::string table_line(const std::string& output, const std::string& size,
   return "";
 }
 
-void expect_record_shape(const json& r) {
-  std::set<std::string> keys;
+// `extra`: the workload's own keys (seed: `calls`, the calls per timed sample).
+void expect_record_shape(const json& r, const std::set<std::string>& extra = {}) {
+  std::set<std::string> keys, want = kRecordKeys;
   for (const auto& [k, v] : r.items()) keys.insert(k);
-  EXPECT_EQ(keys, kRecordKeys) << r.dump();
+  want.insert(extra.begin(), extra.end());
+  EXPECT_EQ(keys, want) << r.dump();
   EXPECT_TRUE(r.at("verified").get<bool>()) << r.dump();
   EXPECT_GT(r.at("mean_ms").get<double>(), 0) << r.dump();
   EXPECT_GE(r.at("std_ms").get<double>(), 0) << r.dump();
@@ -120,7 +122,7 @@ TEST_F(BenchTool, SeedWritesEveryRowVerifiedWithDocumentedNames) {
     std::set<std::string> seen;
     for (const auto& r : results) {
       if (r.at("size") != s) continue;
-      expect_record_shape(r);
+      expect_record_shape(r, {"calls"});
       EXPECT_EQ(r.at("workload"), "seed");
       seen.insert(r.at("strategy").get<std::string>());
       // GFLOP/s = 2*S1*S2*S3*N / time, with S1=S, S2=2S, S3=4S.
@@ -163,7 +165,7 @@ TEST_F(BenchTool, SeedExplicitSizeIsLabelledS1xS2xS3) {
   const json j = read_json(path("seed.json"));
   ASSERT_EQ(j.at("results").size(), 7u);
   for (const auto& r : j.at("results")) {
-    expect_record_shape(r);
+    expect_record_shape(r, {"calls"});
     EXPECT_EQ(r.at("size"), "3x5x7");
   }
   EXPECT_EQ(j.at("config").at("min_leaves"), 1);
@@ -253,6 +255,39 @@ TEST_F(BenchTool, ElementwiseGridRecordsEveryRowVerified) {
                             "elementwise 3x4 chain flat+read)"),
             std::string::npos)
       << bad.output;
+}
+
+// Calls of microseconds are timed in batches: each sample is the mean of back-to-back calls
+// that take at least 5 ms at the warm-up's pace (at most 1,000), and each record says how many.
+// Without a warm-up there is no pace, and a sample is one call.
+TEST_F(BenchTool, ElementwiseTimesMicrosecondCallsInBatches) {
+  const auto out = run_bench(
+      "elementwise --leaves 3 --elements 4 -T 2 --warmup 8 --no-progress "
+      "--json " +
+      path("ew.json"));
+  ASSERT_EQ(out.status, 0) << out.output;
+  EXPECT_NE(out.output.find("each sample is the mean of back-to-back calls that take at least "
+                            "5 ms"),
+            std::string::npos)
+      << out.output;
+  const json j = read_json(path("ew.json"));
+  std::size_t batched = 0;
+  for (const auto& r : j.at("results")) {
+    const auto calls = r.at("calls").get<std::size_t>();
+    EXPECT_GE(calls, 1u) << r.dump();
+    EXPECT_LE(calls, 1000u) << r.dump();
+    if (calls > 1) ++batched;
+  }
+  // A 3x4 call takes microseconds; a loaded machine may stall one row's last warm-up call.
+  EXPECT_GE(batched + 2, j.at("results").size()) << j.dump();
+
+  const auto single = run_bench(
+      "elementwise --leaves 3 --elements 4 -T 1 --warmup 0 "
+      "--no-progress --json " +
+      path("one.json"));
+  ASSERT_EQ(single.status, 0) << single.output;
+  for (const auto& r : read_json(path("one.json")).at("results"))
+    EXPECT_EQ(r.at("calls").get<std::size_t>(), 1u) << r.dump();
 }
 
 // The overlap workload (pending asyncs scopes): every row's weights and metrics file equal to

@@ -47,9 +47,11 @@ are bitwise equal and, for the others, the worst ratio to that bound. An unverif
 "NO", has no speed-up ("-", null in the JSON), is left out of the plot, and makes the exit
 status 2 once every output is written.
 Timing: strategies run round-robin within each repetition (the order rotates each
-repetition) so that noise from a shared machine hits all of them alike; each result is kept
-until the clock stops, then released outside the timed region; with --device cuda the
-device is synchronized after every repetition. TREETENSOR_LOG_POLICY=1 prints each
+repetition) so that noise from a shared machine hits all of them alike; in a repetition a
+row's sample is the mean of back-to-back calls that take at least 5 ms at the warm-up's pace
+(the JSON's `calls`; one call without warm-up), each call replacing the previous result; the
+last result is kept until the clock stops, then released outside the timed region; with
+--device cuda the device is synchronized after every sample. TREETENSOR_LOG_POLICY=1 prints each
 automatic decision (and why) on stderr.)";
 
 constexpr const char* kOptimizerRows =

@@ -35,6 +35,9 @@ struct AdamSettings {
 enum class Workload { seed, optimizer, elementwise, allreduce, overlap };
 
 inline constexpr std::size_t kAutoRepsMin = 10, kAutoRepsMax = 100;
+/// elementwise and seed: the shortest timed sample, in ms (RepPlan::min_sample_ms): their
+/// calls of microseconds are timed in batches, so that one preempted call is not a sample.
+inline constexpr double kMinSampleMs = 5.0;
 
 /// Every setting of one run; filled by parse_command_line() with device-dependent defaults.
 struct Config {

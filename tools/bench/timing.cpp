@@ -62,8 +62,10 @@ void settle_allocator() {
   if (posix_memalign(&p, 64, std::size_t{64} << 10) == 0) std::free(p);
 }
 
-// One round: every candidate once, starting from `first`. Returns each run's time (ms).
-std::vector<double> one_round(const std::vector<Candidate>& candidates, std::size_t first,
+// One round: one sample of every candidate (calls[i] runs of candidate i), starting from
+// `first`. Returns each candidate's time per run (ms).
+std::vector<double> one_round(const std::vector<Candidate>& candidates,
+                              const std::vector<std::size_t>& calls, std::size_t first,
                               const std::function<void()>& sync, Progress& progress,
                               const std::string& stage, const std::string& what) {
   const std::size_t n = candidates.size();
@@ -73,14 +75,26 @@ std::vector<double> one_round(const std::vector<Candidate>& candidates, std::siz
     const Candidate& c = candidates[i];
     progress.update(stage, what + " " + c.name);
     const auto t0 = Clock::now();
-    c.run();
+    for (std::size_t call = 0; call < calls[i]; ++call) c.run();
     sync();
     const auto t1 = Clock::now();
     if (c.release) c.release();
     settle_allocator();
-    ms[i] = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    ms[i] = std::chrono::duration<double, std::milli>(t1 - t0).count() / double(calls[i]);
   }
   return ms;
+}
+
+// Runs per sample: enough for plan.min_sample_ms at the pace `ms` of one run (RepPlan).
+std::vector<std::size_t> calls_per_sample(const RepPlan& plan, const std::vector<double>& ms) {
+  std::vector<std::size_t> calls(ms.size(), 1);
+  if (plan.min_sample_ms <= 0) return calls;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const double k = std::ceil(plan.min_sample_ms / std::max(ms[i], 1e-6));
+    calls[i] = std::clamp<std::size_t>(static_cast<std::size_t>(std::min(k, 1e9)), 1,
+                                       std::max<std::size_t>(plan.max_calls, 1));
+  }
+  return calls;
 }
 
 Timing summarize(const std::vector<double>& samples) {
@@ -102,16 +116,23 @@ RoundRobin time_round_robin(const std::vector<Candidate>& candidates, const RepP
     throw std::invalid_argument("an automatic number of repetitions needs a warm-up");
   double round_ms = 0;
   std::size_t warmup = plan.warmup, min_reps = plan.min_reps;
+  RoundRobin out;
+  out.calls.assign(candidates.size(), 1);
+  std::vector<double> pace(candidates.size(), 0.0);
   for (std::size_t r = 0; r < warmup; ++r) {
-    const auto ms = one_round(candidates, r, sync, progress, stage,
-                              "warm-up " + std::to_string(r + 1) + "/" + std::to_string(warmup));
-    round_ms = std::accumulate(ms.begin(), ms.end(), 0.0);
+    pace = one_round(candidates, out.calls, r, sync, progress, stage,
+                     "warm-up " + std::to_string(r + 1) + "/" + std::to_string(warmup));
+    round_ms = std::accumulate(pace.begin(), pace.end(), 0.0);
     if (plan.fixed == 0 && plan.slow_min_reps && round_ms > plan.budget_s * 1e3) {
       warmup = std::min<std::size_t>(warmup, 2);
       min_reps = std::min(min_reps, plan.slow_min_reps);
     }
   }
-  RoundRobin out;
+  if (warmup > 0) {
+    out.calls = calls_per_sample(plan, pace);
+    round_ms = 0;
+    for (std::size_t i = 0; i < pace.size(); ++i) round_ms += pace[i] * double(out.calls[i]);
+  }
   out.reps = plan.fixed;
   if (out.reps == 0) {
     const double fit = std::ceil(plan.budget_s * 1e3 / std::max(round_ms, 1e-3));
@@ -119,7 +140,7 @@ RoundRobin time_round_robin(const std::vector<Candidate>& candidates, const RepP
   }
   std::vector<std::vector<double>> samples(candidates.size());
   for (std::size_t r = 0; r < out.reps; ++r) {
-    const auto ms = one_round(candidates, warmup + r, sync, progress, stage,
+    const auto ms = one_round(candidates, out.calls, warmup + r, sync, progress, stage,
                               "rep " + std::to_string(r + 1) + "/" + std::to_string(out.reps));
     for (std::size_t i = 0; i < ms.size(); ++i) samples[i].push_back(ms[i]);
   }

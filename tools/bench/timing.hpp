@@ -26,10 +26,12 @@ struct Timing {
   double std_ms = 0;
 };
 
-/// What time_round_robin() measured: one Timing per candidate and the repetitions used.
+/// What time_round_robin() measured: one Timing per candidate, the repetitions used and each
+/// candidate's calls per timed sample (RepPlan::min_sample_ms; 1 when not batched).
 struct RoundRobin {
   std::vector<Timing> timings;
   std::size_t reps = 0;
+  std::vector<std::size_t> calls;
 };
 
 /// A progress line on stderr: rewritten in place on a terminal; elsewhere one line per stage.
@@ -64,11 +66,19 @@ struct RepPlan {
   /// budget_s, warm-up stops after 2 rounds and T is at least slow_min_reps instead of min_reps
   /// (sizes whose every round takes seconds would otherwise take minutes).
   std::size_t slow_min_reps = 0;
+  /// When non-zero: each timed sample of a candidate is the mean of k back-to-back runs, k the
+  /// fewest (at most max_calls) that take min_sample_ms at its last warm-up pace, as timeit's
+  /// `number` does; a call of microseconds is then timed over milliseconds, where scheduler and
+  /// interrupt noise averages out instead of being the sample. Each run replaces what the
+  /// previous kept (freeing it inside the clock, as a loop does); `release` follows the sample.
+  double min_sample_ms = 0;
+  std::size_t max_calls = 1000;
 };
 
 /// Runs plan.warmup untimed then the planned timed repetitions of every candidate,
 /// round-robin: in repetition r the candidates run in turn starting from candidate r mod n.
-/// Each run is followed by `sync` inside the timed region and by `release` outside it.
+/// Each sample (one run, or k under min_sample_ms) is followed by `sync` inside the timed
+/// region and by `release` outside it.
 /// @returns one Timing per candidate, in the candidates' order, and the repetitions used.
 /// @throws whatever a candidate throws; std::invalid_argument for an automatic plan without
 ///         warm-up.
