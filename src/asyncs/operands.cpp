@@ -44,6 +44,7 @@ std::vector<OperandKey> operand_keys(c10::ArrayRef<at::Tensor> reads,
                                      std::vector<at::Tensor>* keep) {
   std::vector<OperandKey> keys;
   keys.reserve(reads.size() + writes.size());
+  if (keep != nullptr) keep->reserve(keep->size() + reads.size() + writes.size());
   add_keys(reads, false, keys, keep);
   add_keys(writes, true, keys, keep);
   // Sort by key with writes first, keep the first of each key: a write wins over a read.
