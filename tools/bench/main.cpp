@@ -150,7 +150,7 @@ int run(const tb::Config& cfg) {
                                     : overlap     ? tb::run_overlap(cfg, progress)
                                                   : tb::run_optimizer(cfg, progress);
 
-  for (const auto& note : result.notes) std::cout << "verification: " << note << "\n";
+  for (const auto& note : result.notes) std::cout << "note: " << note << "\n";
   std::cout << "allocator: " << allocator_note() << "\n";
   std::cout << "\n";
   tb::print_table(std::cout, result.records,

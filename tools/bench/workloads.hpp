@@ -20,8 +20,9 @@ namespace treetensor::bench {
 /// describe it, and the verification lines for the output.
 struct WorkloadResult {
   std::vector<Record> records;
-  nlohmann::json config;           ///< workload-specific settings (merged into "config")
-  std::vector<std::string> notes;  ///< verification and policy lines, printed before the table
+  nlohmann::json config;  ///< workload-specific settings (merged into "config")
+  std::vector<std::string>
+      notes;  ///< verification, method and policy lines, printed as "note: ..." before the table
   bool all_verified = true;
 };
 
