@@ -275,13 +275,13 @@ class Zipper {
   }
 
  private:
-  // Appends (key, zip of the cursors), built in place: no Tree is moved, leaf or subtree.
-  void emplace_child(typename Tree<R>::Children& out, const std::string& key, const C&... cs) {
-    if ((is_present_leaf(cs) && ...)) {
-      out.emplace_back(std::piecewise_construct, std::forward_as_tuple(key),
-                       std::forward_as_tuple(call_leaves(cs...)));
-      return;
-    }
+  // Append (key, zip of the cursors), built in place: no Tree is moved, leaf or subtree.
+  // emplace_leaf: every tree cursor is a present leaf (is_present_leaf).
+  void emplace_leaf(typename Tree<R>::Children& out, const std::string& key, const C&... cs) {
+    out.emplace_back(std::piecewise_construct, std::forward_as_tuple(key),
+                     std::forward_as_tuple(call_leaves(cs...)));
+  }
+  void emplace_subtree(typename Tree<R>::Children& out, const std::string& key, const C&... cs) {
     auto& child = out.emplace_back(std::piecewise_construct, std::forward_as_tuple(key),
                                    std::forward_as_tuple());
     zip_node(child.second, cs...);
@@ -318,7 +318,7 @@ class Zipper {
   template <std::size_t... I>
   decltype(auto) call_impl(std::index_sequence<I...>, const C&... cs) {
     std::tuple<std::optional<cursor_leaf_t<C>>...> fills;
-    if constexpr (std::is_invocable_v<F&, const Path&, const cursor_leaf_t<C>&...>)
+    if constexpr (kTakesPath)
       return f_(make_path(trail_), leaf_of(cs, std::get<I>(fills), missing_, I, trail_)...);
     else
       return f_(leaf_of(cs, std::get<I>(fills), missing_, I, trail_)...);
@@ -362,13 +362,20 @@ class Zipper {
     auto& children = out.children();
     children.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
+      const std::string& key = first[i].first;
+      const bool leaves = (is_present_leaf(child_at(cs, std::get<I>(entries), i)) && ...);
       // The trail is read only by f with a path and by the walks below a subtree (their
       // messages): a leaf call of f without one needs none.
-      const bool trail =
-          kTakesPath || !(is_present_leaf(child_at(cs, std::get<I>(entries), i)) && ...);
-      if (trail) trail_.push_back(&first[i].first);
-      emplace_child(children, first[i].first, child_at(cs, std::get<I>(entries), i)...);
-      if (trail) trail_.pop_back();
+      if (leaves && !kTakesPath) {
+        emplace_leaf(children, key, child_at(cs, std::get<I>(entries), i)...);
+        continue;
+      }
+      trail_.push_back(&key);
+      if (leaves)
+        emplace_leaf(children, key, child_at(cs, std::get<I>(entries), i)...);
+      else
+        emplace_subtree(children, key, child_at(cs, std::get<I>(entries), i)...);
+      trail_.pop_back();
     }
     return true;
   }
