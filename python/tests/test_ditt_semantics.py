@@ -113,6 +113,9 @@ def test_keys_come_before_torch_names():
     t = ttorch.Tensor({"T": torch.ones(2), "argmax": torch.zeros(1), "neg": torch.ones(1)})
     assert torch.equal(t.T, torch.ones(2)) and torch.equal(t.argmax, torch.zeros(1))
     assert callable(t.neg) and torch.equal(t.neg()["neg"], -torch.ones(1))  # own methods first
+    s = ttorch.Tensor({"sum": torch.ones(2), "shape": torch.zeros(3)})  # DESIGN.md §15
+    assert torch.equal(s.sum(), torch.tensor(2.0)) and s.shape.sum == torch.Size([2])
+    assert torch.equal(s["sum"], torch.ones(2)) and torch.equal(s["shape"], torch.zeros(3))
     view = ttorch.Tensor(sample()).b
     del view.x
     with pytest.raises(AttributeError, match="no key 'x' at 'b'"):
