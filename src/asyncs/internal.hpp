@@ -11,6 +11,8 @@
 
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/Stream.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <atomic>
 #include <chrono>
@@ -22,7 +24,6 @@
 #include <string>
 #include <string_view>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 namespace treetensor::asyncs::detail {
@@ -95,11 +96,16 @@ struct Acting {
 };
 Acting& acting() noexcept;
 
-/// A pending job's use of one operand key.
+/// A pending job's use of one operand key. A plain pointer: a job's uses are removed
+/// (unregister_operands) before its Job, which owns a reference to its state, is dropped.
 struct Use {
-  std::shared_ptr<JobState> job;
+  JobState* job = nullptr;
   bool write = false;
 };
+/// The operand registry: storage key -> the uses of the jobs pending on it. A flat table with
+/// the first uses inline, so registering a key costs no allocation per key (a tree call
+/// registers one per leaf).
+using UseMap = ska::flat_hash_map<const void*, c10::SmallVector<Use, 2>>;
 
 struct AsyncsState {
   std::mutex mu;
@@ -110,7 +116,7 @@ struct AsyncsState {
   std::vector<bool> id_taken;                              // index id-1
   std::vector<std::shared_ptr<Worker>> live;               // workers of live Thread objects
   std::vector<std::shared_ptr<JobState>> unobserved;       // failed jobs no one has waited for
-  std::unordered_map<const void*, std::vector<Use>> uses;  // operand registry
+  UseMap uses;                                             // operand registry
 };
 AsyncsState& asyncs_state();
 

@@ -72,7 +72,7 @@ void remove_use(AsyncsState& rt, const void* key, const JobState* state) {
   TREETENSOR_INTERNAL_ASSERT(it != rt.uses.end(), "a finished job's operand is registered");
   auto& list = it->second;
   list.erase(
-      std::find_if(list.begin(), list.end(), [&](const Use& u) { return u.job.get() == state; }));
+      std::find_if(list.begin(), list.end(), [&](const Use& u) { return u.job == state; }));
   if (list.empty()) rt.uses.erase(it);
 }
 
@@ -80,7 +80,7 @@ void remove_use(AsyncsState& rt, const void* key, const JobState* state) {
 
 void register_operands(AsyncsState& rt, const Job& job) {
   if (job.keys.empty()) return;
-  for (const auto& k : job.keys) rt.uses[k.key].push_back({job.state, k.write});
+  for (const auto& k : job.keys) rt.uses[k.key].push_back({job.state.get(), k.write});
   count_tracked(*job.state);
 }
 
@@ -93,7 +93,7 @@ void add_operands(const std::shared_ptr<JobState>& state, c10::ArrayRef<at::Tens
   std::lock_guard lock(rt.mu);
   if (state->done.load(std::memory_order_relaxed)) return;  // finished: nothing to order
   for (const auto& k : keys) {
-    rt.uses[k.key].push_back({state, k.write});
+    rt.uses[k.key].push_back({state.get(), k.write});
     state->late_keys.emplace_back(k.key, k.write);
   }
   state->late_operands.insert(state->late_operands.end(), std::make_move_iterator(keep.begin()),
@@ -111,7 +111,9 @@ void await_keys(const std::vector<OperandKey>& keys, const Acting& self, const J
     const auto it = rt.uses.find(k.key);
     if (it == rt.uses.end()) continue;
     for (const auto& use : it->second)
-      if ((use.write || k.write) && must_wait_for(*use.job, self)) awaited.push_back(use.job);
+      if ((use.write || k.write) && must_wait_for(*use.job, self) &&
+          (awaited.empty() || awaited.back().get() != use.job))
+        awaited.push_back(use.job->shared_from_this());  // held past the lock
   }
   if (awaited.empty()) return;
   wait_progress(

@@ -215,6 +215,7 @@ void wait_borrowing(Worker& w, JobState& s) {
     if (it != w.queue.end()) {
       std::unique_ptr<Job> job = std::move(*it);
       w.queue.erase(it);
+      unregister_operands(rt, *job);  // the registry points at it (Use)
       ++w.finished;
       s.done.store(true, std::memory_order_release);
       rt.progress.notify_all();

@@ -165,7 +165,8 @@ class Worker;
 /// are stored; the other fields are written once before the job is queued or before `done`.
 /// A failed job stays on the asyncs layer's unobserved list until a get()/wait() or synchronize()
 /// reports it.
-struct JobState {
+// Shared from `this` by the operand registry, which keeps plain pointers to registered jobs.
+struct JobState : std::enable_shared_from_this<JobState> {
   virtual ~JobState() = default;
   std::atomic<bool> done{false};
   int thread = 0;
