@@ -113,10 +113,10 @@ struct AsyncsState {
   std::size_t progress_waiters = 0;  // threads blocked on `progress`
   std::uint64_t finished_total = 0;  // progress counter for the watchdog
   std::uint64_t next_seq = 1;
-  std::vector<bool> id_taken;                              // index id-1
-  std::vector<std::shared_ptr<Worker>> live;               // workers of live Thread objects
-  std::vector<std::shared_ptr<JobState>> unobserved;       // failed jobs no one has waited for
-  UseMap uses;                                             // operand registry
+  std::vector<bool> id_taken;                         // index id-1
+  std::vector<std::shared_ptr<Worker>> live;          // workers of live Thread objects
+  std::vector<std::shared_ptr<JobState>> unobserved;  // failed jobs no one has waited for
+  UseMap uses;                                        // operand registry
 };
 AsyncsState& asyncs_state();
 

@@ -71,8 +71,7 @@ void remove_use(AsyncsState& rt, const void* key, const JobState* state) {
   auto it = rt.uses.find(key);
   TREETENSOR_INTERNAL_ASSERT(it != rt.uses.end(), "a finished job's operand is registered");
   auto& list = it->second;
-  list.erase(
-      std::find_if(list.begin(), list.end(), [&](const Use& u) { return u.job == state; }));
+  list.erase(std::find_if(list.begin(), list.end(), [&](const Use& u) { return u.job == state; }));
   if (list.empty()) rt.uses.erase(it);
 }
 
