@@ -76,7 +76,9 @@ struct Config {
   std::size_t compute_matmuls = 8;  ///< allreduce: 384x384 matmuls of the main thread's work
   std::size_t overlap_leaves = 40;  ///< overlap: N leaves of every tree
   std::int64_t overlap_size = 64;   ///< overlap: S (the seed's S x 2S @ 2S x 4S matmul)
-  std::size_t overlap_steps = 8;    ///< overlap: training steps per timed repetition
+  /// overlap: training steps per timed repetition; enough that the pipeline's fill and drain
+  /// (the first decode and the last metrics, which nothing overlaps) are a small share of it.
+  std::size_t overlap_steps = 32;
   /// overlap: intra-op threads of the main thread (default: cores - 1, so that a core is free
   /// for the asyncs threads).
   std::size_t overlap_train_threads = 1;
