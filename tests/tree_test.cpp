@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <functional>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -653,6 +654,19 @@ TEST(TreeFlatten, UnflattenFromShuffledPairs) {
     std::shuffle(pairs.begin(), pairs.end(), rng);
     EXPECT_EQ(tr::unflatten<int>(pairs), t);
   }
+}
+
+// Leaves from a single-pass input iterator: each read once, in flatten order, none past the
+// spec's count.
+TEST(TreeFlatten, UnflattenFromAnInputIterator) {
+  const auto flat = tr::flatten(make_t());
+  std::istringstream in("5 6 7 8 9");
+  std::istream_iterator<int> it(in);
+  EXPECT_EQ(tr::unflatten<int>(flat.spec, it),
+            (IntTree{{"a", 5}, {"b", 6}, {"x", {{"c", 7}, {"d", 8}}}}));
+  const std::vector<int> leaf{10, 11};
+  EXPECT_EQ(tr::unflatten<int>(tr::flatten(IntTree(9)).spec, leaf.begin()), IntTree(10));
+  EXPECT_EQ(tr::unflatten<int>(tr::TreeSpec{}, leaf.begin()), IntTree());
 }
 
 TEST(TreeFlatten, WrongLeafCountThrows) {

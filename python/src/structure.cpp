@@ -1,6 +1,8 @@
 // treetensor.torch.tree_flatten / tree_unflatten and TreeSpec (DESIGN.md §1, §15): the tree
 // layer's flatten over Python trees, with optree's calling (leaves and a reusable structure,
 // unflatten(spec, leaves)), so a structure is taken apart and rebuilt without a Python walk.
+#include <cstddef>
+#include <iterator>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -147,24 +149,54 @@ py::list paths_of(const PySpec& s) {
   return py::reinterpret_steal<py::list>(out);
 }
 
+// The tensors of a list or tuple's items, read in order as tree::unflatten reads its leaves
+// (each item already checked to be a tensor).
+class TensorItems {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = at::Tensor;
+  using difference_type = std::ptrdiff_t;
+  using reference = at::Tensor;
+
+  TensorItems() = default;
+  explicit TensorItems(PyObject* const* item) : item_(item) {}
+  at::Tensor operator*() const { return unpack_tensor(*item_); }
+  TensorItems& operator++() {
+    ++item_;
+    return *this;
+  }
+  TensorItems operator++(int) {
+    TensorItems before = *this;
+    ++item_;
+    return before;
+  }
+
+ private:
+  PyObject* const* item_ = nullptr;
+};
+
 // Every leaf must be a torch.Tensor: the error names its index and the spec's path for it.
+// The leaves go from the sequence's items straight into the tree (no vector of them first:
+// at thousands of leaves its one large block made glibc merge its freed small blocks every call).
 py::object unflatten_tree(const PySpec& py_spec, const py::sequence& leaves) {
   const TreeSpec& spec = py_spec.spec;
-  const std::size_t n = py::len(leaves);
+  const auto items = py::reinterpret_steal<py::object>(
+      PySequence_Fast(leaves.ptr(), "tree_unflatten: leaves must be a sequence"));
+  if (!items) throw py::error_already_set();
+  const auto n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(items.ptr()));
   if (n != spec.leaf_count())
     throw py::value_error("tree_unflatten: the spec has " + std::to_string(spec.leaf_count()) +
                           " leaves but " + std::to_string(n) + " were given");
-  std::vector<at::Tensor> ts(n);
+  PyObject* const* first = PySequence_Fast_ITEMS(items.ptr());
   for (std::size_t i = 0; i < n; ++i) {
-    py::object leaf = leaves[i];
+    const py::handle leaf(first[i]);
     if (!is_tensor(leaf)) {
       const auto path = spec.paths()[i];
       throw py::type_error("tree_unflatten: leaf " + std::to_string(i) + " (at '" +
                            path.describe() + "') is " + article(leaf) + ", not a torch.Tensor");
     }
-    ts[i] = unpack_tensor(leaf);
   }
-  return wrap(TreeTensor(tree::unflatten(spec, std::move(ts))));
+  return wrap(TreeTensor(tree::unflatten<at::Tensor>(spec, TensorItems(first))));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 """Structure, access, printing, conversions and identity."""
+import collections.abc
 import gc
 import os
 import sys
@@ -277,6 +278,22 @@ def test_tree_flatten_and_unflatten():
     assert cons[1] == ttorch.tree_flatten(ttorch.Tensor(sample()))[1]
     assert [float(x.sum()) for x in cons[0]] == [15.0, 3.0, 3.0]
     assert ttorch.tree_unflatten(ttorch.tree_flatten(ttorch.Tensor({}))[1], []).keys() == []
+
+
+def test_tree_unflatten_takes_any_sequence_and_keeps_the_tensors():
+    leaves, spec = ttorch.tree_flatten(ttorch.Tensor(sample()))
+
+    class Leaves(collections.abc.Sequence):  # neither a list nor a tuple
+        def __len__(self):
+            return len(leaves)
+
+        def __getitem__(self, i):
+            return leaves[i]
+
+    for given in (leaves, tuple(leaves), Leaves()):
+        back = ttorch.tree_unflatten(spec, given)
+        assert all(a is b for a, b in zip(ttorch.tree_flatten(back)[0], leaves))  # not copies
+        assert ttorch.tree_flatten(back)[1] == spec
 
 
 def test_tree_unflatten_refuses_what_does_not_fit():

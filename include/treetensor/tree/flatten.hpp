@@ -108,6 +108,8 @@ class TreeSpec {
   friend class Flattener;
   template <class T>
   friend Tree<T> unflatten(const TreeSpec&, std::vector<T>);
+  template <class T, std::input_iterator It>
+  friend Tree<T> unflatten(const TreeSpec&, It);
 
   std::shared_ptr<const Data> data_;
   std::size_t leaves_ = 0;
@@ -294,6 +296,15 @@ Tree<T> unflatten(const TreeSpec& spec, std::vector<T> leaves) {
                                  " leaves but " + std::to_string(leaves.size()) + " were given");
   if (!spec.data_) return Tree<T>();
   return TreeSpec::build<T>(*spec.data_, std::make_move_iterator(leaves.begin()));
+}
+
+/// Rebuilds a tree from a spec and an iterator over its leaves in flatten order: reads exactly
+/// spec.leaf_count() leaves, each once, in order (the caller guarantees that many). For leaves
+/// that are not in a vector of T already (a Python list's tensors): no vector is made.
+template <class T, std::input_iterator It>
+Tree<T> unflatten(const TreeSpec& spec, It first) {
+  if (!spec.data_) return Tree<T>();
+  return TreeSpec::build<T>(*spec.data_, std::move(first));
 }
 
 /// Builds a tree from (path, value) pairs in any order, e.g. a state dict with dotted keys:
