@@ -366,16 +366,13 @@ class Zipper {
       const bool leaves = (is_present_leaf(child_at(cs, std::get<I>(entries), i)) && ...);
       // The trail is read only by f with a path and by the walks below a subtree (their
       // messages): a leaf call of f without one needs none.
-      if (leaves && !kTakesPath) {
-        emplace_leaf(children, key, child_at(cs, std::get<I>(entries), i)...);
-        continue;
-      }
-      trail_.push_back(&key);
+      const bool trail = kTakesPath || !leaves;
+      if (trail) trail_.push_back(&key);
       if (leaves)
         emplace_leaf(children, key, child_at(cs, std::get<I>(entries), i)...);
       else
         emplace_subtree(children, key, child_at(cs, std::get<I>(entries), i)...);
-      trail_.pop_back();
+      if (trail) trail_.pop_back();
     }
     return true;
   }
