@@ -188,6 +188,7 @@ py::object unflatten_tree(const PySpec& py_spec, const py::sequence& leaves) {
     throw py::value_error("tree_unflatten: the spec has " + std::to_string(spec.leaf_count()) +
                           " leaves but " + std::to_string(n) + " were given");
   PyObject* const* first = PySequence_Fast_ITEMS(items.ptr());
+  bool pending = false;
   for (std::size_t i = 0; i < n; ++i) {
     const py::handle leaf(first[i]);
     if (!is_tensor(leaf)) {
@@ -195,6 +196,15 @@ py::object unflatten_tree(const PySpec& py_spec, const py::sequence& leaves) {
       throw py::type_error("tree_unflatten: leaf " + std::to_string(i) + " (at '" +
                            path.describe() + "') is " + article(leaf) + ", not a torch.Tensor");
     }
+    pending = pending || is_pending_tensor(leaf.ptr());
+  }
+  // Reading a pending leaf waits with the GIL released, when another thread may change the
+  // given list: the items are then read from a tuple of their own.
+  py::object snapshot;
+  if (pending) {
+    snapshot = py::reinterpret_steal<py::object>(PySequence_Tuple(items.ptr()));
+    if (!snapshot) throw py::error_already_set();
+    first = PySequence_Fast_ITEMS(snapshot.ptr());
   }
   return wrap(TreeTensor(tree::unflatten<at::Tensor>(spec, TensorItems(first))));
 }

@@ -330,6 +330,29 @@ def mixed(seed=3):
                                                          "d": torch.randn(2, 2)}})
 
 
+def test_tree_unflatten_waits_for_a_pending_leaf_while_its_list_changes():
+    x = mixed()
+    leaves_, spec = ttorch.tree_flatten(ttorch.Tensor({"a": x.a, "s": x.a}))
+    w = asyncs.Thread("unflatten")
+    ev = gated(w)
+    with asyncs.thread(w):
+        given = [leaves_[0], x.sum()]  # the list holds the only reference to the pending sum
+    junk = []
+
+    def change_then_open():  # runs while tree_unflatten waits for the sum, the GIL released
+        time.sleep(0.05)
+        given.clear()  # frees the pending sum and the list's item array ...
+        junk.extend([None, None] for _ in range(1000))  # ... whose memory these reuse
+        ev.set()
+
+    t = threading.Thread(target=change_then_open)
+    t.start()
+    back = ttorch.tree_unflatten(spec, given)
+    t.join()
+    assert back.a is leaves_[0] and torch.equal(back.s, x.sum()) and type(back.s) is torch.Tensor
+    w.close()
+
+
 @pytest.mark.parametrize("read", ["float", "item", "repr", "str", "format", "tolist", "numpy",
                                   "torch_fn", "operator", "bool", "dtype", "tree_call",
                                   "tree_leaf", "pickle", "deepcopy", "torch_scalar_arg",
