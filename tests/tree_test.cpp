@@ -656,8 +656,8 @@ TEST(TreeFlatten, UnflattenFromShuffledPairs) {
   }
 }
 
-// Leaves from a single-pass input iterator: each read once, in flatten order, none past the
-// spec's count.
+// Leaves from a single-pass input iterator (std::istream_iterator): each read once, in
+// flatten order.
 TEST(TreeFlatten, UnflattenFromAnInputIterator) {
   const auto flat = tr::flatten(make_t());
   std::istringstream in("5 6 7 8 9");

@@ -1,6 +1,7 @@
 // treetensor.torch.tree_flatten / tree_unflatten and TreeSpec (DESIGN.md §1, §15): the tree
 // layer's flatten over Python trees, with optree's calling (leaves and a reusable structure,
 // unflatten(spec, leaves)), so a structure is taken apart and rebuilt without a Python walk.
+#include <algorithm>
 #include <cstddef>
 #include <iterator>
 #include <string>
@@ -175,37 +176,56 @@ class TensorItems {
   PyObject* const* item_ = nullptr;
 };
 
+// A tuple of `n` owned items: items[0..n) of a list as they are now, or seq[0..n) of any other
+// sequence read by index (its own __getitem__, which may run any Python code).
+py::tuple own_items(py::handle seq, std::size_t n) {
+  py::tuple out(n);
+  const bool list = PyList_CheckExact(seq.ptr());
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto at = static_cast<Py_ssize_t>(i);
+    PyObject* item =
+        list ? Py_NewRef(PyList_GET_ITEM(seq.ptr(), at)) : PySequence_GetItem(seq.ptr(), at);
+    if (!item) throw py::error_already_set();
+    PyTuple_SET_ITEM(out.ptr(), at, item);
+  }
+  return out;
+}
+
+// A tensor by type alone (torch.Tensor or a subclass): runs no Python code, unlike
+// isinstance, so borrowed items stay valid across the check.
+bool tensor_by_type(PyObject* o) {
+  return THPVariable_CheckExact(o) ||
+         PyType_IsSubtype(Py_TYPE(o), reinterpret_cast<PyTypeObject*>(THPVariableClass));
+}
+
 // Every leaf must be a torch.Tensor: the error names its index and the spec's path for it.
-// The leaves go from the sequence's items straight into the tree (no vector of them first:
-// at thousands of leaves its one large block made glibc merge its freed small blocks every call).
+// The leaves go from the items straight into the tree (no vector of them first: at thousands
+// of leaves its one large block made glibc merge its freed small blocks every call). The
+// items are borrowed from a plain list or tuple, so nothing between reading and using them
+// may run Python code or release the GIL; with a pending leaf (waiting for it releases the
+// GIL, when another thread may change a list) or another kind of sequence, they are read
+// into a tuple of their own first.
 py::object unflatten_tree(const PySpec& py_spec, const py::sequence& leaves) {
   const TreeSpec& spec = py_spec.spec;
-  const auto items = py::reinterpret_steal<py::object>(
-      PySequence_Fast(leaves.ptr(), "tree_unflatten: leaves must be a sequence"));
-  if (!items) throw py::error_already_set();
-  const auto n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(items.ptr()));
+  const std::size_t n = py::len(leaves);
   if (n != spec.leaf_count())
     throw py::value_error("tree_unflatten: the spec has " + std::to_string(spec.leaf_count()) +
                           " leaves but " + std::to_string(n) + " were given");
+  const bool list = PyList_CheckExact(leaves.ptr());
+  py::object items = leaves;
+  if (!list && !PyTuple_CheckExact(leaves.ptr())) items = own_items(leaves, n);
   PyObject* const* first = PySequence_Fast_ITEMS(items.ptr());
-  bool pending = false;
-  for (std::size_t i = 0; i < n; ++i) {
-    const py::handle leaf(first[i]);
-    if (!is_tensor(leaf)) {
-      const auto path = spec.paths()[i];
+  if (list && std::any_of(first, first + n, is_pending_tensor)) {
+    items = own_items(leaves, n);
+    first = PySequence_Fast_ITEMS(items.ptr());
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!tensor_by_type(first[i])) {
+      const auto leaf = py::reinterpret_borrow<py::object>(first[i]);
       throw py::type_error("tree_unflatten: leaf " + std::to_string(i) + " (at '" +
-                           path.describe() + "') is " + article(leaf) + ", not a torch.Tensor");
+                           spec.paths()[i].describe() + "') is " + article(leaf) +
+                           ", not a torch.Tensor");
     }
-    pending = pending || is_pending_tensor(leaf.ptr());
-  }
-  // Reading a pending leaf waits with the GIL released, when another thread may change the
-  // given list: the items are then read from a tuple of their own.
-  py::object snapshot;
-  if (pending) {
-    snapshot = py::reinterpret_steal<py::object>(PySequence_Tuple(items.ptr()));
-    if (!snapshot) throw py::error_already_set();
-    first = PySequence_Fast_ITEMS(snapshot.ptr());
-  }
   return wrap(TreeTensor(tree::unflatten<at::Tensor>(spec, TensorItems(first))));
 }
 

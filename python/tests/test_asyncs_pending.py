@@ -332,25 +332,31 @@ def mixed(seed=3):
 
 def test_tree_unflatten_waits_for_a_pending_leaf_while_its_list_changes():
     x = mixed()
-    leaves_, spec = ttorch.tree_flatten(ttorch.Tensor({"a": x.a, "s": x.a}))
+    leaves_, spec = ttorch.tree_flatten(ttorch.Tensor({"a": x.a, "b": x.a}))
     w = asyncs.Thread("unflatten")
     ev = gated(w)
     with asyncs.thread(w):
-        given = [leaves_[0], x.sum()]  # the list holds the only reference to the pending sum
+        given = [x.sum(), leaves_[1]]  # the list holds the only reference to the pending sum
     junk = []
 
     def change_then_open():  # runs while tree_unflatten waits for the sum, the GIL released
-        time.sleep(0.05)
+        time.sleep(0.05)  # lets the main thread go on into tree_unflatten
         given.clear()  # frees the pending sum and the list's item array ...
         junk.extend([None, None] for _ in range(1000))  # ... whose memory these reuse
         ev.set()
 
     t = threading.Thread(target=change_then_open)
-    t.start()
-    back = ttorch.tree_unflatten(spec, given)
-    t.join()
-    assert back.a is leaves_[0] and torch.equal(back.s, x.sum()) and type(back.s) is torch.Tensor
-    w.close()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100)  # after its sleep the other thread runs only once the wait
+    # releases the GIL (no forced switch), however long the main thread takes to get there
+    try:
+        t.start()
+        back = ttorch.tree_unflatten(spec, given)
+    finally:
+        sys.setswitchinterval(interval)
+        t.join()
+        w.close()
+    assert torch.equal(back.a, x.sum()) and type(back.a) is torch.Tensor and back.b is leaves_[1]
 
 
 @pytest.mark.parametrize("read", ["float", "item", "repr", "str", "format", "tolist", "numpy",

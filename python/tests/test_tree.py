@@ -295,6 +295,13 @@ def test_tree_unflatten_takes_any_sequence_and_keeps_the_tensors():
         assert all(a is b for a, b in zip(ttorch.tree_flatten(back)[0], leaves))  # not copies
         assert ttorch.tree_flatten(back)[1] == spec
 
+    class Reversed(list):  # a list subclass is read through its own __len__ and __getitem__
+        def __getitem__(self, i):
+            return list.__getitem__(self, len(self) - 1 - i)
+
+    back = ttorch.tree_unflatten(spec, Reversed(leaves))
+    assert all(a is b for a, b in zip(ttorch.tree_flatten(back)[0], leaves[::-1]))
+
 
 def test_tree_unflatten_refuses_what_does_not_fit():
     leaves, spec = ttorch.tree_flatten(ttorch.Tensor(sample()))
@@ -302,6 +309,12 @@ def test_tree_unflatten_refuses_what_does_not_fit():
         ttorch.tree_unflatten(spec, leaves[:2])
     with pytest.raises(TypeError, match=r"leaf 1 \(at 'b\.x'\) is a float, not a torch\.Tensor"):
         ttorch.tree_unflatten(spec, [leaves[0], 1.5, leaves[2]])
+
+    class Disguised:  # isinstance(Disguised(), torch.Tensor) is True; it is no tensor
+        __class__ = torch.Tensor
+
+    with pytest.raises(TypeError, match=r"leaf 2 \(at 'b\.y'\) is .*, not a torch\.Tensor"):
+        ttorch.tree_unflatten(spec, [leaves[0], leaves[1], Disguised()])
     with pytest.raises(TypeError, match="expected a treetensor tree, a nested dict of tensors "
                        "or a treevalue TreeValue, got list"):
         ttorch.tree_flatten([torch.ones(1)])

@@ -238,7 +238,8 @@ Tree<T> TreeSpec::build(const Data& data, It leaf) {
       --left;
       if (n.arity == kLeaf) {
         out->emplace_back(std::piecewise_construct, std::forward_as_tuple(k),
-                          std::forward_as_tuple(*leaf++));
+                          std::forward_as_tuple(*leaf));
+        ++leaf;  // prefix only: an input iterator's postfix ++ may return void
         continue;
       }
       auto& children = out->emplace_back(std::string(k), Tree<T>()).second.children();
@@ -298,9 +299,10 @@ Tree<T> unflatten(const TreeSpec& spec, std::vector<T> leaves) {
   return TreeSpec::build<T>(*spec.data_, std::make_move_iterator(leaves.begin()));
 }
 
-/// Rebuilds a tree from a spec and an iterator over its leaves in flatten order: reads exactly
-/// spec.leaf_count() leaves, each once, in order (the caller guarantees that many). For leaves
-/// that are not in a vector of T already (a Python list's tensors): no vector is made.
+/// Rebuilds a tree from a spec and an iterator over its leaves in flatten order: reads
+/// spec.leaf_count() leaves, each dereferenced once, in order (the caller guarantees that
+/// many). For leaves that are not in a vector of T already (a Python list's tensors): no
+/// vector is made.
 template <class T, std::input_iterator It>
 Tree<T> unflatten(const TreeSpec& spec, It first) {
   if (!spec.data_) return Tree<T>();
