@@ -125,8 +125,8 @@ sequential's):
   sum-of-parts   their sum (what sequential should cost);
   max-of-parts   the largest (the floor of a perfect overlap when each part has a core of its
                  own; the goal is scoped <= 1.15x it). The notes also give this machine's
-                 floor: with one core left beside the main thread's intra-op threads, the
-                 decoder and the metrics share it, so max(train, decode + metrics).
+                 floor: no part faster than alone, and no more work at once than the
+                 cores can do (train x its intra-op threads, decode and metrics 1 each).
 Columns: milliseconds per step (mean and standard deviation over T repetitions of --steps
 steps), speed-up = sequential / row. The main thread runs --train-threads intra-op threads; the
 asyncs threads one each. The notes also give the caller's cost of one pending call.)";
