@@ -16,7 +16,10 @@ Sides (each starts from one saved state dict):
                  thread beside the optimizer step
   ours -flat     ablation: torch's fused Adam instead of the flat step
   ours -async    ablation: metrics inline
-  ours -overlap  ablation (2 ranks): each gradient buffer averaged after backward
+  ours -overlap  ablation (2 ranks): each gradient buffer averaged after backward (by
+                 treetensor.distributed's all_reduce of it)
+  ours -exchange ablation (2 ranks): Gloo's all_reduce for every bucket, also the small ones
+                 that treetensor.distributed reduces by direct exchange
 Metrics each step: the loss, the gradient norm (over per-parameter norms, as
 clip_grad_norm_) and a histogram of log10 per-parameter gradient norms, a JSON line written to
 a file (where each side computes them: class Metrics).
@@ -270,7 +273,7 @@ def tree_leaves(tree):
 OURS_SET_TO_NONE = {"policy": False, "resnet50": True}
 YARDSTICK = "torch for-loop"  # torch.optim.Adam's for-loop step: verification only, not timed
 SIDES_1 = ["torch", "torch best", "ours", "ours -flat", "ours -async"]
-SIDES_2 = SIDES_1 + ["ours -overlap"]
+SIDES_2 = SIDES_1 + ["ours -overlap", "ours -exchange"]
 
 
 class Run:
@@ -281,7 +284,7 @@ class Run:
         import treetensor.optim as topt
         self.model = make()
         self.model.load_state_dict(state)
-        self.loss_fn, self.group, self.tree = loss_fn, group, None
+        self.loss_fn, self.group, self.tree, self.side = loss_fn, group, None, side
         ours = side.startswith("ours")
         self.metrics = Metrics("inline" if side in ("torch", YARDSTICK, "ours -async") else
                                "asyncs" if ours else "thread", tmp + ".metrics.jsonl")
@@ -309,11 +312,22 @@ class Run:
             self.after_backward = None
 
     def _reduce_buffers(self):
+        import treetensor.distributed as tdist
         for b in self.tree.grad_buffers:
             b.div_(dist.get_world_size(self.group))
-            dist.all_reduce(b, group=self.group)
+            tdist.start_all_reduce(b, dist.ReduceOp.SUM, self.group).wait()
 
     def step(self, x, target):
+        if self.side != "ours -exchange":
+            return self._step(x, target)
+        import treetensor.distributed as tdist
+        saved, tdist.EXCHANGE_MAX_BYTES = tdist.EXCHANGE_MAX_BYTES, 0
+        try:
+            return self._step(x, target)
+        finally:
+            tdist.EXCHANGE_MAX_BYTES = saved
+
+    def _step(self, x, target):
         self.metrics.wait_read()
         self.zero_grad()
         loss = self.loss_fn(self.forward(x), target)

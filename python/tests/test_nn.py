@@ -391,7 +391,7 @@ def test_train_bench_verifies_every_row(tmp_path):
     import json
     rows = json.load(open(out))["rows"]
     assert [(r["ranks"], r["side"]) for r in rows] == [(1, s) for s in ("torch", "torch best", "ours", "ours -flat", "ours -async")] + \
-        [(2, s) for s in ("torch", "torch best", "ours", "ours -flat", "ours -async", "ours -overlap")]
+        [(2, s) for s in ("torch", "torch best", "ours", "ours -flat", "ours -async", "ours -overlap", "ours -exchange")]
     assert all(r["verified"] and r["ms"] > 0 for r in rows)
 
 

@@ -16,6 +16,16 @@ the calls go in sorted-path order, so every rank issues the same sequence;
 issue collectives on one group from one thread at a time (two threads interleaving raw c10d
 calls can pair different tensors across ranks: the C++ layer's ordered collectives exist for
 that, §14).
+
+Small reductions on a Gloo group go by direct exchange instead of Gloo's ``all_reduce``: a
+contiguous CPU tensor whose peers' copies add up to at most ``EXCHANGE_MAX_BYTES`` (512 KiB;
+``(world size - 1) x its bytes``), reduced by SUM (any dtype but bool) or by MAX / MIN (integer
+dtypes), is sent to every peer and received from every peer (``isend`` / ``irecv`` with the tag
+``EXCHANGE_TAG``), then reduced locally in rank order, so every rank holds the same bits; on
+2 ranks they are Gloo's own (a + b is b + a). Gloo's all_reduce of 2 local ranks took 1 to 2 ms
+from 64 B to 512 KiB on the 2-core Xeon, the exchange 0.13 to 0.4 ms; from 1 MiB up Gloo's
+pipelined ring is as fast or faster. Set ``EXCHANGE_MAX_BYTES = 0`` to always use Gloo's.
+A program's own ``isend`` / ``irecv`` on the group must not use ``EXCHANGE_TAG``.
 """
 import functools as _functools
 import hashlib as _hashlib
@@ -24,9 +34,86 @@ import torch as _torch
 
 from .torch import Tensor, tree_flatten
 
-__all__ = ["all_reduce"]
+__all__ = ["EXCHANGE_MAX_BYTES", "EXCHANGE_TAG", "all_reduce"]
 
 _MiB = 1 << 20
+EXCHANGE_MAX_BYTES = 512 << 10
+EXCHANGE_TAG = 0x74726565  # "tree"
+
+
+def _exchange_op(tensor, op, pg):
+    """The in-place local reduction (``Tensor.add_`` ...) to exchange ``tensor`` for under
+    ``op`` on the process group ``pg``, or None where Gloo's all_reduce must do it (module
+    docstring)."""
+    import torch.distributed as dist
+    if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.dtype == _torch.bool
+            or tensor.is_complex()):
+        return None
+    world = pg.size()
+    if world < 2 or (world - 1) * tensor.numel() * tensor.element_size() > EXCHANGE_MAX_BYTES:
+        return None
+    if pg.name() != "gloo":
+        return None
+    if op == dist.ReduceOp.SUM:
+        return _torch.Tensor.add_
+    if tensor.is_floating_point():  # NaN: Gloo's max and min are not torch's
+        return None
+    if op == dist.ReduceOp.MAX:
+        return lambda a, b: _torch.maximum(a, b, out=a)
+    if op == dist.ReduceOp.MIN:
+        return lambda a, b: _torch.minimum(a, b, out=a)
+    return None
+
+
+class _ExchangeWork:
+    """An all_reduce of one tensor by direct exchange (module docstring), started: every send
+    and receive is posted on the process group ``pg`` (its own ranks). ``wait()`` waits for
+    them (the group's timeout applies; a lost peer raises RuntimeError) and reduces into the
+    tensor, once; as ``torch.distributed``'s Work."""
+
+    def __init__(self, tensor, reduce, pg):
+        self._tensor, self._reduce, self._done = tensor, reduce, False
+        self._rank = pg.rank()
+        self._parts = [tensor if k == self._rank else _torch.empty_like(tensor) for k in range(pg.size())]
+        self._works = []
+        for k, part in enumerate(self._parts):
+            if k != self._rank:
+                self._works.append(pg.send([tensor], k, EXCHANGE_TAG))
+                self._works.append(pg.recv([part], k, EXCHANGE_TAG))
+
+    def wait(self, timeout=None):
+        if self._done:
+            return True
+        for w in self._works:
+            w.wait() if timeout is None else w.wait(timeout)
+        # Rank order, so every rank computes the same bits; the first two terms commute, so
+        # ranks 0 and 1 reduce into their own tensor.
+        parts, reduce = self._parts, self._reduce
+        acc = parts[self._rank] if self._rank < 2 else parts[0]
+        for p in parts[:2]:
+            if p is not acc:
+                reduce(acc, p)
+        for p in parts[2:]:
+            reduce(acc, p)
+        if acc is not self._tensor:
+            self._tensor.copy_(acc)
+        self._done = True
+        return True
+
+    def is_completed(self):
+        return self._done
+
+
+def start_all_reduce(tensor, op, group):
+    """Starts an all_reduce of ``tensor`` in place: by direct exchange where it applies (module
+    docstring), else ``torch.distributed.all_reduce(async_op=True)``. Returns the work to
+    ``wait()`` for before the tensor is read or written."""
+    import torch.distributed as dist
+    pg = dist.group.WORLD if group is None else group
+    reduce = _exchange_op(tensor, op, pg)
+    if reduce is None:
+        return dist.all_reduce(tensor, op=op, group=group, async_op=True)
+    return _ExchangeWork(tensor, reduce, pg)
 
 
 def buffer_of(view):
@@ -129,7 +216,7 @@ def _exchange(fingerprint, signature, device, group):
     all ranks have it): None when they agree, else every rank's ``signature()``."""
     import torch.distributed as dist
     both = _torch.tensor([fingerprint, -fingerprint], dtype=_torch.int64, device=device)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    start_all_reduce(both, dist.ReduceOp.MAX, group).wait()
     if both.tolist() == [fingerprint, -fingerprint]:
         return None
     signatures = [None] * dist.get_world_size(group)
@@ -195,7 +282,7 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
         views = leaves
     op = dist.ReduceOp.SUM if op is None else op
     _agree(op, spec, leaves, views, group)
-    works = [dist.all_reduce(v, op=op, group=group, async_op=True) for v in views]
+    works = [start_all_reduce(v, op, group) for v in views]
     if async_op:
         return works
     for w in works:

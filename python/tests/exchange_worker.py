@@ -1,0 +1,124 @@
+"""treetensor.distributed's direct exchange (its module docstring) on 3 Gloo ranks, spawned here;
+run by test_distributed.py under a timeout. Exit status 0 and "ok" when, on every rank:
+- small tensors go by exchange and large ones (or any, with EXCHANGE_MAX_BYTES = 0) by Gloo's
+  all_reduce, as the docstring says, seen from the Work objects all_reduce returns;
+- a SUM by exchange is bitwise ((a0 + a1) + a2) on every rank, for float32 values whose sum
+  depends on the order (so a rank adding in its own order would differ), float64, float16 and
+  int64; Gloo's own SUM of the same tensors is that sum within the rounding of 2 additions;
+- MAX and MIN of integers are exact; of floats, and on bool, Gloo's all_reduce is used;
+- wait() is idempotent (the reduction happens once).
+
+With the argument `dead`, 2 ranks: rank 1 leaves the group without reducing, and rank 0's
+all_reduce of a small tree must raise RuntimeError (the peer is gone) instead of hanging."""
+import datetime
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 3
+
+
+def check(ok, what):
+    if not ok:
+        raise AssertionError(f"rank {dist.get_rank()}: {what}")
+
+
+def values(rank, dtype, n=64):
+    # Magnitudes spread over many binades so that float sums depend on their order.
+    g = torch.Generator().manual_seed(100 + rank)
+    if dtype.is_floating_point:
+        span = 2 if dtype == torch.float16 else 6  # float16: sums stay finite (no inf - inf)
+        x = torch.randn(n, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-span, span + 1, (n,), generator=g)
+        return x.to(dtype)
+    return torch.randint(-1000, 1000, (n,), generator=g, dtype=dtype)
+
+
+def reduced(tensor, op):
+    import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
+    t = ttorch.Tensor({"x": tensor.clone()})
+    works = tdist.all_reduce(t, op=op, async_op=True)
+    check(len(works) == 1, f"{len(works)} works for one leaf")
+    works[0].wait()
+    works[0].wait()  # idempotent: reduced once
+    return t.x, type(works[0]).__name__
+
+
+def check_sums(rank):
+    import treetensor.distributed as tdist
+    parts = {dt: [values(r, dt) for r in range(WORLD)] for dt in
+             (torch.float32, torch.float64, torch.float16, torch.int64)}
+    for dtype, p in parts.items():
+        want = (p[0] + p[1]) + p[2]
+        got, kind = reduced(p[rank], dist.ReduceOp.SUM)
+        check(kind == "_ExchangeWork", f"{dtype} SUM of 64 elements went by {kind}")
+        check(torch.equal(got, want), f"{dtype} SUM by exchange is not (a0 + a1) + a2")
+    other = (parts[torch.float32][0] + parts[torch.float32][2]) + parts[torch.float32][1]
+    check(not torch.equal(other, (parts[torch.float32][0] + parts[torch.float32][1]) + parts[torch.float32][2]),
+          "the float32 values do not depend on the order of addition: the test cannot fail")
+    saved, tdist.EXCHANGE_MAX_BYTES = tdist.EXCHANGE_MAX_BYTES, 0
+    try:
+        p = parts[torch.float32]
+        got, kind = reduced(p[rank], dist.ReduceOp.SUM)
+    finally:
+        tdist.EXCHANGE_MAX_BYTES = saved
+    check(kind != "_ExchangeWork", "EXCHANGE_MAX_BYTES = 0 still exchanged")
+    want = (p[0] + p[1]) + p[2]
+    bound = 2 * torch.finfo(torch.float32).eps * (p[0].abs() + p[1].abs() + p[2].abs())
+    check(bool(((got - want).abs() <= bound).all()), "Gloo's SUM is not the sum within 2 roundings")
+    big = torch.ones(tdist.EXCHANGE_MAX_BYTES // 4 // (WORLD - 1) + 1)
+    got, kind = reduced(big, dist.ReduceOp.SUM)
+    check(kind != "_ExchangeWork" and bool((got == WORLD).all()), f"a tensor over the limit went by {kind}")
+
+
+def check_max_min(rank):
+    ints, floats = values(rank, torch.int32), values(rank, torch.float32)
+    for op, fn in ((dist.ReduceOp.MAX, torch.maximum), (dist.ReduceOp.MIN, torch.minimum)):
+        got, kind = reduced(ints, op)
+        want = fn(fn(values(0, torch.int32), values(1, torch.int32)), values(2, torch.int32))
+        check(kind == "_ExchangeWork" and torch.equal(got, want), f"int32 {op}: {kind}")
+        got, kind = reduced(floats, op)
+        want = fn(fn(values(0, torch.float32), values(1, torch.float32)), values(2, torch.float32))
+        check(kind != "_ExchangeWork" and torch.equal(got, want), f"float32 {op} went by {kind}")
+    flags = torch.tensor([rank == 0, rank == 1, False, True])
+    got, kind = reduced(flags, dist.ReduceOp.SUM)
+    check(kind != "_ExchangeWork", "a bool SUM was exchanged")
+
+
+def run(rank, init_file):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=60))
+    check_sums(rank)
+    check_max_min(rank)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_dead(rank, init_file):
+    import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)  # gone without a word: no destroy_process_group, no reduction
+    try:
+        tdist.all_reduce(ttorch.Tensor({"x": torch.ones(8)}))
+    except RuntimeError as e:
+        print(f"rank 0 raised: {str(e).splitlines()[0]}", flush=True)
+        os._exit(0)
+    raise AssertionError("rank 0: all_reduce with a dead peer returned")
+
+
+if __name__ == "__main__":
+    dead = sys.argv[1:] == ["dead"]
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(run_dead if dead else run, args=(os.path.join(d, "init"),), nprocs=2 if dead else WORLD,
+                 join=True)
+    print("ok")
+    sys.exit(0)

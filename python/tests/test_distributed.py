@@ -1,0 +1,25 @@
+"""treetensor.distributed's direct exchange for small reductions on Gloo, on 3 spawned ranks
+(exchange_worker.py): the same bits on every rank, in rank order, Gloo's all_reduce where the
+exchange does not apply, and an error, not a hang, when a peer is gone. The 2-rank training
+path (buckets during backward, bitwise DDP's) is test_nn.py's."""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def worker(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, os.path.join(HERE, "exchange_worker.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_three_ranks_reduce_in_rank_order():
+    done = worker()
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+def test_a_dead_peer_raises_instead_of_hanging():
+    done = worker("dead")
+    assert done.returncode == 0 and "rank 0 raised:" in done.stdout, done.stdout + done.stderr
