@@ -13,9 +13,11 @@ Sides (each starts from one saved state dict):
                  2 ranks), treetensor.optim.Adam (one single-pass kernel per buffer),
                  zero_grad (one fill per buffer; on ResNet-50 set_to_none=True: the
                  gradients copied into the buffer during backward), metrics on an asyncs
-                 thread beside the optimizer step
+                 thread beside the optimizer step on ResNet-50, inline on the policy
+                 (OURS_ASYNC_METRICS says why)
   ours -flat     ablation: torch's fused Adam instead of the flat step
-  ours -async    ablation: metrics inline
+  ours -async    ablation (ResNet-50): metrics inline
+  ours +async    ablation (the policy): metrics on an asyncs thread
   ours -overlap  ablation (2 ranks): each gradient buffer averaged after backward (by
                  treetensor.distributed's all_reduce of it)
   ours -exchange ablation (2 ranks): Gloo's all_reduce for every bucket, also the small ones
@@ -272,22 +274,36 @@ def tree_leaves(tree):
 # 1 process, AMD EPYC.
 OURS_SET_TO_NONE = {"policy": False, "resnet50": True}
 YARDSTICK = "torch for-loop"  # torch.optim.Adam's for-loop step: verification only, not timed
-SIDES_1 = ["torch", "torch best", "ours", "ours -flat", "ours -async"]
-SIDES_2 = SIDES_1 + ["ours -overlap", "ours -exchange"]
+# Where our metrics run per model: on an asyncs thread beside the optimizer step and the next
+# step where the step is long (ResNet-50), inline where it is short (the policy). The metrics
+# are Python calls holding the GIL for ~0.2 ms a step, so on another thread they stall the
+# training thread's own Python, and 2 ranks on 2 cores leave no idle core for the thread:
+# policy steps 1.54 -> 1.49 ms (1 process) and 2.86 -> 2.25 ms (2 ranks) inline; 2-core Xeon.
+OURS_ASYNC_METRICS = {"policy": False, "resnet50": True}
+
+
+def sides(model, ranks):
+    """The sides of one configuration, in their round-robin order."""
+    toggle = "ours -async" if OURS_ASYNC_METRICS[model] else "ours +async"
+    one = ["torch", "torch best", "ours", "ours -flat", toggle]
+    return one if ranks == 1 else one + ["ours -overlap", "ours -exchange"]
 
 
 class Run:
     """One side's model, optimizer and metrics; step() is one timed training step."""
 
-    def __init__(self, side, make, state, loss_fn, group, tmp, set_to_none=False):
+    def __init__(self, side, make, state, loss_fn, group, tmp, set_to_none=False, async_metrics=True):
         import treetensor.nn as tnn
         import treetensor.optim as topt
         self.model = make()
         self.model.load_state_dict(state)
         self.loss_fn, self.group, self.tree, self.side = loss_fn, group, None, side
         ours = side.startswith("ours")
-        self.metrics = Metrics("inline" if side in ("torch", YARDSTICK, "ours -async") else
-                               "asyncs" if ours else "thread", tmp + ".metrics.jsonl")
+        if ours:
+            mode = "asyncs" if async_metrics != (side in ("ours -async", "ours +async")) else "inline"
+        else:
+            mode = "thread" if side == "torch best" else "inline"
+        self.metrics = Metrics(mode, tmp + ".metrics.jsonl")
         if ours:
             overlap = group is not None and side != "ours -overlap"
             self.tree = tnn.consolidate_module(self.model, process_group=group if overlap else None)
@@ -384,21 +400,21 @@ def measure(cfg, rank, group, args):
     torch.manual_seed(0)
     state = make().state_dict()
     inputs = inputs_of(batch, rank, args.size)
-    sides = SIDES_1 if group is None else SIDES_2
+    sides_now = sides(model, 1 if group is None else 2)
     steps = args.steps or (100 if model == "policy" else 3)
     warmup = args.warmup or (10 if model == "policy" else 2)
     # Every side lives at once and the runs go round-robin, alternating the order, so a drift
     # of the (shared, virtual) machine's speed reaches every side alike.
-    runs, losses, first, times = {}, {}, {}, {s: [] for s in sides}
+    runs, losses, first, times = {}, {}, {}, {s: [] for s in sides_now}
     with tempfile.TemporaryDirectory() as tmp:
-        for s in sides:
+        for s in sides_now:
             runs[s] = Run(s, make, state, loss_fn, group, os.path.join(tmp, s.replace(" ", "")),
-                          set_to_none=OURS_SET_TO_NONE[model])
+                          set_to_none=OURS_SET_TO_NONE[model], async_metrics=OURS_ASYNC_METRICS[model])
             losses[s] = [runs[s].step(*inputs)]
             first[s] = [p.detach().clone() for p in runs[s].model.parameters()]
             losses[s] += [runs[s].step(*inputs) for _ in range(warmup - 1)]
         for r in range(args.runs):
-            for s in (sides if r % 2 == 0 else sides[::-1]):
+            for s in (sides_now if r % 2 == 0 else sides_now[::-1]):
                 ms, more = timed(runs[s], inputs, steps, group)
                 times[s].append(ms)
                 losses[s] += more
@@ -408,7 +424,7 @@ def measure(cfg, rank, group, args):
         yard = Run(YARDSTICK, make, state, loss_fn, group, os.path.join(tmp, "forloop"))
         yard_losses = [yard.step(*inputs) for _ in range(min(VERIFY_STEPS, len(losses["torch"])))]
         yard.close()
-    failures = {s: why for s in sides[1:]
+    failures = {s: why for s in sides_now[1:]
                 if (why := verify(losses["torch"], yard_losses, first["torch"], losses[s], first[s]))}
     return times, failures
 
