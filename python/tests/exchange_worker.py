@@ -4,7 +4,8 @@ run by test_distributed.py under a timeout. Exit status 0 and "ok" when, on ever
   all_reduce, as the docstring says, seen from the Work objects all_reduce returns;
 - a SUM by exchange is bitwise ((a0 + a1) + a2) on every rank, for float32 values whose sum
   depends on the order (so a rank adding in its own order would differ), float64, float16 and
-  int64; Gloo's own SUM of the same tensors is that sum within the rounding of 2 additions;
+  int64; Gloo's own SUM of the same tensors is that sum within the rounding of 2 additions; a
+  Parameter is reduced in place outside autograd (as c10d writes it);
 - MAX and MIN of integers are exact; of floats, and on bool, Gloo's all_reduce is used;
 - wait() is idempotent (the reduction happens once).
 
@@ -50,6 +51,7 @@ def reduced(tensor, op):
 
 def check_sums(rank):
     import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
     parts = {dt: [values(r, dt) for r in range(WORLD)] for dt in
              (torch.float32, torch.float64, torch.float16, torch.int64)}
     for dtype, p in parts.items():
@@ -70,6 +72,11 @@ def check_sums(rank):
     want = (p[0] + p[1]) + p[2]
     bound = 2 * torch.finfo(torch.float32).eps * (p[0].abs() + p[1].abs() + p[2].abs())
     check(bool(((got - want).abs() <= bound).all()), "Gloo's SUM is not the sum within 2 roundings")
+    weight = torch.nn.Parameter(torch.full((3,), float(rank + 1)))  # written outside autograd, as c10d does
+    t = ttorch.Tensor({"w": weight})
+    tdist.all_reduce(t)
+    check(t.w is weight and torch.equal(weight.detach(), torch.full((3,), 6.0)) and weight.grad_fn is None,
+          "a parameter's SUM by exchange")
     big = torch.ones(tdist.EXCHANGE_MAX_BYTES // 4 // (WORLD - 1) + 1)
     got, kind = reduced(big, dist.ReduceOp.SUM)
     check(kind != "_ExchangeWork" and bool((got == WORLD).all()), f"a tensor over the limit went by {kind}")

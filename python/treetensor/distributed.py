@@ -47,7 +47,7 @@ def _exchange_op(tensor, op, pg):
     docstring)."""
     import torch.distributed as dist
     if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.dtype == _torch.bool
-            or tensor.is_complex()):
+            or tensor.is_complex() or tensor.numel() == 0):
         return None
     world = pg.size()
     if world < 2 or (world - 1) * tensor.numel() * tensor.element_size() > EXCHANGE_MAX_BYTES:
@@ -90,13 +90,14 @@ class _ExchangeWork:
         # ranks 0 and 1 reduce into their own tensor.
         parts, reduce = self._parts, self._reduce
         acc = parts[self._rank] if self._rank < 2 else parts[0]
-        for p in parts[:2]:
-            if p is not acc:
+        with _torch.no_grad():  # as c10d writes a leaf that requires grad: outside autograd
+            for p in parts[:2]:
+                if p is not acc:
+                    reduce(acc, p)
+            for p in parts[2:]:
                 reduce(acc, p)
-        for p in parts[2:]:
-            reduce(acc, p)
-        if acc is not self._tensor:
-            self._tensor.copy_(acc)
+            if acc is not self._tensor:
+                self._tensor.copy_(acc)
         self._done = True
         return True
 
