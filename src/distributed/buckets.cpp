@@ -140,6 +140,31 @@ c10d::ReduceOp wire_op(ReduceOp op, at::ScalarType t) {
   return to_c10d(op);
 }
 
+bool exchanges(const at::Tensor& buffer, ReduceOp op, int world) {
+  const auto t = buffer.scalar_type();
+  if (world < 2 || !buffer.device().is_cpu() || !native_dtype(t, c10::kCPU) || buffer.numel() == 0)
+    return false;
+  if ((world - 1) * buffer.numel() * std::int64_t(buffer.element_size()) > kExchangeMaxBytes)
+    return false;
+  if (op == ReduceOp::sum || op == ReduceOp::avg) return true;
+  return (op == ReduceOp::min || op == ReduceOp::max) && at::isIntegralType(t, false);
+}
+
+void reduce_in_rank_order(const std::vector<at::Tensor>& parts, int own, ReduceOp op) {
+  at::Tensor acc = own < 2 ? parts[own] : parts[0];  // a handle: results land in that buffer
+  auto fold = [&](const at::Tensor& x) {
+    if (op == ReduceOp::min)
+      at::minimum_out(acc, acc, x);
+    else if (op == ReduceOp::max)
+      at::maximum_out(acc, acc, x);
+    else
+      acc.add_(x);
+  };
+  fold(parts[own == 1 ? 0 : 1]);  // acc holds one of the first two terms: add the other
+  for (std::size_t k = 2; k < parts.size(); ++k) fold(parts[k]);
+  if (own >= 2) parts[own].copy_(acc);
+}
+
 std::string write_conflict(const std::vector<tree::Path>& paths,
                            const std::vector<at::Tensor>& leaves) {
   struct Span {

@@ -54,6 +54,25 @@ at::Tensor wire(const at::Tensor& buffer, bool reduction);
 /// The c10d reduction for a buffer of dtype `t`.
 c10d::ReduceOp wire_op(ReduceOp op, at::ScalarType t);
 
+/// The most bytes a rank receives, (world - 1) x the buffer's, for all_reduce to reduce a
+/// buffer by direct exchange instead of the backend's collective (DESIGN.md §14): Gloo's
+/// all_reduce between local ranks costs 0.5-2 ms from 64 B to 512 KiB, the exchange 0.1-0.5 ms;
+/// from 1 MiB Gloo's pipelined ring is as fast or faster.
+inline constexpr std::int64_t kExchangeMaxBytes = std::int64_t{512} << 10;
+/// The Gloo tag of the exchange's sends and receives: above every tag next_tag() gives the
+/// point-to-point calls, so they never pair with those.
+inline constexpr int kExchangeTag = 0x74726565;  // "tree"
+/// Whether all_reduce by `op` of the 1-D contiguous `buffer` on `world` ranks goes by direct
+/// exchange: a non-empty CPU buffer of a Gloo dtype within kExchangeMaxBytes, by sum or avg,
+/// or by min or max of an integer dtype (floats: NaN, where Gloo's min and max are not
+/// at::minimum and at::maximum).
+bool exchanges(const at::Tensor& buffer, ReduceOp op, int world);
+/// Reduces every rank's copy of a buffer, `parts` in rank order, into parts[own] (that rank's
+/// own buffer) by `op` (sum for avg), in rank order: ((p0 + p1) + p2) + ..., so every rank
+/// computes the same bits. The first two terms commute, so ranks 0 and 1 add into their own
+/// buffer; the others reduce into parts[0] and copy it into parts[own].
+void reduce_in_rank_order(const std::vector<at::Tensor>& parts, int own, ReduceOp op);
+
 /// Why leaves that a collective writes cannot be written (empty when they can): a leaf with
 /// elements that share memory (an expanded view), or two leaves that share memory (tied
 /// weights: a per-leaf loop would reduce the shared memory twice, buckets would race).

@@ -436,31 +436,56 @@ void Group::check_bucket(std::uint64_t seq, std::size_t b, const at::Tensor& buf
                                std::to_string(r) + " has " + text(rows[r]));
 }
 
-WorkPtr Group::start(const Request& r, const at::Tensor& buffer) {
+Group::Started Group::start(const Request& r, const at::Tensor& buffer, const std::string& what) {
   const bool reduction = r.op != Op::broadcast;
+  if (reduction && exchanges(buffer, r.reduce, world_)) return start_exchange(buffer, what);
   std::vector<at::Tensor> v{wire(buffer, reduction)};
   if (!reduction) {
     c10d::BroadcastOptions o;
     o.rootRank = r.root;
-    return backend_for(buffer).broadcast(v, o);
+    return {issue(what, [&] { return backend_for(buffer).broadcast(v, o); }), {}, {}};
   }
   c10d::AllreduceOptions o;
   o.reduceOp = wire_op(r.reduce, buffer.scalar_type());
-  return backend_for(buffer).allreduce(v, o);
+  return {issue(what, [&] { return backend_for(buffer).allreduce(v, o); }), {}, {}};
+}
+
+// Every rank posts its sends and receives in the agreed order of the round's buffers, so with
+// one tag Gloo pairs them in that order (FIFO per peer and tag).
+Group::Started Group::start_exchange(const at::Tensor& buffer, const std::string& what) {
+  Started s;
+  for (int k = 0; k < world_; ++k) s.parts.push_back(k == rank_ ? buffer : at::empty_like(buffer));
+  for (int k = 0; k < world_; ++k) {
+    if (k == rank_) continue;
+    std::vector<at::Tensor> out{buffer}, in{s.parts[k]};
+    s.p2p.push_back(issue(what, [&] { return gloo_->send(out, k, kExchangeTag); }));
+    s.p2p.push_back(issue(what, [&] { return gloo_->recv(in, k, kExchangeTag); }));
+  }
+  return s;
+}
+
+void Group::finish(const Request& r, Started& s, const std::string& what,
+                   const at::Tensor& buffer) {
+  if (s.work) {
+    wait(s.work, what, buffer);
+    return;
+  }
+  for (const auto& w : s.p2p) wait(w, what, buffer);
+  reduce_in_rank_order(s.parts, rank_, r.reduce);
 }
 
 // The padding between leaves is reduced too (it belongs to no leaf; its values do not matter).
 void Group::reduce_buffers(Request& r, std::uint64_t seq) {
-  std::vector<WorkPtr> works;
+  std::vector<Started> works;
+  auto what = [&](std::size_t b) {
+    return std::string(op_name(r.op)) + " of consolidated buffer " + std::to_string(b);
+  };
   for (std::size_t b = 0; b < r.buffers.size(); ++b) {
     if (opts_.debug) check_bucket(seq, b, r.buffers[b], "consolidated buffer");
-    works.push_back(
-        issue(std::string(op_name(r.op)) + " of consolidated buffer " + std::to_string(b),
-              [&] { return start(r, r.buffers[b]); }));
+    works.push_back(start(r, r.buffers[b], what(b)));
   }
   for (std::size_t b = 0; b < r.buffers.size(); ++b) {
-    wait(works[b], std::string(op_name(r.op)) + " of consolidated buffer " + std::to_string(b),
-         r.buffers[b]);
+    finish(r, works[b], what(b), r.buffers[b]);
     if (r.reduce == ReduceOp::avg && r.op != Op::broadcast) r.buffers[b].div_(world_);
   }
 }
@@ -470,7 +495,10 @@ void Group::reduce_buffers(Request& r, std::uint64_t seq) {
 void Group::reduce_buckets(Request& r, std::uint64_t seq, const std::vector<at::Tensor>& leaves) {
   const auto plan = buckets(leaves);
   std::vector<at::Tensor> buffers;
-  std::vector<WorkPtr> works;
+  std::vector<Started> works;
+  auto what = [&](std::size_t b) {
+    return std::string(op_name(r.op)) + " of bucket " + std::to_string(b);
+  };
   for (std::size_t b = 0; b < plan.size(); ++b) {
     const auto& items = plan[b];
     at::Tensor buffer;
@@ -481,12 +509,11 @@ void Group::reduce_buckets(Request& r, std::uint64_t seq, const std::vector<at::
       pack(leaves, items, buffer);
     }
     if (opts_.debug) check_bucket(seq, b, buffer, r.paths[items[0].first].describe());
-    works.push_back(issue(std::string(op_name(r.op)) + " of bucket " + std::to_string(b),
-                          [&] { return start(r, buffer); }));
+    works.push_back(start(r, buffer, what(b)));
     buffers.push_back(buffer);
   }
   for (std::size_t b = 0; b < plan.size(); ++b) {
-    wait(works[b], std::string(op_name(r.op)) + " of bucket " + std::to_string(b), buffers[b]);
+    finish(r, works[b], what(b), buffers[b]);
     if (r.reduce == ReduceOp::avg && r.op != Op::broadcast) buffers[b].div_(world_);
     if (!is_one_leaf(leaves, plan[b])) unpack(buffers[b], plan[b], leaves);
   }

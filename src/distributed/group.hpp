@@ -131,8 +131,20 @@ class Group {
   void reduce_buffers(Request& r, std::uint64_t seq);
   TreeTensor reduce_scatter(Request& r, std::uint64_t seq);
   TreeTensor all_gather(Request& r, std::uint64_t seq);
-  // Starts r's all_reduce or broadcast of the 1-D tensor `buffer`, in place.
-  WorkPtr start(const Request& r, const at::Tensor& buffer);
+  // A started all_reduce or broadcast of one buffer: the backend's collective, or the sends
+  // and receives of a direct exchange with every peer (DESIGN.md §14), whose `parts` (every
+  // rank's copy, this rank's own buffer at rank_) finish() reduces in rank order.
+  struct Started {
+    WorkPtr work;
+    std::vector<WorkPtr> p2p;
+    std::vector<at::Tensor> parts;
+  };
+  // Starts r's all_reduce or broadcast of the 1-D contiguous tensor `buffer`, in place (`what`
+  // names it in errors).
+  Started start(const Request& r, const at::Tensor& buffer, const std::string& what);
+  Started start_exchange(const at::Tensor& buffer, const std::string& what);
+  // Waits for `s` and, for an exchange, reduces its parts into `buffer` by r's op.
+  void finish(const Request& r, Started& s, const std::string& what, const at::Tensor& buffer);
   // The backend for `buffer`'s device: Gloo for the CPU, NCCL for CUDA (made on first use).
   c10d::Backend& backend_for(const at::Tensor& buffer);
   // Waits for `w` (the result lands in `buffer`): Gloo's on the host, bounded by the timeout;

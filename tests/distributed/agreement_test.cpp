@@ -48,3 +48,51 @@ TEST(DistributedAgreement, EachBackendReducesItsOwnDtypes) {
       internal::irreducible_text(at::kBFloat16, dist::ReduceOp::sum, c10::kCPU);
   EXPECT_NE(gloo.find("Gloo cannot reduce bfloat16"), std::string::npos) << gloo;
 }
+
+TEST(DistributedAgreement, SmallCpuReductionsGoByExchange) {
+  const auto op = dist::ReduceOp::sum;
+  const int64_t limit = internal::kExchangeMaxBytes / 4;  // float32 elements, 2 ranks
+  EXPECT_TRUE(internal::exchanges(at::ones({limit}), op, 2));
+  EXPECT_FALSE(internal::exchanges(at::ones({limit + 1}), op, 2));
+  EXPECT_FALSE(internal::exchanges(at::ones({limit}), op, 3));  // 2 peers' copies: twice the bytes
+  EXPECT_FALSE(internal::exchanges(at::ones({4}), op, 1));
+  EXPECT_FALSE(internal::exchanges(at::ones({0}), op, 2));
+  EXPECT_FALSE(internal::exchanges(at::empty({4}, at::device(at::kMeta)), op, 2));  // not the CPU
+  EXPECT_FALSE(internal::exchanges(at::ones({4}, at::kBool), op, 2));  // Gloo's any, as uint8
+  EXPECT_TRUE(internal::exchanges(at::ones({4}), dist::ReduceOp::avg, 2));
+  EXPECT_TRUE(internal::exchanges(at::ones({4}, at::kLong), dist::ReduceOp::max, 2));
+  EXPECT_FALSE(internal::exchanges(at::ones({4}), dist::ReduceOp::max, 2));  // NaN: Gloo's own
+  EXPECT_FALSE(internal::exchanges(at::ones({4}, at::kLong), dist::ReduceOp::product, 2));
+}
+
+// Values whose float32 sum depends on the order of the additions.
+std::vector<at::Tensor> spread_parts(int world) {
+  std::vector<at::Tensor> parts;
+  for (int k = 0; k < world; ++k) {
+    const auto i = at::arange(64, at::kDouble);
+    const auto exponent = at::remainder(i * 7 + k * 5, 13) - 6;
+    parts.push_back((at::pow(10.0, exponent) * (1 + 0.37 * k) * at::cos(i + k)).to(at::kFloat));
+  }
+  return parts;
+}
+
+TEST(DistributedAgreement, AnExchangeReducesInRankOrderOnEveryRank) {
+  const int world = 4;
+  const auto values = spread_parts(world);
+  at::Tensor want = values[0].clone();
+  for (int k = 1; k < world; ++k) want = want + values[k];
+  ASSERT_FALSE(at::equal(want, ((values[0] + values[2]) + values[1]) + values[3]))
+      << "the values must depend on the order of the additions, or this test cannot fail";
+  for (int own = 0; own < world; ++own) {
+    std::vector<at::Tensor> parts;  // own buffer at `own`, received copies elsewhere
+    for (const auto& v : values) parts.push_back(v.clone());
+    internal::reduce_in_rank_order(parts, own, dist::ReduceOp::sum);
+    EXPECT_TRUE(at::equal(parts[own], want)) << "rank " << own;
+  }
+  std::vector<at::Tensor> ints{at::tensor({3, -1}), at::tensor({2, 7}), at::tensor({5, 0})};
+  internal::reduce_in_rank_order(ints, 2, dist::ReduceOp::min);
+  EXPECT_TRUE(at::equal(ints[2], at::tensor({2, -1})));
+  ints = {at::tensor({3, -1}), at::tensor({2, 7}), at::tensor({5, 0})};
+  internal::reduce_in_rank_order(ints, 1, dist::ReduceOp::max);
+  EXPECT_TRUE(at::equal(ints[1], at::tensor({5, 7})));
+}

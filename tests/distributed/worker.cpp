@@ -214,6 +214,33 @@ void scenario_values(const std::string& store) {
         {"z.q", "equal chunks"}, "reduce_scatter of an odd leaf");
   }
   {
+    // Small buffers go by direct exchange (DESIGN.md §14): every rank adds the ranks' copies in
+    // rank order, so all hold the bits of ((x0 + x1) + x2) ..., here for float32 values whose
+    // sum depends on that order (world 3: checked), in buckets and in a consolidated buffer;
+    // a buffer above the limit goes by Gloo's ring, exact here (small integers).
+    auto spread = [](int k) {
+      const auto i = at::arange(64, at::kDouble);
+      const auto exponent = at::remainder(i * 7 + k * 5, 13) - 6;
+      return (at::pow(10.0, exponent) * (1 + 0.37 * k) * at::cos(i + k)).to(at::kFloat);
+    };
+    at::Tensor want = spread(0);
+    for (int k = 1; k < w; ++k) want = want + spread(k);
+    if (w == 3)
+      check(!at::equal(want, (spread(0) + spread(2)) + spread(1)),
+            "the exchange's values do not depend on the order of addition");
+    TreeTensor t = TensorTree{{"s", spread(r)}};
+    dist::all_reduce(g, t, dist::ReduceOp::sum);
+    expect_equal(t["s"].leaf(), want, "exchange sum in rank order");
+    auto ct = treetensor::consolidate(TreeTensor(TensorTree{{"s", spread(r)}}));
+    dist::all_reduce(g, ct, dist::ReduceOp::sum);
+    expect_equal(ct["s"].leaf(), want, "exchange sum of a consolidated buffer in rank order");
+    const std::int64_t big = (std::int64_t{512} << 10) / 4 + 1;  // over the exchange's 512 KiB
+    TreeTensor large = TensorTree{{"x", at::full({big}, rr, at::kFloat)}};
+    dist::all_reduce(g, large, dist::ReduceOp::sum);
+    expect_equal(large["x"].leaf(), at::full({big}, S, at::kFloat),
+                 "sum above the exchange's limit");
+  }
+  {
     // A leaf on neither the CPU nor CUDA (here the meta device) is refused on every rank before
     // anything moves. The group stays usable (the collectives after this block). Refusals on
     // one rank only: scenario_refusals; CUDA leaves: scenario_cuda.
