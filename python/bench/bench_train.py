@@ -19,7 +19,7 @@ Sides (each starts from one saved state dict):
   ours -async    ablation (ResNet-50): metrics inline
   ours +async    ablation (the policy): metrics on an asyncs thread
   ours -overlap  ablation (2 ranks): each gradient buffer averaged after backward (by
-                 treetensor.distributed's all_reduce of it)
+                 treetensor.distributed.start_all_reduce: the exchange where it applies)
   ours -exchange ablation (2 ranks): Gloo's all_reduce for every bucket, also the small ones
                  that treetensor.distributed reduces by direct exchange
 Metrics each step: the loss, the gradient norm (over per-parameter norms, as

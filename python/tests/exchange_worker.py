@@ -7,7 +7,9 @@ run by test_distributed.py under a timeout. Exit status 0 and "ok" when, on ever
   int64; Gloo's own SUM of the same tensors is that sum within the rounding of 2 additions; a
   Parameter is reduced in place outside autograd (as c10d writes it);
 - MAX and MIN of integers are exact; of floats, and on bool, Gloo's all_reduce is used;
-- wait() is idempotent (the reduction happens once).
+- wait() is idempotent (the reduction happens once) and takes a timedelta;
+- the path does not depend on a leaf's layout (channels_last on one rank), and a NaN sum has
+  the same bits on every rank.
 
 With the argument `dead`, 2 ranks: rank 1 leaves the group without reducing, and rank 0's
 all_reduce of a small tree must raise RuntimeError (the peer is gone) instead of hanging."""
@@ -82,6 +84,30 @@ def check_sums(rank):
     check(kind != "_ExchangeWork" and bool((got == WORLD).all()), f"a tensor over the limit went by {kind}")
 
 
+def check_layouts_and_nan(rank):
+    """The path is chosen from what the agreement compares, never the layout: one rank's
+    channels_last leaf pairs with the others' contiguous ones. A NaN's bits (sign, payload)
+    are the same on every rank, as Gloo's are. wait() takes a timedelta."""
+    import datetime
+    import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
+    x = torch.full((1, 3, 4, 4), float(rank + 1))
+    if rank == 0:
+        x = x.to(memory_format=torch.channels_last)
+    t = ttorch.Tensor({"x": x})
+    works = tdist.all_reduce(t, async_op=True)
+    check(type(works[0]).__name__ == "_ExchangeWork", f"a channels_last leaf went by {type(works[0]).__name__}")
+    works[0].wait(datetime.timedelta(seconds=30))
+    check(t.x is x and torch.equal(x, torch.full((1, 3, 4, 4), 6.0)), "channels_last SUM by exchange")
+    # Ranks 0 and 1 hold NaNs of opposite signs, rank 2 a number: adding in another order
+    # than rank 0's (a1 + a0 on rank 1) keeps the other NaN (x86 keeps one operand's).
+    nan = torch.full((64,), -float("nan") if rank == 0 else float("nan") if rank == 1 else 1.0)
+    got, _ = reduced(nan, dist.ReduceOp.SUM)
+    bits = [torch.zeros(64, dtype=torch.int32) for _ in range(WORLD)]
+    dist.all_gather(bits, got.view(torch.int32))
+    check(all(torch.equal(b, bits[0]) for b in bits), f"NaN sums differ in bits across ranks: {bits}")
+
+
 def check_max_min(rank):
     ints, floats = values(rank, torch.int32), values(rank, torch.float32)
     for op, fn in ((dist.ReduceOp.MAX, torch.maximum), (dist.ReduceOp.MIN, torch.minimum)):
@@ -101,6 +127,7 @@ def run(rank, init_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
     check_sums(rank)
+    check_layouts_and_nan(rank)
     check_max_min(rank)
     dist.barrier()
     dist.destroy_process_group()

@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -23,3 +26,13 @@ def test_three_ranks_reduce_in_rank_order():
 def test_a_dead_peer_raises_instead_of_hanging():
     done = worker("dead")
     assert done.returncode == 0 and "rank 0 raised:" in done.stdout, done.stdout + done.stderr
+
+
+def test_without_a_process_group_torch_s_error_passes_through():
+    import torch.distributed as dist
+
+    import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="Default process group has not been initialized"):
+        tdist.all_reduce(ttorch.Tensor({"x": torch.ones(2)}))

@@ -18,17 +18,22 @@ calls can pair different tensors across ranks: the C++ layer's ordered collectiv
 that, §14).
 
 Small reductions on a Gloo group go by direct exchange instead of Gloo's ``all_reduce``: a
-contiguous CPU tensor whose peers' copies add up to at most ``EXCHANGE_MAX_BYTES`` (512 KiB;
-``(world size - 1) x its bytes``), reduced by SUM (any dtype but bool) or by MAX / MIN (integer
-dtypes), is sent to every peer and received from every peer (``isend`` / ``irecv`` with the tag
-``EXCHANGE_TAG``), then reduced locally in rank order, so every rank holds the same bits; on
-2 ranks they are Gloo's own (a + b is b + a). Gloo's all_reduce of 2 local ranks took 1 to 2 ms
-from 64 B to 512 KiB on the 2-core Xeon, the exchange 0.13 to 0.4 ms; from 1 MiB up Gloo's
-pipelined ring is as fast or faster. Set ``EXCHANGE_MAX_BYTES = 0`` to always use Gloo's.
-A program's own ``isend`` / ``irecv`` on the group must not use ``EXCHANGE_TAG``.
+CPU tensor whose peers' copies add up to at most ``EXCHANGE_MAX_BYTES`` (512 KiB, counted as
+``(world size - 1) x its bytes``: on 2 ranks a tensor of 512 KiB), reduced by SUM (any dtype
+but bool and complex) or by MAX / MIN (integer dtypes), is sent to every peer and received from
+every peer (``ProcessGroup.send`` / ``recv`` with the tag ``EXCHANGE_TAG``), then reduced
+locally in rank order, rank 0's copy first, so every rank holds the same bits; on 2 ranks the
+values are Gloo's (a + b is b + a; NaN payloads may differ). Gloo's all_reduce of 2 local
+ranks took 0.5 to 2 ms from 64 B to 512 KiB on the 2-core Xeon, the exchange 0.1 to 0.5 ms;
+from 1 MiB up Gloo's pipelined ring is as fast or faster. ``EXCHANGE_MAX_BYTES`` must be the
+same on every rank (``0``: always Gloo's). A program's own ``isend`` / ``irecv`` on the group
+must not use ``EXCHANGE_TAG``. The works ``all_reduce(async_op=True)`` returns for exchanged
+leaves reduce in ``wait()`` (``_ExchangeWork``: no ``get_future()``).
 """
+import datetime as _datetime
 import functools as _functools
 import hashlib as _hashlib
+import time as _time
 
 import torch as _torch
 
@@ -44,10 +49,13 @@ EXCHANGE_TAG = 0x74726565  # "tree"
 def _exchange_op(tensor, op, pg):
     """The in-place local reduction (``Tensor.add_`` ...) to exchange ``tensor`` for under
     ``op`` on the process group ``pg``, or None where Gloo's all_reduce must do it (module
-    docstring)."""
+    docstring). It asks only what the agreement compares on every rank (dtype, shape, op) and
+    the group, never the tensor's layout: ranks that chose differently would never pair."""
     import torch.distributed as dist
-    if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.dtype == _torch.bool
-            or tensor.is_complex() or tensor.numel() == 0):
+    if not isinstance(pg, dist.ProcessGroup):  # no group, or not a member: torch's error
+        return None
+    if (tensor.device.type != "cpu" or tensor.dtype == _torch.bool or tensor.is_complex()
+            or tensor.numel() == 0):
         return None
     world = pg.size()
     if world < 2 or (world - 1) * tensor.numel() * tensor.element_size() > EXCHANGE_MAX_BYTES:
@@ -67,34 +75,40 @@ def _exchange_op(tensor, op, pg):
 
 class _ExchangeWork:
     """An all_reduce of one tensor by direct exchange (module docstring), started: every send
-    and receive is posted on the process group ``pg`` (its own ranks). ``wait()`` waits for
-    them (the group's timeout applies; a lost peer raises RuntimeError) and reduces into the
-    tensor, once; as ``torch.distributed``'s Work."""
+    and receive is posted on the process group ``pg`` (its own ranks); a non-contiguous tensor
+    is sent as a contiguous copy. ``wait(timeout=None)`` waits for them (``timeout``, a
+    timedelta, bounds the whole wait; otherwise the group's timeout applies to each; a lost
+    peer raises RuntimeError), then reduces into the tensor, once, and returns True. Unlike
+    torch's Work, the tensor is reduced only in ``wait()``: ``is_completed()`` is True only
+    after it, and there is no ``get_future()``."""
 
     def __init__(self, tensor, reduce, pg):
         self._tensor, self._reduce, self._done = tensor, reduce, False
         self._rank = pg.rank()
-        self._parts = [tensor if k == self._rank else _torch.empty_like(tensor) for k in range(pg.size())]
+        own = tensor if tensor.is_contiguous() else tensor.contiguous()
+        self._parts = [own if k == self._rank else _torch.empty_like(own) for k in range(pg.size())]
         self._works = []
         for k, part in enumerate(self._parts):
             if k != self._rank:
-                self._works.append(pg.send([tensor], k, EXCHANGE_TAG))
+                self._works.append(pg.send([own], k, EXCHANGE_TAG))
                 self._works.append(pg.recv([part], k, EXCHANGE_TAG))
 
     def wait(self, timeout=None):
         if self._done:
             return True
+        deadline = None if timeout is None else _time.monotonic() + timeout.total_seconds()
         for w in self._works:
-            w.wait() if timeout is None else w.wait(timeout)
-        # Rank order, so every rank computes the same bits; the first two terms commute, so
-        # ranks 0 and 1 reduce into their own tensor.
+            if deadline is None:
+                w.wait()
+            else:
+                # At least 1 ms: c10d reads a zero timeout as none.
+                w.wait(_datetime.timedelta(seconds=max(1e-3, deadline - _time.monotonic())))
+        # Every rank runs the same additions on the same operands, rank 0's copy first, so all
+        # hold the same bits (NaN payloads too: x86 keeps the first operand's).
         parts, reduce = self._parts, self._reduce
-        acc = parts[self._rank] if self._rank < 2 else parts[0]
+        acc = parts[0]
         with _torch.no_grad():  # as c10d writes a leaf that requires grad: outside autograd
-            for p in parts[:2]:
-                if p is not acc:
-                    reduce(acc, p)
-            for p in parts[2:]:
+            for p in parts[1:]:
                 reduce(acc, p)
             if acc is not self._tensor:
                 self._tensor.copy_(acc)
@@ -106,9 +120,11 @@ class _ExchangeWork:
 
 
 def start_all_reduce(tensor, op, group):
-    """Starts an all_reduce of ``tensor`` in place: by direct exchange where it applies (module
-    docstring), else ``torch.distributed.all_reduce(async_op=True)``. Returns the work to
-    ``wait()`` for before the tensor is read or written."""
+    """Starts an all_reduce of ``tensor`` in place, without the agreement: by direct exchange
+    where it applies (module docstring), else ``torch.distributed.all_reduce(async_op=True)``.
+    Returns the work to ``wait()`` for before the tensor is read or written. Every rank must
+    call it with a tensor of the same dtype and shape, the same op and the same
+    ``EXCHANGE_MAX_BYTES``."""
     import torch.distributed as dist
     pg = dist.group.WORLD if group is None else group
     reduce = _exchange_op(tensor, op, pg)
@@ -261,7 +277,8 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     ``torch.distributed.all_reduce`` does for one tensor; every rank must call it with a tree
     of the same structure, dtypes and shapes. Consolidated trees go in buckets of at most
     ``bucket_cap_mb`` MiB (module docstring). Returns None, or with ``async_op=True`` the list
-    of ``Work`` objects (wait for each before reading the tree).
+    of works (torch's ``Work``, or for a small reduction by exchange an object whose ``wait()``
+    does the reduction): wait for each before reading the tree.
 
     Raises TypeError if ``tree`` is not a ``treetensor.torch.Tensor``, ValueError for a
     non-positive ``bucket_cap_mb`` (after the agreement, so every peer raises ValueError

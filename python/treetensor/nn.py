@@ -21,10 +21,10 @@ first up to ``first_bucket_cap_mb`` MiB, the others up to ``bucket_cap_mb`` MiB,
 They are launched in that fixed order on every rank; a bucket holding a parameter that a step
 did not use (and, to keep the order, every bucket after it) is launched when backward ends
 (DDP's ``find_unused_parameters``: that gradient is zero on the rank that did not use it), and
-``backward()`` returns once every bucket is averaged. On Gloo, a bucket of at most
-``treetensor.distributed.EXCHANGE_MAX_BYTES`` per peer (the first, 1 MiB at most, often is) goes
-by that module's direct exchange instead of Gloo's all_reduce: on 2 ranks the same bits, several
-times sooner. With ``broadcast_buffers`` (DDP's, on by default) the module's buffers are
+``backward()`` returns once every bucket is averaged. On Gloo, a bucket whose peers' copies
+come to at most ``treetensor.distributed.EXCHANGE_MAX_BYTES`` (512 KiB on 2 ranks; the first
+bucket often is) goes by that module's direct exchange instead of Gloo's all_reduce: on 2 ranks
+the same values, several times sooner. With ``broadcast_buffers`` (DDP's, on by default) the module's buffers are
 broadcast from rank 0 at the end of every backward.
 
 Paths are the ``state_dict``'s names split at the dots (``layer1.0.conv1.weight`` is the path

@@ -151,18 +151,16 @@ bool exchanges(const at::Tensor& buffer, ReduceOp op, int world) {
 }
 
 void reduce_in_rank_order(const std::vector<at::Tensor>& parts, int own, ReduceOp op) {
-  at::Tensor acc = own < 2 ? parts[own] : parts[0];  // a handle: results land in that buffer
-  auto fold = [&](const at::Tensor& x) {
+  at::Tensor acc = parts[0];  // a handle: rank 0's own buffer, elsewhere its received copy
+  for (std::size_t k = 1; k < parts.size(); ++k) {
     if (op == ReduceOp::min)
-      at::minimum_out(acc, acc, x);
+      at::minimum_out(acc, acc, parts[k]);
     else if (op == ReduceOp::max)
-      at::maximum_out(acc, acc, x);
+      at::maximum_out(acc, acc, parts[k]);
     else
-      acc.add_(x);
-  };
-  fold(parts[own == 1 ? 0 : 1]);  // acc holds one of the first two terms: add the other
-  for (std::size_t k = 2; k < parts.size(); ++k) fold(parts[k]);
-  if (own >= 2) parts[own].copy_(acc);
+      acc.add_(parts[k]);
+  }
+  if (own != 0) parts[own].copy_(acc);
 }
 
 std::string write_conflict(const std::vector<tree::Path>& paths,

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,18 @@ TEST(DistributedAgreement, AnExchangeReducesInRankOrderOnEveryRank) {
     for (const auto& v : values) parts.push_back(v.clone());
     internal::reduce_in_rank_order(parts, own, dist::ReduceOp::sum);
     EXPECT_TRUE(at::equal(parts[own], want)) << "rank " << own;
+  }
+  // NaNs of opposite signs on ranks 0 and 1: a1 + a0 would keep the other one.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<at::Tensor> nans{at::full({64}, -nan), at::full({64}, nan), at::ones({64})};
+  at::Tensor bits;
+  for (int own = 0; own < 3; ++own) {
+    std::vector<at::Tensor> parts;
+    for (const auto& v : nans) parts.push_back(v.clone());
+    internal::reduce_in_rank_order(parts, own, dist::ReduceOp::sum);
+    const auto mine = parts[own].view(at::kInt);
+    if (own == 0) bits = mine;
+    EXPECT_TRUE(at::equal(mine, bits)) << "NaN bits on rank " << own;
   }
   std::vector<at::Tensor> ints{at::tensor({3, -1}), at::tensor({2, 7}), at::tensor({5, 0})};
   internal::reduce_in_rank_order(ints, 2, dist::ReduceOp::min);
