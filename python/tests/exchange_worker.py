@@ -9,11 +9,13 @@ run by test_distributed.py under a timeout. Exit status 0 and "ok" when, on ever
 - MAX and MIN of integers are exact; of floats, and on bool, Gloo's all_reduce is used;
 - wait() is idempotent (the reduction happens once) and takes a timedelta;
 - the path does not depend on a leaf's layout (channels_last on one rank), and a NaN sum has
-  the same bits on every rank.
+  the same bits on every rank;
+- no Gloo thread outlives destroy_process_group (nothing of an exchange holds the group).
 
 With the argument `dead`, 2 ranks: rank 1 leaves the group without reducing, and rank 0's
 all_reduce of a small tree must raise RuntimeError (the peer is gone) instead of hanging."""
 import datetime
+import gc
 import os
 import sys
 import tempfile
@@ -123,6 +125,7 @@ def check_max_min(rank):
 
 
 def run(rank, init_file):
+    import treetensor.distributed  # noqa: F401  before the group exists (treetensor.nn says why)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
@@ -131,10 +134,26 @@ def run(rank, init_file):
     check_max_min(rank)
     dist.barrier()
     dist.destroy_process_group()
+    # No exchange may hold the group: its Gloo threads, torn down at interpreter exit, abort.
+    gc.collect()
+    left = [n for n in thread_names() if n.startswith("pt_gloo")]
+    if left:
+        raise AssertionError(f"rank {rank}: Gloo threads outlive destroy_process_group: {left}")
+
+
+def thread_names():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
+    return names
 
 
 def run_dead(rank, init_file):
-    import treetensor.distributed as tdist
+    import treetensor.distributed as tdist  # before the group exists (treetensor.nn says why)
     import treetensor.torch as ttorch
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=20))
