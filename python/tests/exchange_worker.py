@@ -23,6 +23,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_threads import gloo_threads
 
 WORLD = 3
 
@@ -136,20 +137,9 @@ def run(rank, init_file):
     dist.destroy_process_group()
     # No exchange may hold the group: its Gloo threads, torn down at interpreter exit, abort.
     gc.collect()
-    left = [n for n in thread_names() if n.startswith("pt_gloo")]
+    left = gloo_threads()
     if left:
         raise AssertionError(f"rank {rank}: Gloo threads outlive destroy_process_group: {left}")
-
-
-def thread_names():
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:  # the thread ended meanwhile
-            pass
-    return names
 
 
 def run_dead(rank, init_file):

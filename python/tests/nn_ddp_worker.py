@@ -18,6 +18,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_threads import gloo_threads
 
 
 class Net(torch.nn.Module):
@@ -227,17 +228,6 @@ def run(rank, init_file):
     left = gloo_threads()
     if left:
         raise AssertionError(f"rank {rank}: Gloo threads outlive destroy_process_group: {left}")
-
-
-def gloo_threads():
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:  # the thread ended meanwhile
-            pass
-    return [n for n in names if n.startswith("pt_gloo")]
 
 
 if __name__ == "__main__":
