@@ -24,8 +24,8 @@ did not use (and, to keep the order, every bucket after it) is launched when bac
 ``backward()`` returns once every bucket is averaged. On Gloo, a bucket whose peers' copies
 come to at most ``treetensor.distributed.EXCHANGE_MAX_BYTES`` (512 KiB on 2 ranks; the first
 bucket often is) goes by that module's direct exchange instead of Gloo's all_reduce: on 2 ranks
-the same values, several times sooner. With ``broadcast_buffers`` (DDP's, on by default) the module's buffers are
-broadcast from rank 0 at the end of every backward.
+the same values, several times sooner. With ``broadcast_buffers`` (DDP's, on by default) the
+module's buffers are broadcast from rank 0 at the end of every backward.
 
 Paths are the ``state_dict``'s names split at the dots (``layer1.0.conv1.weight`` is the path
 ``layer1/0/conv1/weight``). What models hold, handled:

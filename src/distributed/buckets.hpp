@@ -67,11 +67,11 @@ inline constexpr int kExchangeTag = 0x74726565;  // "tree"
 /// or by min or max of an integer dtype (floats: NaN, where Gloo's min and max are not
 /// at::minimum and at::maximum).
 bool exchanges(const at::Tensor& buffer, ReduceOp op, int world);
-/// Reduces every rank's copy of a buffer, `parts` in rank order, into parts[own] (that rank's
-/// own buffer) by `op` (sum for avg), in rank order: ((p0 + p1) + p2) + ..., into parts[0]
-/// (rank 0's own buffer, elsewhere the received copy), then copied into parts[own]. Every rank
-/// runs the same operations on the same operands, so all hold the same bits, NaNs included
-/// (x86 keeps one operand's NaN: a + b and b + a can differ there).
+/// Reduces every rank's copy of a buffer (`parts`, in rank order; parts[own] is this rank's
+/// own buffer) by `op` (sum for avg) in rank order, ((p0 + p1) + p2) + ..., into parts[0]
+/// (rank 0's own buffer, elsewhere the received copy), then copies the result into parts[own].
+/// Every rank runs the same operations on the same operands, so all hold the same bits, NaNs
+/// included (x86 keeps one operand's NaN: a + b and b + a can differ there).
 void reduce_in_rank_order(const std::vector<at::Tensor>& parts, int own, ReduceOp op);
 
 /// Why leaves that a collective writes cannot be written (empty when they can): a leaf with
