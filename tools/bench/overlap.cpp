@@ -288,12 +288,14 @@ WorkloadResult run_overlap(const Config& cfg, Progress& progress) {
   for (std::size_t i = 0; i < candidates.size(); ++i)
     record(candidates[i].name, measured.timings[i].mean_ms / steps,
            measured.timings[i].std_ms / steps, i >= rows.size() || verification.passed(i));
+  std::vector<double> part;  // ms per step alone: decode, train, metrics (the candidates' order)
   double sum = 0, var = 0, max = 0, max_sd = 0;
   for (std::size_t i = rows.size(); i < candidates.size(); ++i) {
     const Timing& t = measured.timings[i];
-    sum += t.mean_ms / steps;
+    part.push_back(t.mean_ms / steps);
+    sum += part.back();
     var += (t.std_ms / steps) * (t.std_ms / steps);
-    if (t.mean_ms / steps > max) max = t.mean_ms / steps, max_sd = t.std_ms / steps;
+    if (part.back() > max) max = part.back(), max_sd = t.std_ms / steps;
   }
   record("sum-of-parts", sum, std::sqrt(var), true);
   record("max-of-parts", max, max_sd, true);
@@ -303,11 +305,8 @@ WorkloadResult run_overlap(const Config& cfg, Progress& progress) {
       "({:.3f} ms); main thread {} intra-op thread(s), decoder and metrics on asyncs threads of "
       "1 each",
       scoped_ms, scoped_ms / max, max, scoped_ms / seq, seq, cfg.overlap_train_threads));
-  const auto part = [&](std::size_t i) {  // decode, train, metrics: the candidates' order
-    return measured.timings[rows.size() + i].mean_ms / steps;
-  };
-  const std::size_t cores = std::thread::hardware_concurrency();
-  const double bound = machine_floor(part(1), part(0), part(2), cfg.overlap_train_threads, cores);
+  const std::size_t cores = std::thread::hardware_concurrency();  // the JSON's machine.cores
+  const double bound = machine_floor(part[1], part[0], part[2], cfg.overlap_train_threads, cores);
   out.notes.push_back(fmt::format(
       "overlap on this machine ({} cores, {} intra-op thread(s) on the main thread): floor "
       "max(each part alone, their work / cores) {:.3f} ms; scoped is {:.2f}x it",
