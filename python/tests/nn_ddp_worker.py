@@ -7,8 +7,9 @@ gradient, buckets are launched before backward ends (also after zero_grad(set_to
 the losses of 3 Adam steps agree to 1e-6 relative;
 that treetensor.distributed.all_reduce sums plain and consolidated trees (one call per leaf,
 per buffer, per bucket) to exactly the two ranks' sum; that a layer one rank skips, with
-torch.optim's zero_grad, gets DDP's averaged gradients on both ranks; and that BatchNorm
-statistics are rank 0's on every rank after backward (broadcast_buffers)."""
+torch.optim's zero_grad, gets DDP's averaged gradients on both ranks; that BatchNorm
+statistics are rank 0's on every rank after backward (broadcast_buffers); and that the step
+taken during backward (step_in_backward) is bitwise the step after it."""
 import datetime
 import gc
 import os
@@ -160,6 +161,39 @@ def check_buffers_follow_rank_0(rank):
     tree.close()
 
 
+def check_step_in_backward(rank):
+    """ModuleTree.step_in_backward on 2 ranks: each bucket stepped after its average, so the
+    parameters are bitwise those of the step after backward, on both ranks (the unused aux
+    layer included: its zero gradient is stepped too)."""
+    import treetensor.nn as tnn
+    import treetensor.optim as topt
+    torch.manual_seed(0)
+    state = Net().state_dict()
+    models, trees, opts = [Net(), Net()], [], []
+    for in_backward, m in zip((False, True), models):
+        m.load_state_dict(state)
+        trees.append(tnn.consolidate_module(m, process_group=dist.group.WORLD, bucket_cap_mb=0.002,
+                                            first_bucket_cap_mb=0.001))
+        opts.append(topt.AdamW(trees[-1].params, lr=1e-2, amsgrad=True))
+        if in_backward:
+            trees[-1].step_in_backward(opts[-1])
+    g = torch.Generator().manual_seed(20 + rank)
+    x, y = torch.randn(16, 6, generator=g), torch.randn(16, 3, generator=g)
+    for step in range(3):
+        for m, tree, opt in zip(models, trees, opts):
+            tree.zero_grad(set_to_none=step == 1)
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step(tree.grads)
+    for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        check(torch.equal(p, q), f"step_in_backward: {name} differs from the step after backward")
+        other = [torch.zeros_like(q), torch.zeros_like(q)]
+        dist.all_gather(other, q.detach().clone())
+        check(torch.equal(other[0], other[1]), f"step_in_backward: {name} differs across ranks")
+    check(opts[1].state["step"] == 3, f"step_in_backward: {opts[1].state['step']} steps counted")
+    for tree in trees:
+        tree.close()
+
+
 def run(rank, init_file):
     import treetensor.nn as tnn
     import treetensor.optim as topt
@@ -217,6 +251,7 @@ def run(rank, init_file):
     check_tree_all_reduce(rank)
     check_rank_dependent_use(rank)
     check_buffers_follow_rank_0(rank)
+    check_step_in_backward(rank)
     # Nothing may hold the group when the interpreter exits: a Gloo group torn down during
     # finalization joins threads that Python then ends in a way C++ turns into an abort.
     tree.close()

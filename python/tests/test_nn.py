@@ -412,3 +412,119 @@ def test_allreduce_bench_verifies_every_side(tmp_path):
     timed = [r for r in rows if "status" not in r]
     assert {r["side"] for r in timed} >= {"ours consolidated", "ours per leaf", "torch bucketed", "torch per leaf", "limit"}
     assert all(r["verified"] and r["ms"] > 0 for r in timed)
+
+
+def _steps_in_backward(opt_cls, kw, in_backward, set_to_none=(False, True, False, True), **net):
+    torch.manual_seed(0)
+    m = Net(**net)
+    tree = tnn.consolidate_module(m, first_bucket_cap_mb=0.0005, bucket_cap_mb=0.001)
+    opt = opt_cls(tree.params, lr=1e-2, **kw)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    if in_backward:
+        tree.step_in_backward(opt)
+    x = batch()
+    for s in set_to_none:
+        tree.zero_grad(set_to_none=s)
+        m(x).square().mean().backward()
+        opt.step(tree.grads)
+        sched.step()
+    return m, tree, opt
+
+
+@pytest.mark.parametrize("opt_cls,kw", [(topt.Adam, {}), (topt.AdamW, {"amsgrad": True}),
+                                        (topt.SGD, {"momentum": 0.9, "nesterov": True})],
+                         ids=["Adam", "AdamW-amsgrad", "SGD-nesterov"])
+@pytest.mark.parametrize("net", [{}, {"frozen": True, "double_head": True}], ids=["plain", "frozen-mixed"])
+def test_step_in_backward_is_bitwise_the_step_after_it(opt_cls, kw, net):
+    """Bucket by bucket on the worker, gradients copied there after set_to_none, a scheduler's
+    lr read at each backward, two buffers: every parameter bitwise the ordinary loop's."""
+    ref, _, ref_opt = _steps_in_backward(opt_cls, kw, False, **net)
+    m, tree, opt = _steps_in_backward(opt_cls, kw, True, **net)
+    assert len(tree._buckets.ranges) >= 3
+    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(p, q), name
+    assert opt.state["step"] == ref_opt.state["step"] == 4
+    for p, g in zip(leaves(tree.params), leaves(tree.grads)):
+        assert p.grad is g
+    tree.close()
+    assert tree._buckets.worker is None
+
+
+def test_step_in_backward_refusals_and_off():
+    torch.manual_seed(0)
+    m, other = Net(), Net()
+    tree = tnn.consolidate_module(m)
+    with pytest.raises(TypeError, match="expected a treetensor.optim optimizer"):
+        tree.step_in_backward(torch.optim.Adam(m.parameters()))
+    with pytest.raises(ValueError, match="over other parameters"):
+        tree.step_in_backward(topt.Adam(tnn.consolidate_module(other).params))
+    opt = topt.Adam(tree.params, lr=1e-2)
+    tree.step_in_backward(opt)
+    x = batch()
+    m(x).sum().backward()
+    # The step is taken: other gradients would be lost, a second backward would accumulate.
+    with pytest.raises(RuntimeError, match="already taken during backward"):
+        opt.step(ttorch.zeros_like(tree.params))
+    m(x).sum().backward()
+    tree.zero_grad()
+    with pytest.raises(RuntimeError, match="a second backward before Adam.step"):
+        m(x).sum().backward()
+    opt.step()
+    before = [p.detach().clone() for p in m.parameters()]
+    m(x).sum().backward()
+    assert opt.state["step"] == 3  # the second backward's step was refused, not taken
+    opt.step()
+    moved = [p.detach().clone() for p in m.parameters()]
+    assert not any(torch.equal(a, b) for a, b in zip(before, moved))
+    tree.step_in_backward(None)  # off: backward steps nothing, step() steps
+    tree.zero_grad()
+    m(x).sum().backward()
+    assert all(torch.equal(a, b) for a, b in zip(moved, m.parameters()))
+    opt.step()
+    assert opt.state["step"] == 4
+
+
+def test_step_in_backward_raises_a_bucket_error_from_backward(monkeypatch):
+    torch.manual_seed(0)
+    m = Net()
+    tree = tnn.consolidate_module(m, first_bucket_cap_mb=0.0005, bucket_cap_mb=0.001)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    tree.step_in_backward(opt)
+    calls = []
+
+    def failing(params, grads, moments, step):
+        calls.append(step)
+        if len(calls) == 2:
+            raise ValueError("Adam.step: bucket 2 failed")
+        topt.Adam._kernel(opt, params, grads, moments, step)
+    monkeypatch.setattr(opt, "_kernel", failing)
+    tree.step_in_backward(opt)  # re-plan over the patched kernel
+    with pytest.raises(ValueError, match="bucket 2 failed"):
+        m(batch()).sum().backward()
+    assert len(calls) == len(tree._buckets.ranges) and opt.state["step"] == 0 and opt._taken is None
+    tree.close()
+
+
+def _amsgrad_on(opt):
+    sd = opt.state_dict()
+    sd["param_groups"][0]["amsgrad"] = True
+    for st in sd["state"].values():
+        st["max_exp_avg_sq"] = st["exp_avg_sq"] * 2
+    opt.load_state_dict(sd)  # adds the max_exp_avg_sq tree: a new buffer
+
+
+def test_step_in_backward_replans_after_a_loaded_state():
+    """A load that adds a moment tree (amsgrad turned on): the next backward steps it too."""
+    runs = []
+    for in_backward in (False, True):
+        m, tree, opt = _steps_in_backward(topt.Adam, {}, in_backward, set_to_none=(False,))
+        _amsgrad_on(opt)
+        for _ in range(2):
+            tree.zero_grad()
+            m(batch()).square().mean().backward()
+            opt.step()
+        runs.append((m, opt))
+    (ref, ref_opt), (m, opt) = runs
+    for p, q in zip(ref.parameters(), m.parameters()):
+        assert torch.equal(p, q)
+    assert torch.equal(leaves(opt.state["max_exp_avg_sq"])[0], leaves(ref_opt.state["max_exp_avg_sq"])[0])

@@ -63,6 +63,24 @@ def _state_like(params):
     return s.consolidate() if params.is_consolidated() else s
 
 
+def _layout_buffers(name, tree, params):
+    """The consolidated buffers of ``tree`` when its leaves lie at ``params``' offsets in
+    buffers of the same number, else ValueError naming ``name``."""
+    from .distributed import buffer_of
+    leaves, ref = tree_flatten(tree)[0], tree_flatten(params)[0]
+    if not (isinstance(tree, Tensor) and tree.is_consolidated()) or len(leaves) != len(ref) or any(
+            a.storage_offset() != b.storage_offset() or a.shape != b.shape
+            for a, b in zip(leaves, ref)):
+        raise ValueError(f"the optimizer's {name} are not consolidated as its parameters; a step "
+                         f"over buffer ranges needs one layout")
+    out, seen = [], set()
+    for leaf in leaves:
+        if leaf.untyped_storage().data_ptr() not in seen:
+            seen.add(leaf.untyped_storage().data_ptr())
+            out.append(buffer_of(leaf))
+    return out
+
+
 _KERNEL_NAME = re.compile(r"^(adamw?|sgd)_step(_single_pass)?: ")
 
 
@@ -322,6 +340,57 @@ class _TreeOptimizer(torch.optim.Optimizer):
                                    f"has no .grad (call backward() first, or pass a tree of grads)")
         return grads
 
+    def _kernel(self, params, grads, moments, step):  # step `step` (1, 2, ...) in place
+        raise NotImplementedError
+
+    def _moments(self):  # the state trees a step reads and writes, by name
+        return {k: v for k, v in self.state.items() if k != "step"}
+
+    @_step_entry
+    def step(self, grads=None):
+        """One step with `grads` (a tree of the parameters' structure; default: their .grad).
+        Right after a backward that took this step already (``treetensor.nn``'s
+        ``ModuleTree.step_in_backward``) it only acknowledges that step, once; `grads` must then
+        be None or that tree's ``grads`` (RuntimeError otherwise: other gradients would be
+        lost)."""
+        if self._taken is not None:
+            taken, self._taken = self._taken, None
+            if grads is not None and grads is not taken:
+                raise RuntimeError(f"{type(self).__name__}.step: this step was already taken "
+                                   f"during backward (ModuleTree.step_in_backward) with the "
+                                   f"gradients backward made; step(grads) with other gradients "
+                                   f"would be lost: call step_in_backward(None) to step after "
+                                   f"backward")
+            return
+        grads = self._grads(grads)
+        with _errors_named(f"{type(self).__name__}.step"):
+            self._kernel(self.params, grads, self._moments(), self.state["step"] + 1)
+        self.state["step"] += 1
+
+    def _range_steps(self, grads, ranges):
+        """For ``treetensor.nn``'s step during backward: one function per ``(buffer, lo, hi)``
+        of ``ranges`` (element offsets into the k-th consolidated buffer of ``params``) taking
+        step n of those elements only, ``fn(n)``: the step's kernel over slices of the
+        parameters', gradients' and moments' buffers, so each element gets the bits a whole
+        step gives it. ``grads`` must be consolidated as ``params`` (its ``grads``); raises
+        ValueError when the parameters, gradients or moments are not consolidated with one
+        layout (a state loaded since is)."""
+        trees = {"params": self.params, "grads": grads, **self._moments()}
+        buffers = {name: _layout_buffers(name, t, self.params) for name, t in trees.items()}
+        name = f"{type(self).__name__}.step"
+
+        def step_of(k, lo, hi):
+            sliced = {n: Tensor({"buffer": b[k][lo:hi]}) for n, b in buffers.items()}
+            params, grads = sliced.pop("params"), sliced.pop("grads")
+
+            def run(n):
+                with _errors_named(name):
+                    self._kernel(params, grads, sliced, n)
+            return run
+        return [step_of(*r) for r in ranges]
+
+    _taken = None  # the grads of a step taken during backward that step() has not acknowledged
+
     def zero_grad(self, set_to_none=True):
         """Clears every parameter's .grad (set_to_none=False: fills it with zeros)."""
         for p in tree_flatten(self.params)[0]:
@@ -376,16 +445,11 @@ class Adam(_TreeOptimizer):
         elif not self._options()["amsgrad"]:
             self.state.pop("max_exp_avg_sq", None)
 
-    @_step_entry
-    def step(self, grads=None):
-        """One step with `grads` (a tree of the parameters' structure; default: their .grad)."""
-        grads = self._grads(grads)
-        d, s = self._options(), self.state
-        with _errors_named(f"{type(self).__name__}.step"):
-            _C._adam_step(self.params, grads, s["exp_avg"], s["exp_avg_sq"], s["step"] + 1,
-                          d["lr"], d["betas"][0], d["betas"][1], d["eps"], d["weight_decay"],
-                          d["amsgrad"], d["maximize"], self._decoupled, s.get("max_exp_avg_sq"))
-        s["step"] += 1
+    def _kernel(self, params, grads, moments, step):
+        d = self._options()
+        _C._adam_step(params, grads, moments["exp_avg"], moments["exp_avg_sq"], step, d["lr"],
+                      d["betas"][0], d["betas"][1], d["eps"], d["weight_decay"], d["amsgrad"],
+                      d["maximize"], self._decoupled, moments.get("max_exp_avg_sq"))
 
 
 class AdamW(Adam):
@@ -427,13 +491,7 @@ class SGD(_TreeOptimizer):
     def _step_of(st):  # a momentum buffer means a step was taken (the first one sets it)
         return 1
 
-    @_step_entry
-    def step(self, grads=None):
-        """One step with `grads` (a tree of the parameters' structure; default: their .grad)."""
-        grads = self._grads(grads)
-        d, s = self._options(), self.state
-        with _errors_named(f"{type(self).__name__}.step"):
-            _C._sgd_step(self.params, grads, s["momentum_buffer"], s["step"] + 1, d["lr"],
-                         d["momentum"], d["dampening"], d["weight_decay"], d["nesterov"],
-                         d["maximize"])
-        s["step"] += 1
+    def _kernel(self, params, grads, moments, step):
+        d = self._options()
+        _C._sgd_step(params, grads, moments["momentum_buffer"], step, d["lr"], d["momentum"],
+                     d["dampening"], d["weight_decay"], d["nesterov"], d["maximize"])
