@@ -14,12 +14,17 @@ Sides (each starts from one saved state dict):
                  zero_grad (one fill per buffer; on ResNet-50 set_to_none=True: the
                  gradients copied into the buffer during backward), metrics on an asyncs
                  thread beside the optimizer step on ResNet-50, inline on the policy
-                 (OURS_ASYNC_METRICS says why)
-  ours -flat     ablation: torch's fused Adam instead of the flat step
+                 (OURS_ASYNC_METRICS says why); on ResNet-50 in one process the step taken
+                 during backward on a worker, bucket by bucket (ModuleTree.step_in_backward;
+                 OURS_STEP_IN_BACKWARD says where)
+  ours -flat     ablation: torch's fused Adam instead of the flat step (so after backward)
   ours -async    ablation (ResNet-50): metrics inline
   ours +async    ablation (the policy): metrics on an asyncs thread
+  ours -inbackward  ablation (ResNet-50, 1 process): the step after backward
+  ours +inbackward  ablation (ResNet-50, 2 ranks): the step during backward
   ours -overlap  ablation (2 ranks): each gradient buffer averaged after backward (by
-                 treetensor.distributed.start_all_reduce: the exchange where it applies)
+                 treetensor.distributed.start_all_reduce: the exchange where it applies), the
+                 step after it
   ours -exchange ablation (2 ranks): Gloo's all_reduce for every bucket, also the small ones
                  that treetensor.distributed reduces by direct exchange
 Metrics each step: the loss, the gradient norm (over per-parameter norms, as
@@ -205,8 +210,8 @@ class Metrics:
     best, a Python thread) and "asyncs" (ours, a treetensor asyncs thread): a job reads the
     gradients themselves beside the optimizer step (which reads them too and writes only the
     parameters), then makes and writes the metrics from the norms while the next step runs;
-    that step waits only until the job has read the gradients (wait_read()) before its
-    zero_grad writes them. One job in flight: a submit waits for the previous one. A snapshot
+    that step waits only until the job has read the gradients (wait_read()), before its first
+    write to them (Run._step says where). One job in flight: a submit waits for the previous one. A snapshot
     of the gradients instead (a copy, 100 MB a step on ResNet-50) cost more on the 2 cores than
     the norms it moved off the step."""
 
@@ -280,19 +285,31 @@ YARDSTICK = "torch for-loop"  # torch.optim.Adam's for-loop step: verification o
 # training thread's own Python, and 2 ranks on 2 cores leave no idle core for the thread:
 # policy steps 1.54 -> 1.49 ms (1 process) and 2.86 -> 2.25 ms (2 ranks) inline; 2-core Xeon.
 OURS_ASYNC_METRICS = {"policy": False, "resnet50": True}
+# Where our optimizer steps during backward (ModuleTree.step_in_backward), bucket by bucket on
+# a worker, per (model, ranks): ResNet-50 in one process, whose buckets complete early in
+# backward (layer4 holds 60% of the parameters) and whose 100 MB step (and gradient copies)
+# then run on the free core (222 -> 181 ms a step); not on 2 ranks, where no core is free
+# (406 -> 433 ms); not the policy, whose one bucket completes only at backward's end, so the
+# step cannot overlap and the per-parameter hooks it needs cost more (1.82 -> 1.85 ms).
+# 2-core Xeon.
+OURS_STEP_IN_BACKWARD = {("policy", 1): False, ("policy", 2): False,
+                         ("resnet50", 1): True, ("resnet50", 2): False}
 
 
 def sides(model, ranks):
     """The sides of one configuration, in their round-robin order."""
     toggle = "ours -async" if OURS_ASYNC_METRICS[model] else "ours +async"
     one = ["torch", "torch best", "ours", "ours -flat", toggle]
+    if model == "resnet50":
+        one.append("ours -inbackward" if OURS_STEP_IN_BACKWARD[(model, ranks)] else "ours +inbackward")
     return one if ranks == 1 else one + ["ours -overlap", "ours -exchange"]
 
 
 class Run:
     """One side's model, optimizer and metrics; step() is one timed training step."""
 
-    def __init__(self, side, make, state, loss_fn, group, tmp, set_to_none=False, async_metrics=True):
+    def __init__(self, side, make, state, loss_fn, group, tmp, set_to_none=False, async_metrics=True,
+                 step_in_backward=False):
         import treetensor.nn as tnn
         import treetensor.optim as topt
         self.model = make()
@@ -315,6 +332,10 @@ class Run:
             else:
                 self.opt = topt.Adam(self.tree.params, lr=LR)
                 self.opt_step = self.opt.step
+                toggled = side in ("ours -inbackward", "ours +inbackward")
+                if step_in_backward != toggled and side != "ours -overlap":
+                    self.tree.step_in_backward(self.opt)
+            self.set_to_none = set_to_none
             self.zero_grad = lambda: self.tree.zero_grad(set_to_none=set_to_none)
             self.forward = self.model
         else:
@@ -324,7 +345,8 @@ class Run:
             forloop = side == YARDSTICK
             self.opt = torch.optim.Adam(self.params, lr=LR, fused=not forloop, foreach=False if forloop else None)
             self.opt_step = lambda grads: self.opt.step()
-            self.zero_grad = lambda: self.opt.zero_grad(set_to_none=(side != "torch best"))
+            self.set_to_none = side != "torch best"
+            self.zero_grad = lambda: self.opt.zero_grad(set_to_none=self.set_to_none)
             self.after_backward = None
 
     def _reduce_buffers(self):
@@ -344,9 +366,14 @@ class Run:
             tdist.EXCHANGE_MAX_BYTES = saved
 
     def _step(self, x, target):
-        self.metrics.wait_read()
+        # The metrics job reads the last step's gradients until wait_read(): wait before the
+        # first write to them, zero_grad's fill, or backward where zero_grad sets them to None
+        # (writes nothing), so the forward runs beside the job.
+        if not self.set_to_none:
+            self.metrics.wait_read()
         self.zero_grad()
         loss = self.loss_fn(self.forward(x), target)
+        self.metrics.wait_read()
         loss.backward()
         if self.after_backward is not None:
             self.after_backward()
@@ -400,7 +427,8 @@ def measure(cfg, rank, group, args):
     torch.manual_seed(0)
     state = make().state_dict()
     inputs = inputs_of(batch, rank, args.size)
-    sides_now = sides(model, 1 if group is None else 2)
+    ranks = 1 if group is None else 2
+    sides_now = sides(model, ranks)
     steps = args.steps or (100 if model == "policy" else 3)
     warmup = args.warmup or (10 if model == "policy" else 2)
     # Every side lives at once and the runs go round-robin, alternating the order, so a drift
@@ -409,7 +437,8 @@ def measure(cfg, rank, group, args):
     with tempfile.TemporaryDirectory() as tmp:
         for s in sides_now:
             runs[s] = Run(s, make, state, loss_fn, group, os.path.join(tmp, s.replace(" ", "")),
-                          set_to_none=OURS_SET_TO_NONE[model], async_metrics=OURS_ASYNC_METRICS[model])
+                          set_to_none=OURS_SET_TO_NONE[model], async_metrics=OURS_ASYNC_METRICS[model],
+                          step_in_backward=OURS_STEP_IN_BACKWARD[(model, ranks)])
             losses[s] = [runs[s].step(*inputs)]
             first[s] = [p.detach().clone() for p in runs[s].model.parameters()]
             losses[s] += [runs[s].step(*inputs) for _ in range(warmup - 1)]
