@@ -465,14 +465,15 @@ def test_step_in_backward_refusals_and_off():
     # The step is taken: other gradients would be lost, a second backward would accumulate.
     with pytest.raises(RuntimeError, match="already taken during backward"):
         opt.step(ttorch.zeros_like(tree.params))
-    m(x).sum().backward()
     tree.zero_grad()
     with pytest.raises(RuntimeError, match="a second backward before Adam.step"):
-        m(x).sum().backward()
+        m(x).sum().backward()  # the refused step() acknowledged nothing
     opt.step()
+    assert opt.state["step"] == 1
     before = [p.detach().clone() for p in m.parameters()]
+    tree.zero_grad()
     m(x).sum().backward()
-    assert opt.state["step"] == 3  # the second backward's step was refused, not taken
+    assert opt.state["step"] == 2
     opt.step()
     moved = [p.detach().clone() for p in m.parameters()]
     assert not any(torch.equal(a, b) for a, b in zip(before, moved))
@@ -481,7 +482,7 @@ def test_step_in_backward_refusals_and_off():
     m(x).sum().backward()
     assert all(torch.equal(a, b) for a, b in zip(moved, m.parameters()))
     opt.step()
-    assert opt.state["step"] == 4
+    assert opt.state["step"] == 3
 
 
 def test_step_in_backward_raises_a_bucket_error_from_backward(monkeypatch):
@@ -501,7 +502,45 @@ def test_step_in_backward_raises_a_bucket_error_from_backward(monkeypatch):
     tree.step_in_backward(opt)  # re-plan over the patched kernel
     with pytest.raises(ValueError, match="bucket 2 failed"):
         m(batch()).sum().backward()
-    assert len(calls) == len(tree._buckets.ranges) and opt.state["step"] == 0 and opt._taken is None
+    # The later buckets skipped the step; it is counted (no bucket takes it twice).
+    assert len(calls) == 2 < len(tree._buckets.ranges)
+    assert opt.state["step"] == 1 and opt._taken is None
+    tree.close()
+
+
+class SavesADetachedWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+    def forward(self, x, fail=False):
+        if fail:  # a hook that raises between b's gradients and a's
+            u = self.a(x)
+            u.register_hook(lambda g: (_ for _ in ()).throw(ValueError("a NaN check failed")))
+        else:
+            u = self.a(x) @ self.b.weight.detach()  # saved: read by backward after b's gradient
+        return self.b(u).sum()
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["in-place-error", "hook-error"])
+def test_step_in_backward_after_a_backward_that_raised(fail):
+    """b's bucket steps before backward reads b.weight's saved detach(): autograd raises its
+    in-place error (an ordinary step's version bump), or a hook raises; either way the
+    launched bucket was stepped and the next use counts the step with a warning."""
+    torch.manual_seed(0)
+    m = SavesADetachedWeight()
+    tree = tnn.consolidate_module(m, first_bucket_cap_mb=1e-9, bucket_cap_mb=1e-9)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    tree.step_in_backward(opt)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    match = "a NaN check failed" if fail else "modified by an inplace operation"
+    with pytest.raises((RuntimeError, ValueError), match=match):
+        m(torch.ones(2, 3), fail=fail).backward()
+    with pytest.warns(RuntimeWarning, match=r"had stepped 2 of 4 gradient buckets"):
+        tree.zero_grad()
+    assert opt.state["step"] == 1
+    for n, p in m.named_parameters():
+        assert torch.equal(p, before[n]) == n.startswith("a."), n
     tree.close()
 
 

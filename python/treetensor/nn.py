@@ -275,6 +275,7 @@ class ModuleTree:
         reached it since) becomes a zero view; so the buffer never holds an older gradient.
         Raises RuntimeError naming the parameter's path for a module moved or converted after
         consolidation and for a gradient with a graph (``backward(create_graph=True)``)."""
+        self._buckets.settle()
         ptrs = self._ptrs
         for i, (p, g) in enumerate(zip(self._leaves, self._grad_leaves)):
             if p.data_ptr() != ptrs[i]:
@@ -292,6 +293,7 @@ class ModuleTree:
         one pass over the gradients where the fill and autograd's accumulating add take two,
         cheaper on large parameters (ResNet-50), dearer on many small ones (the policy).
         Default False: the fill."""
+        self._buckets.settle()
         if set_to_none:
             # Backward's hooks copy each new gradient while it is still in cache: on ResNet-50
             # a step took 180 ms so and 197 ms with the copies left to `grads` (100 MB cold).
@@ -318,15 +320,25 @@ class ModuleTree:
         parameters. ``None`` turns it off (and ends the worker).
 
         ``optimizer``: a ``treetensor.optim`` Adam, AdamW or SGD over this tree's ``params``
-        (its state consolidated as they are, as it makes it). The step reads the options (lr
-        from a scheduler included) when backward starts. What changes, as in PyTorch's
-        recipe: the gradients a step uses are backward's, so clipping or editing them between
-        backward and ``step()`` is too late (``step(other_grads)`` raises), and a second
-        backward before ``step()`` (accumulating gradients) raises RuntimeError; a parameter
-        that backward still needs after its gradient is complete (a ``detach()`` of it saved
-        by a later node) makes autograd raise its in-place error. Raises TypeError for another
-        optimizer and ValueError for one over other parameters. An error of a bucket's step
-        is raised by ``backward()`` (the buckets before it stepped, the step not counted)."""
+        (its state consolidated as they are, as it makes it). Each bucket's step reads the
+        options (lr from a scheduler included) as it runs: change them between steps. What
+        changes, as in PyTorch's recipe:
+
+        - the gradients a step uses are backward's, so clipping, unscaling (``GradScaler``:
+          not supported) or editing them between backward and ``step()``, or in a
+          post-accumulate-grad hook of one's own, is too late; ``step(other_grads)`` raises
+          RuntimeError, and so does a second backward before ``step()`` (accumulating
+          gradients); every backward that reaches the parameters steps them;
+        - ``step()``'s pre and post hooks run when it acknowledges the step, after it;
+        - a parameter that backward still needs after its gradient is complete (a
+          ``detach()`` of it saved by a later node) makes autograd raise its in-place error.
+
+        Raises TypeError for another optimizer and ValueError for one over other parameters.
+        A bucket's failed step is raised by ``backward()``: the buckets before it stepped, the
+        later ones skip the step, which is counted (no bucket takes it twice). After a
+        backward that raised half way, the buckets it launched are stepped and the step
+        counted, with a RuntimeWarning at the next ``step()``, ``zero_grad()``, ``grads`` or
+        backward."""
         from .optim import _TreeOptimizer
         from .asyncs import Thread
         if optimizer is not None:
@@ -336,6 +348,7 @@ class ModuleTree:
             if optimizer.params is not self.params:
                 raise ValueError("step_in_backward: the optimizer is over other parameters; make "
                                  "it over this tree's params")
+        self._buckets.settle()
         old = self._buckets.worker
         if optimizer is None:
             self._buckets.step_with(None, None)
@@ -436,23 +449,53 @@ class _Buckets:
             self.counts.append(len(covered))
             for j in covered:
                 self.bucket_of[n - 1 - j] = b
+        self.leaves_of = [[p for p, b in zip(self.tree._leaves, self.bucket_of) if b == k]
+                          for k in range(len(self.ranges))]
 
     def _reset(self):
         self.pending = list(self.counts)
         self.next = 0
         self.works = []
         self.jobs = []
+        self.failed = []  # a bucket's step raised: the later ones skip theirs
 
     def step_with(self, optimizer, worker):
         """The optimizer's step per bucket from now on (None: no more); see
-        ModuleTree.step_in_backward."""
-        self.optimizer, self.worker, self.steps = optimizer, worker, None
+        ModuleTree.step_in_backward. Planned first: a refused plan changes nothing."""
+        steps = planned = None
         if optimizer is not None:
             buffers = {b.untyped_storage().data_ptr(): k for k, b in enumerate(self.tree.grad_buffers)}
             ranges = [(buffers[v.untyped_storage().data_ptr()], v.storage_offset(),
                        v.storage_offset() + v.numel()) for v in self.ranges]
-            self.steps = optimizer._range_steps(self.tree._grads, ranges)
-            self.planned = list(optimizer._moments().values())
+            steps = optimizer._range_steps(self.tree._grads, ranges)
+            planned = list(optimizer._moments().values())
+        if self.optimizer is not None and self.optimizer is not optimizer:
+            self.optimizer._before_step = None
+        self.optimizer, self.worker, self.steps, self.planned = optimizer, worker, steps, planned
+        if optimizer is not None:
+            optimizer._before_step = self.settle
+
+    def settle(self):
+        """After a backward that raised once it had launched buckets' steps (its end, which
+        waits for them, never ran): waits for them and counts the step, so no bucket takes it
+        twice (the buckets not launched skip it), with a RuntimeWarning saying so; a bucket's
+        error is raised. Called where the next use of the parameters or gradients starts."""
+        if self.task is None or self.steps is None:
+            return
+        launched, jobs = self.next, self.jobs
+        self.task = None
+        self._reset()
+        errors = _outcomes(jobs)
+        if launched:
+            self.optimizer.state["step"] = self.step_number
+        if errors:
+            raise errors[0]
+        if launched:
+            import warnings
+            warnings.warn(f"treetensor.nn: the backward that raised had stepped {launched} of "
+                          f"{len(self.ranges)} gradient buckets (step_in_backward); that step is "
+                          f"counted, the other buckets' parameters skipped it", RuntimeWarning,
+                          stacklevel=3)
 
     def hook(self, i):
         # Runs once per parameter per backward: the common path is two identity tests (the
@@ -465,7 +508,8 @@ class _Buckets:
             task = _torch._C._current_graph_task_id()
             if task != self.task:
                 # The first hook of this backward. State left by a backward that raised
-                # before its end (its callback never ran) is dropped here.
+                # before its end (its callback never ran) is settled or dropped here.
+                self.settle()
                 self.task = task
                 self._reset()
                 if self.steps is not None:
@@ -485,7 +529,7 @@ class _Buckets:
         # copy, ahead of its bucket's step in the worker's order: on ResNet-50 the 100 MB of
         # copies cost backward ~20 ms on the training thread.
         new = p.grad
-        if (self.worker is None or self.tree._group is not None or new is None or new.requires_grad
+        if (self.steps is None or self.tree._group is not None or new is None or new.requires_grad
                 or new.layout != _torch.strided or new.dtype != view.dtype):
             self.tree._check_grad(i, p)
             return
@@ -502,7 +546,11 @@ class _Buckets:
             work = start_all_reduce(view, dist.ReduceOp.SUM, group)
             self.works.append(work)
         if self.steps is not None:
-            self.jobs.append(self.worker.submit(_step_bucket, work, self.steps[b], self.step_number))
+            # A node that saved a parameter (a detach() of it) and runs later must see it was
+            # modified in place (autograd's error), as after an ordinary step.
+            _torch.autograd.graph.increment_version(self.leaves_of[b])
+            self.jobs.append(self.worker.submit(_step_bucket, work, self.steps[b], self.step_number,
+                                                self.failed))
 
     def _launch_ready(self):
         while self.next < len(self.ranges) and self.pending[self.next] == 0:
@@ -543,25 +591,38 @@ class _Buckets:
             self._reset()
 
     def _finish_step(self):
-        # Every bucket's step ran (or raised: the first error is backward's; the buckets
-        # before it were stepped, the step is not counted).
-        errors = []
-        for job in self.jobs:
-            try:
-                job.result()
-            except BaseException as e:  # noqa: B036  the worker's error, raised below
-                errors.append(e)
+        # Every bucket's step ran, and the step is counted; or one raised (backward raises its
+        # error; the buckets before it were stepped, the later ones skipped it, and the step
+        # is counted all the same, so that no bucket takes it twice).
+        errors = _outcomes(self.jobs)
+        self.optimizer.state["step"] = self.step_number
         if errors:
             raise errors[0]
-        self.optimizer.state["step"] = self.step_number
         self.optimizer._taken = self.tree._grads
 
 
-def _step_bucket(work, step, n):
-    # On the tree's worker: the bucket's average first (with a group), then its step.
-    if work is not None:
-        work.wait()
-    step(n)
+def _outcomes(jobs):
+    """Waits for every job; their errors, in order."""
+    errors = []
+    for job in jobs:
+        try:
+            job.result()
+        except BaseException as e:  # noqa: B036  the worker's error: the caller raises it
+            errors.append(e)
+    return errors
+
+
+def _step_bucket(work, step, n, failed):
+    # On the tree's worker: the bucket's average first (with a group), then its step, unless
+    # an earlier bucket's step failed.
+    try:
+        if work is not None:
+            work.wait()
+        if not failed:
+            step(n)
+    except BaseException:
+        failed.append(True)
+        raise
 
 
 def consolidate_module(module, *, process_group=None, bucket_cap_mb=25, first_bucket_cap_mb=1,

@@ -183,8 +183,10 @@ class _TreeOptimizer(torch.optim.Optimizer):
         self.state = {"step": 0}
 
     def __getstate__(self):  # torch.optim keeps three attributes; a tree optimizer needs all
+        # but its hooks and treetensor.nn's ties to a module's backward (a copy has none)
         hooks = {k for k in self.__dict__ if k.startswith("_optimizer_") and k.endswith("_hooks")}
-        return {k: v for k, v in self.__dict__.items() if k not in hooks}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in hooks and k not in ("_taken", "_before_step")}
 
     def __setstate__(self, state):
         super().__setstate__(state)  # torch.optim's: empty hook tables
@@ -353,14 +355,16 @@ class _TreeOptimizer(torch.optim.Optimizer):
         ``ModuleTree.step_in_backward``) it only acknowledges that step, once; `grads` must then
         be None or that tree's ``grads`` (RuntimeError otherwise: other gradients would be
         lost)."""
+        if self._before_step is not None:
+            self._before_step()
         if self._taken is not None:
-            taken, self._taken = self._taken, None
-            if grads is not None and grads is not taken:
+            if grads is not None and grads is not self._taken:
                 raise RuntimeError(f"{type(self).__name__}.step: this step was already taken "
                                    f"during backward (ModuleTree.step_in_backward) with the "
                                    f"gradients backward made; step(grads) with other gradients "
                                    f"would be lost: call step_in_backward(None) to step after "
                                    f"backward")
+            self._taken = None
             return
         grads = self._grads(grads)
         with _errors_named(f"{type(self).__name__}.step"):
@@ -390,6 +394,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
         return [step_of(*r) for r in ranges]
 
     _taken = None  # the grads of a step taken during backward that step() has not acknowledged
+    _before_step = None  # treetensor.nn's: settles a step left by a backward that raised
 
     def zero_grad(self, set_to_none=True):
         """Clears every parameter's .grad (set_to_none=False: fills it with zeros)."""
