@@ -6,9 +6,12 @@ relative speed = PyTorch ms / treetensor ms, the median over alternating runs.
 Sides (each starts from one saved state dict):
   torch          eager (DistributedDataParallel on 2 ranks), Adam(fused=True),
                  zero_grad(set_to_none=True), metrics computed and written inline
-  torch best     its strongest settings: zero_grad(set_to_none=False) (gradients stay allocated),
-                 gradient_as_bucket_view=True, the metrics on a Python thread beside the
-                 optimizer step
+  torch 2 threads  reference (1 process): torch with 2 intra-op threads, the core the
+                 protocol's one thread leaves idle (which ours' worker threads use)
+  torch best     its strongest settings: gradient_as_bucket_view=True, the metrics on a Python
+                 thread beside the optimizer step and the next forward (zero_grad to None, so
+                 nothing waits for the thread before backward: faster than keeping the
+                 gradients: ResNet-50, 1 process, 217 -> 189 ms; 2 ranks 1.06-1.11x torch)
   ours           treetensor.nn.consolidate_module (gradient buckets averaged during backward on
                  2 ranks), treetensor.optim.Adam (one single-pass kernel per buffer),
                  zero_grad (one fill per buffer; on ResNet-50 set_to_none=True: the
@@ -45,6 +48,7 @@ to 2% in 5 steps between PyTorch's two Adams); an unverified side exits 2.
 """
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import gc
 import json
@@ -302,6 +306,8 @@ def sides(model, ranks):
     one = ["torch", "torch best", "ours", "ours -flat", toggle]
     if model == "resnet50":
         one.append("ours -inbackward" if OURS_STEP_IN_BACKWARD[(model, ranks)] else "ours +inbackward")
+    if ranks == 1:
+        one.append("torch 2 threads")
     return one if ranks == 1 else one + ["ours -overlap", "ours -exchange"]
 
 
@@ -345,8 +351,8 @@ class Run:
             forloop = side == YARDSTICK
             self.opt = torch.optim.Adam(self.params, lr=LR, fused=not forloop, foreach=False if forloop else None)
             self.opt_step = lambda grads: self.opt.step()
-            self.set_to_none = side != "torch best"
-            self.zero_grad = lambda: self.opt.zero_grad(set_to_none=self.set_to_none)
+            self.set_to_none = True  # every torch side: "torch best" measured faster so too
+            self.zero_grad = lambda: self.opt.zero_grad(set_to_none=True)
             self.after_backward = None
 
     def _reduce_buffers(self):
@@ -397,26 +403,48 @@ def timed(run, inputs, steps, group):
     if group is not None:
         dist.barrier(group)
     step_ms, losses = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        losses.append(run.step(*inputs))
-        step_ms.append((time.perf_counter() - t0) * 1e3)
+    with intra_op_threads(run):
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            losses.append(run.step(*inputs))
+            step_ms.append((time.perf_counter() - t0) * 1e3)
     # The median step: one step preempted on a shared VM does not move it.
     return statistics.median(step_ms), losses
 
 
-def verify(ref_losses, yard_losses, ref_first, losses, first):
+@contextlib.contextmanager
+def intra_op_threads(run):
+    """The side's intra-op threads while it runs: 2 for `torch 2 threads` (the reference that
+    gives torch the core one process leaves idle), else the protocol's 1."""
+    two = run.side == "torch 2 threads"
+    if two:
+        torch.set_num_threads(2)
+    try:
+        yield
+    finally:
+        if two:
+            torch.set_num_threads(1)
+
+
+def verify(ref_losses, yard_losses, ref_first, losses, first, other_threads=False):
     """None, or why a side's run does not match torch's: the parameters after the first step
     within the Adam bound; the losses to 1e-4 relative for as long as torch's own for-loop
-    and fused Adam agree so (at least 2 steps, at most VERIFY_STEPS)."""
+    and fused Adam agree so (at least 2 steps, at most VERIFY_STEPS). `other_threads`: the
+    side's kernels ran on another number of threads, so its gradients agree only to rounding,
+    and Adam's first step (lr * g / |g|, up to eps) moves a parameter whose gradient is
+    rounding-sized by +-lr on either side: the bound grows by 2 lr, and only the first loss
+    (before any step) is compared, since training from there parts chaotically (on ResNet-50,
+    6e-4 apart at step 2)."""
     for i, (a, b) in enumerate(zip(ref_first, first)):
-        if not bool(((a - b).abs() <= adam_bound(a, 1)).all()):
+        if not bool(((a - b).abs() <= adam_bound(a, 1) + (2 * LR if other_threads else 0)).all()):
             return f"parameter {i} after step 1 differs by {float((a - b).abs().max()):.3g}"
     for i, (a, y, b) in enumerate(zip(ref_losses, yard_losses, losses)):
         if i >= 2 and abs(a - y) > 1e-4 * abs(a):
             break  # torch's two Adams have parted: rounding has grown past what is comparable
         if abs(a - b) > 1e-4 * abs(a):
             return f"step {i + 1}: loss {b} vs torch's {a} (for-loop Adam: {y})"
+        if other_threads:
+            break
     return None
 
 
@@ -439,9 +467,10 @@ def measure(cfg, rank, group, args):
             runs[s] = Run(s, make, state, loss_fn, group, os.path.join(tmp, s.replace(" ", "")),
                           set_to_none=OURS_SET_TO_NONE[model], async_metrics=OURS_ASYNC_METRICS[model],
                           step_in_backward=OURS_STEP_IN_BACKWARD[(model, ranks)])
-            losses[s] = [runs[s].step(*inputs)]
-            first[s] = [p.detach().clone() for p in runs[s].model.parameters()]
-            losses[s] += [runs[s].step(*inputs) for _ in range(warmup - 1)]
+            with intra_op_threads(runs[s]):
+                losses[s] = [runs[s].step(*inputs)]
+                first[s] = [p.detach().clone() for p in runs[s].model.parameters()]
+                losses[s] += [runs[s].step(*inputs) for _ in range(warmup - 1)]
         for r in range(args.runs):
             for s in (sides_now if r % 2 == 0 else sides_now[::-1]):
                 ms, more = timed(runs[s], inputs, steps, group)
@@ -454,7 +483,8 @@ def measure(cfg, rank, group, args):
         yard_losses = [yard.step(*inputs) for _ in range(min(VERIFY_STEPS, len(losses["torch"])))]
         yard.close()
     failures = {s: why for s in sides_now[1:]
-                if (why := verify(losses["torch"], yard_losses, first["torch"], losses[s], first[s]))}
+                if (why := verify(losses["torch"], yard_losses, first["torch"], losses[s], first[s],
+                                  other_threads=s == "torch 2 threads"))}
     return times, failures
 
 
