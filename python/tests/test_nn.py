@@ -567,3 +567,18 @@ def test_step_in_backward_replans_after_a_loaded_state():
     for p, q in zip(ref.parameters(), m.parameters()):
         assert torch.equal(p, q)
     assert torch.equal(leaves(opt.state["max_exp_avg_sq"])[0], leaves(ref_opt.state["max_exp_avg_sq"])[0])
+
+
+def test_step_in_backward_waits_for_its_buckets_when_backward_ends_in_an_error():
+    """The end of backward raises (an unused parameter's .grad has a graph): the buckets
+    already launched are waited for and the step counted before backward raises."""
+    torch.manual_seed(0)
+    m = SavesADetachedWeight()
+    tree = tnn.consolidate_module(m, first_bucket_cap_mb=1e-9, bucket_cap_mb=1e-9)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    tree.step_in_backward(opt)
+    m.a.weight.grad = torch.ones(3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="'a.weight' has a graph"):
+        m.b(torch.ones(2, 3)).sum().backward()  # reaches b only
+    assert tree._buckets.worker.in_flight() == 0 and opt.state["step"] == 1
+    tree.close()

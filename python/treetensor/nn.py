@@ -480,8 +480,8 @@ class _Buckets:
         waits for them, never ran): waits for them and counts the step, so no bucket takes it
         twice (the buckets not launched skip it), with a RuntimeWarning saying so; a bucket's
         error is raised. Called where the next use of the parameters or gradients starts."""
-        if self.task is None or self.steps is None:
-            return
+        if self.task is None or self.steps is None or self.task == _torch._C._current_graph_task_id():
+            return  # nothing left, or called during this very backward (from a hook)
         launched, jobs = self.next, self.jobs
         self.task = None
         self._reset()
@@ -586,6 +586,11 @@ class _Buckets:
                         w.wait()
                 if self.tree._broadcast_buffers:
                     self.tree._broadcast(self.tree._module_buffers)
+        except BaseException:
+            if self.steps is not None and self.next:  # no launched step may outlive backward
+                _outcomes(self.jobs)
+                self.optimizer.state["step"] = self.step_number
+            raise
         finally:
             self.task = None
             self._reset()
