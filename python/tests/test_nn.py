@@ -502,9 +502,13 @@ def test_step_in_backward_raises_a_bucket_error_from_backward(monkeypatch):
     tree.step_in_backward(opt)  # re-plan over the patched kernel
     with pytest.raises(ValueError, match="bucket 2 failed"):
         m(batch()).sum().backward()
-    # The later buckets skipped the step; it is counted (no bucket takes it twice).
+    # The later buckets skipped the step; it is counted (no bucket takes it twice): step()
+    # only acknowledges it, and a backward may also come first (the batch skipped).
     assert len(calls) == 2 < len(tree._buckets.ranges)
-    assert opt.state["step"] == 1 and opt._taken is None
+    assert opt.state["step"] == 1
+    before = [p.detach().clone() for p in m.parameters()]
+    opt.step()
+    assert opt.state["step"] == 1 and all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
     tree.close()
 
 
@@ -541,6 +545,11 @@ def test_step_in_backward_after_a_backward_that_raised(fail):
     assert opt.state["step"] == 1
     for n, p in m.named_parameters():
         assert torch.equal(p, before[n]) == n.startswith("a."), n
+    # The loop goes on: step() would only acknowledge; skipping it, a new backward steps.
+    tree.zero_grad()
+    m.b(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    assert opt.state["step"] == 2
     tree.close()
 
 
@@ -582,3 +591,82 @@ def test_step_in_backward_waits_for_its_buckets_when_backward_ends_in_an_error()
         m.b(torch.ones(2, 3)).sum().backward()  # reaches b only
     assert tree._buckets.worker.in_flight() == 0 and opt.state["step"] == 1
     tree.close()
+
+
+class Checkpointed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        h = checkpoint(lambda t: torch.tanh(self.b(t)), torch.tanh(self.a(x)), use_reentrant=True)
+        return self.c(h)
+
+
+def test_step_in_backward_under_reentrant_checkpointing_and_a_reader_thread():
+    """A nested backward (reentrant checkpointing) belongs to the one in progress, and a
+    thread reading tree.grads meanwhile settles nothing: every parameter bitwise the ordinary
+    loop's."""
+    import threading
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(3))
+    runs = []
+    for in_backward in (False, True):
+        torch.manual_seed(0)
+        m = Checkpointed()
+        tree = tnn.consolidate_module(m, first_bucket_cap_mb=1e-5, bucket_cap_mb=1e-5)
+        opt = topt.Adam(tree.params, lr=1e-2)
+        if in_backward:
+            tree.step_in_backward(opt)
+        for _ in range(3):
+            tree.zero_grad(set_to_none=True)
+            y = m(x).square().mean()
+            reader = threading.Thread(target=lambda: tree.grads)
+            y.register_hook(lambda g: (reader.start(), reader.join(), g)[2])  # mid-backward
+            y.backward()
+            opt.step()
+        runs.append((m, opt.state["step"]))
+        tree.close()
+    (ref, n_ref), (m, n) = runs
+    assert n == n_ref == 3
+    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_turning_step_in_backward_off_drops_an_unacknowledged_step_and_trees_go_with_modules():
+    import gc
+    import weakref
+    torch.manual_seed(0)
+    m = Net()
+    tree = tnn.consolidate_module(m)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    tree.step_in_backward(opt)
+    m(batch()).sum().backward()  # step 1 taken, not acknowledged
+    tree.step_in_backward(None)
+    tree.zero_grad()
+    m(batch()).sum().backward()
+    before = [p.detach().clone() for p in m.parameters()]
+    opt.step(tree.grads)  # a real step
+    assert opt.state["step"] == 2
+    assert not any(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+    # An open tree does not keep its module alive, nor its worker id, once collected.
+    refs = [weakref.ref(m)]
+    for _ in range(9):  # more than the asyncs worker ids
+        m2 = Net()
+        t2 = tnn.consolidate_module(m2)
+        t2.step_in_backward(topt.Adam(t2.params))
+        refs.append(weakref.ref(m2))
+        gc.collect()  # the last tree: its hooks and the module hold each other
+    del m, tree, opt, m2, t2
+    gc.collect()
+    assert all(r() is None for r in refs)
+    # ... while the module lives, its tree does, even when the caller keeps only the params:
+    # the hooks (which hold it weakly) still copy each new gradient into its view.
+    m = Net()
+    tree = tnn.consolidate_module(m)
+    params, view = tree.params, tree.grads.fc.weight
+    tree.zero_grad(set_to_none=True)
+    del tree
+    gc.collect()
+    m(batch()).sum().backward()
+    assert m.fc.weight.grad is view and params.fc.weight is m.fc.weight

@@ -184,7 +184,9 @@ def _noop_factory():
     return _noop_hook
 
 
-_live = weakref.WeakKeyDictionary()  # module -> its open ModuleTree (weakly)
+# module -> its open ModuleTree: the tree lives as long as its module (the parameters' hooks
+# hold it weakly), and holds the module weakly, so neither keeps the other alive.
+_live = weakref.WeakKeyDictionary()
 
 
 class ModuleTree:
@@ -199,7 +201,7 @@ class ModuleTree:
     per dtype and device; the padding between leaves is zero)."""
 
     def __init__(self, module, process_group, bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers):
-        self.module = module
+        self._module = weakref.ref(module)
         named, self.aliases = {}, {}
         first = {}
         for name, p in module.named_parameters(remove_duplicate=False):
@@ -333,7 +335,12 @@ class ModuleTree:
         - a parameter that backward still needs after its gradient is complete (a
           ``detach()`` of it saved by a later node) makes autograd raise its in-place error.
 
-        Raises TypeError for another optimizer and ValueError for one over other parameters.
+        The worker holds one of the asyncs worker ids (``TREETENSOR_ASYNCS_THREADS``, 8 by
+        default) until ``step_in_backward(None)``, ``close()`` or the module is collected.
+        Turning it off (or to another optimizer) between a backward and its ``step()`` drops
+        that acknowledgment: the next ``step()`` steps. A nested backward (reentrant
+        checkpointing) is part of the one in progress. Raises TypeError for another optimizer,
+        ValueError for one over other parameters, RuntimeError when called during backward.
         A bucket's failed step is raised by ``backward()``: the buckets before it stepped, the
         later ones skip the step, which is counted (no bucket takes it twice). After a
         backward that raised half way, the buckets it launched are stepped and the step
@@ -358,6 +365,11 @@ class ModuleTree:
         if old is not None and optimizer is None:
             old.close()
 
+    @property
+    def module(self):
+        """The consolidated module (None once it is gone: a tree does not keep it alive)."""
+        return self._module()
+
     def state_dict(self):
         """The module's ``state_dict()`` (its tensors are the trees' views)."""
         return self.module.state_dict()
@@ -375,8 +387,9 @@ class ModuleTree:
         self._hooks = []
         self.step_in_backward(None)
         self._group = None
-        if _live.get(self.module) is self:
-            del _live[self.module]
+        module = self.module
+        if module is not None and _live.get(module) is self:
+            del _live[module]
 
     def _after_load(self, module, own):
         # load_state_dict(assign=True) puts new Parameter objects in the module: the trees
@@ -435,6 +448,7 @@ class _Buckets:
         self.bucket_of, self.ranges, self.counts = [], [], []
         self._plan(cap, first_cap)
         self.task = None  # the autograd graph task this state belongs to
+        self.end = None  # a weakref to the callback queued on it: dead once the task is gone
         self.optimizer = self.worker = self.steps = None  # step_in_backward's
         self._reset()
 
@@ -462,6 +476,9 @@ class _Buckets:
     def step_with(self, optimizer, worker):
         """The optimizer's step per bucket from now on (None: no more); see
         ModuleTree.step_in_backward. Planned first: a refused plan changes nothing."""
+        if self._running():
+            raise RuntimeError("treetensor.nn: step_in_backward cannot change while a backward "
+                               "of the module runs")
         steps = planned = None
         if optimizer is not None:
             buffers = {b.untyped_storage().data_ptr(): k for k, b in enumerate(self.tree.grad_buffers)}
@@ -470,24 +487,31 @@ class _Buckets:
             steps = optimizer._range_steps(self.tree._grads, ranges)
             planned = list(optimizer._moments().values())
         if self.optimizer is not None and self.optimizer is not optimizer:
-            self.optimizer._before_step = None
+            # Its ties go; so does a step it has not acknowledged: its next step() steps.
+            self.optimizer._before_step = self.optimizer._taken = None
         self.optimizer, self.worker, self.steps, self.planned = optimizer, worker, steps, planned
         if optimizer is not None:
             optimizer._before_step = self.settle
 
+    def _running(self):
+        # A backward began (its first hook ran) and its graph task still holds our callback:
+        # it is in progress (on this thread, or another), not one that raised.
+        return self.task is not None and self.end is not None and self.end() is not None
+
     def settle(self):
         """After a backward that raised once it had launched buckets' steps (its end, which
         waits for them, never ran): waits for them and counts the step, so no bucket takes it
-        twice (the buckets not launched skip it), with a RuntimeWarning saying so; a bucket's
-        error is raised. Called where the next use of the parameters or gradients starts."""
-        if self.task is None or self.steps is None or self.task == _torch._C._current_graph_task_id():
-            return  # nothing left, or called during this very backward (from a hook)
+        twice (the buckets not launched skip it; a step() right after only acknowledges it),
+        with a RuntimeWarning saying so; a bucket's error is raised. Called where the next use
+        of the parameters or gradients starts; does nothing while a backward runs."""
+        if self.task is None or self.steps is None or self._running():
+            return
         launched, jobs = self.next, self.jobs
         self.task = None
         self._reset()
         errors = _outcomes(jobs)
         if launched:
-            self.optimizer.state["step"] = self.step_number
+            self._count(partial=True)
         if errors:
             raise errors[0]
         if launched:
@@ -499,22 +523,31 @@ class _Buckets:
 
     def hook(self, i):
         # Runs once per parameter per backward: the common path is two identity tests (the
-        # leaf still in its buffer, .grad still its view), the rest only when one fails.
-        tree, grad, ptrs = self.tree, self.tree._grad_leaves[i], self.tree._ptrs
+        # leaf still in its buffer, .grad still its view), the rest only when one fails. It
+        # holds the buckets weakly: autograd keeps it in C++, where Python's cycle collector
+        # cannot see the cycle parameter -> hook -> tree -> module -> parameter.
+        me, grad, ptrs = weakref.ref(self), self.tree._grad_leaves[i], self.tree._ptrs
 
         def on_grad(p):
+            self = me()
+            if self is None:
+                return
+            tree = self.tree
             if p.data_ptr() != ptrs[i]:
                 tree._check_data(i, p)
             task = _torch._C._current_graph_task_id()
-            if task != self.task:
-                # The first hook of this backward. State left by a backward that raised
-                # before its end (its callback never ran) is settled or dropped here.
+            if task != self.task and not self._running():
+                # The first hook of this backward (a nested one, as reentrant checkpointing
+                # runs, belongs to the backward in progress). State left by a backward that
+                # raised before its end (its callback never ran) is settled or dropped here.
                 self.settle()
                 self.task = task
                 self._reset()
                 if self.steps is not None:
                     self._begin_step()
-                _torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+                end = _EndOfBackward(self)
+                self.end = weakref.ref(end)
+                _torch.autograd.Variable._execution_engine.queue_callback(end)
             if p.grad is not grad:
                 self._take_grad(i, p, grad)
             if tree._group is not None or self.steps is not None:
@@ -559,12 +592,14 @@ class _Buckets:
 
     def _begin_step(self):
         opt = self.optimizer
-        if opt._taken is not None:
+        if opt._taken is not None and not opt._taken_partial:
             raise RuntimeError(
                 f"treetensor.nn: a second backward before {type(opt).__name__}.step() "
                 f"acknowledged the step the first one took (step_in_backward steps in every "
                 f"backward, so gradients cannot accumulate over several): call step() after "
                 f"each backward, or step_in_backward(None)")
+        if opt._taken is not None and opt._taken_partial:
+            opt._taken = None  # the batch of a backward that raised was skipped: go on
         moments = list(opt._moments().values())
         if len(moments) != len(self.planned) or any(a is not b for a, b in zip(moments, self.planned)):
             self.step_with(opt, self.worker)  # a state loaded since lies in new buffers
@@ -589,7 +624,7 @@ class _Buckets:
         except BaseException:
             if self.steps is not None and self.next:  # no launched step may outlive backward
                 _outcomes(self.jobs)
-                self.optimizer.state["step"] = self.step_number
+                self._count(partial=True)
             raise
         finally:
             self.task = None
@@ -600,10 +635,29 @@ class _Buckets:
         # error; the buckets before it were stepped, the later ones skipped it, and the step
         # is counted all the same, so that no bucket takes it twice).
         errors = _outcomes(self.jobs)
-        self.optimizer.state["step"] = self.step_number
+        self._count(partial=bool(errors))
         if errors:
             raise errors[0]
-        self.optimizer._taken = self.tree._grads
+
+    def _count(self, partial):
+        # The step is taken (partial: by some buckets only) and counted; step() acknowledges
+        # it once; after a partial one a new backward may come first (the batch skipped).
+        opt = self.optimizer
+        opt.state["step"] = self.step_number
+        opt._taken, opt._taken_partial = self.tree._grads, partial
+
+
+class _EndOfBackward:
+    """The callback queued on a backward's graph task: the graph task holds it until it ends,
+    so a weak reference to it tells a backward in progress from one that raised."""
+
+    __slots__ = ("buckets", "__weakref__")
+
+    def __init__(self, buckets):
+        self.buckets = buckets
+
+    def __call__(self):
+        self.buckets._finish()
 
 
 def _outcomes(jobs):

@@ -186,7 +186,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
         # but its hooks and treetensor.nn's ties to a module's backward (a copy has none)
         hooks = {k for k in self.__dict__ if k.startswith("_optimizer_") and k.endswith("_hooks")}
         return {k: v for k, v in self.__dict__.items()
-                if k not in hooks and k not in ("_taken", "_before_step")}
+                if k not in hooks and k not in ("_taken", "_taken_partial", "_before_step")}
 
     def __setstate__(self, state):
         super().__setstate__(state)  # torch.optim's: empty hook tables
@@ -394,6 +394,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
         return [step_of(*r) for r in ranges]
 
     _taken = None  # the grads of a step taken during backward that step() has not acknowledged
+    _taken_partial = False  # that step was taken by some buckets only (its backward raised)
     _before_step = None  # treetensor.nn's: settles a step left by a backward that raised
 
     def zero_grad(self, set_to_none=True):
