@@ -633,7 +633,7 @@ def test_step_in_backward_under_reentrant_checkpointing_and_a_reader_thread():
         assert torch.equal(p, q), name
 
 
-def test_turning_step_in_backward_off_drops_an_unacknowledged_step_and_trees_go_with_modules():
+def test_turning_step_in_backward_off_needs_the_step_acknowledged_and_trees_go_with_modules():
     import gc
     import weakref
     torch.manual_seed(0)
@@ -642,10 +642,14 @@ def test_turning_step_in_backward_off_drops_an_unacknowledged_step_and_trees_go_
     opt = topt.Adam(tree.params, lr=1e-2)
     tree.step_in_backward(opt)
     m(batch()).sum().backward()  # step 1 taken, not acknowledged
+    with pytest.raises(RuntimeError, match="has not acknowledged the step"):
+        tree.step_in_backward(None)
+    before = [p.detach().clone() for p in m.parameters()]
+    opt.step(tree.grads)  # acknowledges only
+    assert opt.state["step"] == 1 and all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
     tree.step_in_backward(None)
     tree.zero_grad()
     m(batch()).sum().backward()
-    before = [p.detach().clone() for p in m.parameters()]
     opt.step(tree.grads)  # a real step
     assert opt.state["step"] == 2
     assert not any(torch.equal(a, b) for a, b in zip(before, m.parameters()))
@@ -670,3 +674,68 @@ def test_turning_step_in_backward_off_drops_an_unacknowledged_step_and_trees_go_
     gc.collect()
     m(batch()).sum().backward()
     assert m.fc.weight.grad is view and params.fc.weight is m.fc.weight
+
+
+class CheckpointedFirst(torch.nn.Module):
+    """Reentrant checkpointing whose nested backward reaches our hooks first: `a` outside the
+    checkpoint (or nothing outside, `inside_only`)."""
+
+    def __init__(self, inside_only):
+        super().__init__()
+        self.inside_only = inside_only
+        self.a, self.b, self.c = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        h = x.requires_grad_() if self.inside_only else torch.tanh(self.a(x))
+        return checkpoint(lambda t: self.c(torch.tanh(self.b(t))), h, use_reentrant=True)
+
+
+@pytest.mark.parametrize("inside_only", [False, True], ids=["outer-hook-later", "no-outer-hook"])
+def test_step_in_backward_when_a_nested_backward_comes_first(inside_only):
+    runs = []
+    for in_backward in (False, True):
+        torch.manual_seed(0)
+        m = CheckpointedFirst(inside_only)
+        tree = tnn.consolidate_module(m, first_bucket_cap_mb=1e-5, bucket_cap_mb=1e-5)
+        opt = topt.Adam(tree.params, lr=1e-2)
+        if in_backward:
+            tree.step_in_backward(opt)
+        for k in range(3):
+            tree.zero_grad(set_to_none=k == 1)
+            m(torch.ones(2, 4) * (k + 1)).square().mean().backward()
+            opt.step(tree.grads)
+        runs.append((m, opt.state["step"]))
+        tree.close()
+    (ref, n_ref), (m, n) = runs
+    assert n == n_ref == 3
+    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_step_in_backward_after_an_error_someone_keeps():
+    """The create_graph refusal raised from our first hook, its exception kept (as pytest,
+    Jupyter's sys.last_value do): the next backward is a new one, not a nested one."""
+    runs = []
+    for in_backward in (False, True):
+        torch.manual_seed(0)
+        m = Net()
+        tree = tnn.consolidate_module(m, first_bucket_cap_mb=1e-4, bucket_cap_mb=1e-4)
+        opt = topt.Adam(tree.params, lr=1e-2)
+        if in_backward:
+            tree.step_in_backward(opt)
+            tree.zero_grad(set_to_none=True)
+            with pytest.raises(RuntimeError, match="has a graph") as kept:
+                m(batch()).square().sum().backward(create_graph=True)
+            tree.zero_grad()
+        for _ in range(2):
+            tree.zero_grad()
+            m(batch()).square().mean().backward()
+            opt.step()
+        runs.append((m, opt.state["step"]))
+        tree.close()
+    assert kept.value is not None
+    (ref, n_ref), (m, n) = runs
+    assert n == n_ref == 2
+    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(p, q), name

@@ -337,17 +337,16 @@ class ModuleTree:
 
         The worker holds one of the asyncs worker ids (``TREETENSOR_ASYNCS_THREADS``, 8 by
         default) until ``step_in_backward(None)``, ``close()`` or the module is collected.
-        Turning it off (or to another optimizer) between a backward and its ``step()`` drops
-        that acknowledgment: the next ``step()`` steps. A nested backward (reentrant
-        checkpointing) is part of the one in progress. Raises TypeError for another optimizer,
-        ValueError for one over other parameters, RuntimeError when called during backward.
+        A nested backward (reentrant checkpointing) is part of the one in progress. Raises
+        TypeError for another optimizer, ValueError for one over other parameters,
+        RuntimeError when called during backward or before ``step()`` acknowledged the last
+        backward's step (``close()`` leaves that step for ``step()`` to acknowledge).
         A bucket's failed step is raised by ``backward()``: the buckets before it stepped, the
         later ones skip the step, which is counted (no bucket takes it twice). After a
         backward that raised half way, the buckets it launched are stepped and the step
         counted, with a RuntimeWarning at the next ``step()``, ``zero_grad()``, ``grads`` or
         backward."""
         from .optim import _TreeOptimizer
-        from .asyncs import Thread
         if optimizer is not None:
             if not isinstance(optimizer, _TreeOptimizer):
                 raise TypeError(f"step_in_backward: expected a treetensor.optim optimizer, got "
@@ -356,6 +355,14 @@ class ModuleTree:
                 raise ValueError("step_in_backward: the optimizer is over other parameters; make "
                                  "it over this tree's params")
         self._buckets.settle()
+        current = self._buckets.optimizer
+        if current is not None and current is not optimizer and current._taken is not None:
+            raise RuntimeError(f"step_in_backward: {type(current).__name__}.step() has not "
+                               f"acknowledged the step the last backward took; call it first")
+        self._step_in_backward(optimizer)
+
+    def _step_in_backward(self, optimizer):
+        from .asyncs import Thread
         old = self._buckets.worker
         if optimizer is None:
             self._buckets.step_with(None, None)
@@ -385,7 +392,8 @@ class ModuleTree:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        self.step_in_backward(None)
+        self._buckets.settle()
+        self._step_in_backward(None)  # a step not acknowledged stays for step() to acknowledge
         self._group = None
         module = self.module
         if module is not None and _live.get(module) is self:
@@ -449,6 +457,7 @@ class _Buckets:
         self._plan(cap, first_cap)
         self.task = None  # the autograd graph task this state belongs to
         self.end = None  # a weakref to the callback queued on it: dead once the task is gone
+        self.adopted = None  # that callback, when it ran at the end of a nested backward
         self.optimizer = self.worker = self.steps = None  # step_in_backward's
         self._reset()
 
@@ -487,16 +496,47 @@ class _Buckets:
             steps = optimizer._range_steps(self.tree._grads, ranges)
             planned = list(optimizer._moments().values())
         if self.optimizer is not None and self.optimizer is not optimizer:
-            # Its ties go; so does a step it has not acknowledged: its next step() steps.
-            self.optimizer._before_step = self.optimizer._taken = None
+            self.optimizer._before_step = None  # a step not acknowledged stays: step() will
         self.optimizer, self.worker, self.steps, self.planned = optimizer, worker, steps, planned
         if optimizer is not None:
-            optimizer._before_step = self.settle
+            optimizer._before_step = weakref.WeakMethod(self.settle)  # nor keeps the tree alive
+
+    def _enter(self, task):
+        # A hook under another graph task than the state's. A nested backward (reentrant
+        # checkpointing) belongs to the backward in progress; after one that ended inside
+        # the outer one (adopted), the outer one's end is queued now. Else it is the first
+        # hook of a new backward: the state of one that raised before its end (its callback
+        # never ran) is settled or dropped first.
+        if self.adopted is not None:
+            self.adopted = None
+            self.task = task
+            self._queue_end()
+            return
+        if self._running():
+            return
+        self.settle()
+        self.task = task
+        self._reset()
+        if self.steps is not None:
+            self._begin_step()
+        self._queue_end()
+
+    def _queue_end(self):
+        # Its only strong reference is the graph task's (not a frame a traceback could keep).
+        end = _EndOfBackward(self)
+        self.end = weakref.ref(end)
+        _torch.autograd.Variable._execution_engine.queue_callback(end)
+
+    def _adopt(self, end):
+        # A nested backward ended inside the outer one's node: the state is the outer one's,
+        # finished by its end (queued at our next hook under it) or at the next use.
+        self.adopted = end
 
     def _running(self):
         # A backward began (its first hook ran) and its graph task still holds our callback:
         # it is in progress (on this thread, or another), not one that raised.
-        return self.task is not None and self.end is not None and self.end() is not None
+        return self.task is not None and (self.adopted is not None or
+                                          (self.end is not None and self.end() is not None))
 
     def settle(self):
         """After a backward that raised once it had launched buckets' steps (its end, which
@@ -504,6 +544,10 @@ class _Buckets:
         twice (the buckets not launched skip it; a step() right after only acknowledges it),
         with a RuntimeWarning saying so; a bucket's error is raised. Called where the next use
         of the parameters or gradients starts; does nothing while a backward runs."""
+        if self.adopted is not None and _torch._C._current_graph_task_id() == -1:
+            self.adopted = None  # the outer backward ended with no hook of ours under it
+            self._finish()
+            return
         if self.task is None or self.steps is None or self._running():
             return
         launched, jobs = self.next, self.jobs
@@ -536,18 +580,8 @@ class _Buckets:
             if p.data_ptr() != ptrs[i]:
                 tree._check_data(i, p)
             task = _torch._C._current_graph_task_id()
-            if task != self.task and not self._running():
-                # The first hook of this backward (a nested one, as reentrant checkpointing
-                # runs, belongs to the backward in progress). State left by a backward that
-                # raised before its end (its callback never ran) is settled or dropped here.
-                self.settle()
-                self.task = task
-                self._reset()
-                if self.steps is not None:
-                    self._begin_step()
-                end = _EndOfBackward(self)
-                self.end = weakref.ref(end)
-                _torch.autograd.Variable._execution_engine.queue_callback(end)
+            if task != self.task:
+                self._enter(task)
             if p.grad is not grad:
                 self._take_grad(i, p, grad)
             if tree._group is not None or self.steps is not None:
@@ -657,6 +691,9 @@ class _EndOfBackward:
         self.buckets = buckets
 
     def __call__(self):
+        if _torch._C._current_autograd_node() is not None:
+            self.buckets._adopt(self)  # a nested backward's end, inside an outer one's node
+            return
         self.buckets._finish()
 
 

@@ -355,8 +355,9 @@ class _TreeOptimizer(torch.optim.Optimizer):
         ``ModuleTree.step_in_backward``) it only acknowledges that step, once; `grads` must then
         be None or that tree's ``grads`` (RuntimeError otherwise: other gradients would be
         lost)."""
-        if self._before_step is not None:
-            self._before_step()
+        settle = self._before_step() if self._before_step is not None else None
+        if settle is not None:
+            settle()
         if self._taken is not None:
             if grads is not None and grads is not self._taken:
                 raise RuntimeError(f"{type(self).__name__}.step: this step was already taken "
@@ -395,7 +396,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
 
     _taken = None  # the grads of a step taken during backward that step() has not acknowledged
     _taken_partial = False  # that step was taken by some buckets only (its backward raised)
-    _before_step = None  # treetensor.nn's: settles a step left by a backward that raised
+    _before_step = None  # treetensor.nn's: a weak method settling a step a backward left
 
     def zero_grad(self, set_to_none=True):
         """Clears every parameter's .grad (set_to_none=False: fills it with zeros)."""
