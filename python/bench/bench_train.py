@@ -44,7 +44,7 @@ with torch's to 1e-4 relative for as long as torch's own for-loop and fused Adam
 to 2% in 5 steps between PyTorch's two Adams); an unverified side exits 2.
 
     python bench_train.py [--models policy,resnet50] [--batches 1,2] [--size 112] [--ranks 1,2]
-                          [--steps N] [--warmup N] [--runs 5] [--json out/train.json]
+                          [--steps N] [--warmup N] [--runs N] [--json out/train.json]
 """
 import argparse
 import concurrent.futures
@@ -73,6 +73,9 @@ EPS32 = torch.finfo(torch.float32).eps
 # step 300); on ResNet-50 at batch 1 (BatchNorm over 16 values in layer4) they are 6e-4
 # apart at step 3 and 2% at step 5. So losses are compared while those two agree.
 VERIFY_STEPS = 30
+# Alternating runs per side: the policy's 2-rank steps swing by 30% between runs minutes apart
+# on this shared host (torch 2.9-3.8 ms), and its runs are cheap (0.3 s); ResNet-50's are not.
+RUNS = {"policy": 9, "resnet50": 5}
 NOISE = 0.25  # a row whose runs spread by a quarter of its median claims nothing (as every workload)
 
 
@@ -449,7 +452,7 @@ def verify(ref_losses, yard_losses, ref_first, losses, first, other_threads=Fals
 
 
 def measure(cfg, rank, group, args):
-    """Every side of one (model, batch, ranks) configuration, `args.runs` alternating runs."""
+    """Every side of one (model, batch, ranks) configuration, alternating runs (RUNS)."""
     model, batch = cfg
     make, inputs_of, loss_fn = MODELS[model]
     torch.manual_seed(0)
@@ -471,7 +474,7 @@ def measure(cfg, rank, group, args):
                 losses[s] = [runs[s].step(*inputs)]
                 first[s] = [p.detach().clone() for p in runs[s].model.parameters()]
                 losses[s] += [runs[s].step(*inputs) for _ in range(warmup - 1)]
-        for r in range(args.runs):
+        for r in range(args.runs or RUNS[model]):
             for s in (sides_now if r % 2 == 0 else sides_now[::-1]):
                 ms, more = timed(runs[s], inputs, steps, group)
                 times[s].append(ms)
@@ -544,13 +547,13 @@ def main():
     ap.add_argument("--ranks", default="1,2", help="1: one process; 2: DDP on 2 local Gloo ranks")
     ap.add_argument("--steps", type=int, default=0, help="timed steps per run (default: policy 100, resnet50 3)")
     ap.add_argument("--warmup", type=int, default=0, help="warm-up steps (default: policy 10, resnet50 2)")
-    ap.add_argument("--runs", type=int, default=5, help="alternating runs per side (median)")
+    ap.add_argument("--runs", type=int, default=0, help="alternating runs per side (median; default: policy 9, resnet50 5)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if "resnet50" in args.models:
         check_resnet50_names()
     print(f"train: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 intra-op "
-          f"thread per rank, glibc malloc; ms per step, median over {args.runs} alternating runs of each run's median step "
+          f"thread per rank, glibc malloc; ms per step, median over {args.runs or 'policy 9 / resnet50 5'} alternating runs of each run's median step "
           f"(± half their range); speed = torch's ms / the row's (relative speed)")
     print(f"{'model':<9} {'batch':>5} {'ranks':>5}  {'side':<14} {'ms':>9} {'spread':<8} {'speed':>7}")
     rows = []
@@ -578,7 +581,7 @@ def main():
 def config(args, rows):
     """The run's record, in the shape scripts/readme_tables.py reads for every workload."""
     return {"command": "python python/bench/bench_train.py " + " ".join(sys.argv[1:]),
-            "allocator": "glibc malloc", "threads_per_rank": 1, "runs": args.runs,
+            "allocator": "glibc malloc", "threads_per_rank": 1, "runs": args.runs or RUNS,
             "all_verified": all(r["verified"] for r in rows),
             "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "libtorch": torch.__version__.split("+")[0],
                         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
