@@ -363,9 +363,9 @@ class _TreeOptimizer(torch.optim.Optimizer):
                 raise RuntimeError(f"{type(self).__name__}.step: this step was already taken "
                                    f"during backward (ModuleTree.step_in_backward) with the "
                                    f"gradients backward made; step(grads) with other gradients "
-                                   f"would be lost: call step_in_backward(None) to step after "
-                                   f"backward")
-            self._taken = None
+                                   f"would be lost: acknowledge it with step(), then "
+                                   f"step_in_backward(None) to step after backward")
+            self._taken, self._taken_partial = None, False
             return
         grads = self._grads(grads)
         with _errors_named(f"{type(self).__name__}.step"):
