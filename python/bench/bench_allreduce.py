@@ -131,6 +131,7 @@ def flat_leaves_td_order(td, want_tree):
 
 
 def rank_main(rank, args, init_file, out_file):
+    import treetensor.nn  # noqa: F401  before the group exists (treetensor.nn's imports say why)
     torch.set_num_threads(1)
     tensordict = None
     if args.peers_site:

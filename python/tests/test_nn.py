@@ -604,20 +604,34 @@ class Checkpointed(torch.nn.Module):
         return self.c(h)
 
 
-def test_step_in_backward_under_reentrant_checkpointing_and_a_reader_thread():
-    """A nested backward (reentrant checkpointing) belongs to the one in progress, and a
-    thread reading tree.grads meanwhile settles nothing: every parameter bitwise the ordinary
-    loop's."""
-    import threading
-    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(3))
+def _same_with_and_without(make, train, steps, cap=1e-5):
+    """`train(m, tree, opt, in_backward)` from one seed on `make()`, as the ordinary loop and
+    with step_in_backward (tiny buckets, Adam): the same steps counted, every parameter
+    bitwise equal."""
     runs = []
     for in_backward in (False, True):
         torch.manual_seed(0)
-        m = Checkpointed()
-        tree = tnn.consolidate_module(m, first_bucket_cap_mb=1e-5, bucket_cap_mb=1e-5)
+        m = make()
+        tree = tnn.consolidate_module(m, first_bucket_cap_mb=cap, bucket_cap_mb=cap)
         opt = topt.Adam(tree.params, lr=1e-2)
         if in_backward:
             tree.step_in_backward(opt)
+        train(m, tree, opt, in_backward)
+        runs.append((m, opt.state["step"]))
+        tree.close()
+    (ref, n_ref), (m, n) = runs
+    assert n == n_ref == steps
+    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_step_in_backward_under_reentrant_checkpointing_and_a_reader_thread():
+    """A nested backward (reentrant checkpointing) belongs to the one in progress, and a
+    thread reading tree.grads meanwhile settles nothing."""
+    import threading
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(3))
+
+    def train(m, tree, opt, _):
         for _ in range(3):
             tree.zero_grad(set_to_none=True)
             y = m(x).square().mean()
@@ -625,12 +639,7 @@ def test_step_in_backward_under_reentrant_checkpointing_and_a_reader_thread():
             y.register_hook(lambda g: (reader.start(), reader.join(), g)[2])  # mid-backward
             y.backward()
             opt.step()
-        runs.append((m, opt.state["step"]))
-        tree.close()
-    (ref, n_ref), (m, n) = runs
-    assert n == n_ref == 3
-    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
-        assert torch.equal(p, q), name
+    _same_with_and_without(Checkpointed, train, 3)
 
 
 def test_turning_step_in_backward_off_needs_the_step_acknowledged_and_trees_go_with_modules():
@@ -693,49 +702,28 @@ class CheckpointedFirst(torch.nn.Module):
 
 @pytest.mark.parametrize("inside_only", [False, True], ids=["outer-hook-later", "no-outer-hook"])
 def test_step_in_backward_when_a_nested_backward_comes_first(inside_only):
-    runs = []
-    for in_backward in (False, True):
-        torch.manual_seed(0)
-        m = CheckpointedFirst(inside_only)
-        tree = tnn.consolidate_module(m, first_bucket_cap_mb=1e-5, bucket_cap_mb=1e-5)
-        opt = topt.Adam(tree.params, lr=1e-2)
-        if in_backward:
-            tree.step_in_backward(opt)
+    def train(m, tree, opt, _):
         for k in range(3):
             tree.zero_grad(set_to_none=k == 1)
             m(torch.ones(2, 4) * (k + 1)).square().mean().backward()
             opt.step(tree.grads)
-        runs.append((m, opt.state["step"]))
-        tree.close()
-    (ref, n_ref), (m, n) = runs
-    assert n == n_ref == 3
-    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
-        assert torch.equal(p, q), name
+    _same_with_and_without(lambda: CheckpointedFirst(inside_only), train, 3)
 
 
 def test_step_in_backward_after_an_error_someone_keeps():
     """The create_graph refusal raised from our first hook, its exception kept (as pytest,
     Jupyter's sys.last_value do): the next backward is a new one, not a nested one."""
-    runs = []
-    for in_backward in (False, True):
-        torch.manual_seed(0)
-        m = Net()
-        tree = tnn.consolidate_module(m, first_bucket_cap_mb=1e-4, bucket_cap_mb=1e-4)
-        opt = topt.Adam(tree.params, lr=1e-2)
+    kept = []
+
+    def train(m, tree, opt, in_backward):
         if in_backward:
-            tree.step_in_backward(opt)
             tree.zero_grad(set_to_none=True)
-            with pytest.raises(RuntimeError, match="has a graph") as kept:
+            with pytest.raises(RuntimeError, match="has a graph") as e:
                 m(batch()).square().sum().backward(create_graph=True)
-            tree.zero_grad()
+            kept.append(e.value)
         for _ in range(2):
             tree.zero_grad()
             m(batch()).square().mean().backward()
             opt.step()
-        runs.append((m, opt.state["step"]))
-        tree.close()
-    assert kept.value is not None
-    (ref, n_ref), (m, n) = runs
-    assert n == n_ref == 2
-    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
-        assert torch.equal(p, q), name
+    _same_with_and_without(Net, train, 2, cap=1e-4)
+    assert kept
