@@ -342,6 +342,7 @@ class Run:
                 self.opt = topt.Adam(self.tree.params, lr=LR)
                 self.opt_step = self.opt.step
                 toggled = side in ("ours -inbackward", "ours +inbackward")
+                # -overlap averages after backward: a step during it would use unaveraged grads
                 if step_in_backward != toggled and side != "ours -overlap":
                     self.tree.step_in_backward(self.opt)
             self.set_to_none = set_to_none

@@ -141,6 +141,17 @@ def buffer_of(view):
     return _torch.empty(0, dtype=view.dtype, device=view.device).set_(storage, 0, (numel,))
 
 
+def buffers_of(leaves):
+    """The whole buffers the consolidated ``leaves`` view, each once, in the leaves' order."""
+    seen, out = set(), []
+    for leaf in leaves:
+        key = leaf.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            out.append(buffer_of(leaf))
+    return out
+
+
 def bucket_plan(leaves, caps):
     """Buckets over consolidated leaves, in the order given: a list of (view of a buffer range,
     indices of the leaves it covers). ``caps(k)`` is bucket k's size limit in bytes; a bucket

@@ -73,6 +73,7 @@ at the next backward that reaches it where the hooks are installed, else at the 
 moving the model. Not detected: a parameter attribute assigned a new ``Parameter`` by hand.
 Sparse gradients (``Embedding(sparse=True)``) become dense.
 """
+import warnings
 import weakref
 
 import torch as _torch
@@ -88,7 +89,7 @@ if _torch.distributed.is_available():
     # those threads.
     import torch.distributed.nn  # noqa: F401
 
-from .distributed import bucket_plan, buffer_of, start_all_reduce
+from .distributed import bucket_plan, buffers_of, start_all_reduce
 from .torch import Tensor, tree_flatten, zeros_like
 
 __all__ = ["ModuleTree", "consolidate_module"]
@@ -106,16 +107,6 @@ def _nest(named):
             node = node.setdefault(key, {})
         node[leaf] = value
     return root
-
-
-def _buffers_of(leaves):
-    seen, out = set(), []
-    for leaf in leaves:
-        key = leaf.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            out.append(buffer_of(leaf))
-    return out
 
 
 def _consolidate_in_place(named):
@@ -219,11 +210,11 @@ class ModuleTree:
         self.frozen, _ = _consolidate_in_place(frozen)
         self.buffers, _ = _consolidate_in_place(buffers)
         self._leaves = [trainable[n] for n in self._order]
-        self.param_buffers = _buffers_of(self._leaves)
+        self.param_buffers = buffers_of(self._leaves)
         self._grads = zeros_like(self.params).consolidate() if self._leaves else Tensor({})
         self._grad_leaves = tree_flatten(self._grads)[0]
-        self.grad_buffers = _buffers_of(self._grad_leaves)
-        self._module_buffers = _buffers_of(tree_flatten(self.buffers)[0])
+        self.grad_buffers = buffers_of(self._grad_leaves)
+        self._module_buffers = buffers_of(tree_flatten(self.buffers)[0])
         with _torch.no_grad():
             for p, g in zip(self._leaves, self._grad_leaves):
                 p.grad = g
@@ -232,7 +223,7 @@ class ModuleTree:
         self._group = process_group
         self._broadcast_buffers = broadcast_buffers and process_group is not None
         if process_group is not None:
-            self._broadcast(self.param_buffers + _buffers_of(tree_flatten(self.frozen)[0]) +
+            self._broadcast(self.param_buffers + buffers_of(tree_flatten(self.frozen)[0]) +
                             self._module_buffers)
         self._buckets = _Buckets(self, bucket_cap_mb * _MiB, first_bucket_cap_mb * _MiB)
         self._hooks = self._load_hooks(module)
@@ -559,7 +550,6 @@ class _Buckets:
         if errors:
             raise errors[0]
         if launched:
-            import warnings
             warnings.warn(f"treetensor.nn: the backward that raised had stepped {launched} of "
                           f"{len(self.ranges)} gradient buckets (step_in_backward); that step is "
                           f"counted, the other buckets' parameters skipped it", RuntimeWarning,
@@ -657,7 +647,7 @@ class _Buckets:
                     self.tree._broadcast(self.tree._module_buffers)
         except BaseException:
             if self.steps is not None and self.next:  # no launched step may outlive backward
-                _outcomes(self.jobs)
+                _outcomes(self.jobs)  # (waited for already after a bucket's error)
                 self._count(partial=True)
             raise
         finally:
@@ -665,13 +655,13 @@ class _Buckets:
             self._reset()
 
     def _finish_step(self):
-        # Every bucket's step ran, and the step is counted; or one raised (backward raises its
-        # error; the buckets before it were stepped, the later ones skipped it, and the step
-        # is counted all the same, so that no bucket takes it twice).
+        # Every bucket's step ran: the step is counted. Or one raised: backward raises its
+        # error (the buckets before it were stepped, the later ones skipped it) and _finish's
+        # handler counts the step as partial, so that no bucket takes it twice.
         errors = _outcomes(self.jobs)
-        self._count(partial=bool(errors))
         if errors:
             raise errors[0]
+        self._count(partial=False)
 
     def _count(self, partial):
         # The step is taken (partial: by some buckets only) and counted; step() acknowledges

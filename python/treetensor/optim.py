@@ -66,19 +66,14 @@ def _state_like(params):
 def _layout_buffers(name, tree, params):
     """The consolidated buffers of ``tree`` when its leaves lie at ``params``' offsets in
     buffers of the same number, else ValueError naming ``name``."""
-    from .distributed import buffer_of
+    from .distributed import buffers_of
     leaves, ref = tree_flatten(tree)[0], tree_flatten(params)[0]
     if not (isinstance(tree, Tensor) and tree.is_consolidated()) or len(leaves) != len(ref) or any(
             a.storage_offset() != b.storage_offset() or a.shape != b.shape
             for a, b in zip(leaves, ref)):
         raise ValueError(f"the optimizer's {name} are not consolidated as its parameters; a step "
                          f"over buffer ranges needs one layout")
-    out, seen = [], set()
-    for leaf in leaves:
-        if leaf.untyped_storage().data_ptr() not in seen:
-            seen.add(leaf.untyped_storage().data_ptr())
-            out.append(buffer_of(leaf))
-    return out
+    return buffers_of(leaves)
 
 
 _KERNEL_NAME = re.compile(r"^(adamw?|sgd)_step(_single_pass)?: ")
