@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
 
 namespace treetensor::runtime::detail {
@@ -33,9 +34,20 @@ struct Symbols {
   }
 };
 
+// Not a function-local static: a child forked while another thread ran its initialisation
+// waited for ever on the static's guard (its first lane worker's pin did, in a child forked
+// during the parent's calibration). Made under a lock held over fork instead.
+std::mutex symbols_mutex;
+const int symbols_mutex_held_over_fork = (hold_over_fork(symbols_mutex), 0);
+std::atomic<const Symbols*> made_symbols{nullptr};
+
 const Symbols& symbols() {
-  static const Symbols s;
-  return s;
+  if (const Symbols* s = made_symbols.load(std::memory_order_acquire)) return *s;
+  const std::lock_guard lock(symbols_mutex);
+  if (const Symbols* s = made_symbols.load(std::memory_order_acquire)) return *s;
+  const Symbols* s = new Symbols();  // for the process's lifetime
+  made_symbols.store(s, std::memory_order_release);
+  return *s;
 }
 
 std::mutex blas_mutex;
