@@ -171,4 +171,36 @@ TEST(TensorAdamErrors, LeafMismatchesThrowBeforeAnyUpdate) {
   expect_same(shape.p, init.p);
 }
 
+// A single-pass step writes the parameters in place, so a leaf autograd saved must see the
+// write: backward through it then raises, as after torch.optim's step. The consolidated path
+// marks the buffers when the stepped tree's leaf views were never made (they share their
+// buffer's version counter), and the leaves when they were.
+TEST_P(TensorAdam, ASinglePassStepMovesTheVersionOfEveryLeafViewMadeOrNot) {
+  for (const bool made : {false, true}) {
+    for (const bool sgd : {false, true}) {
+      SCOPED_TRACE(std::string(made ? "views made" : "views not made") +
+                   (sgd ? ", sgd" : ", adam"));
+      const State s = make_state({{"w", {4, 4}}, {"b", {4}}});
+      State c{tt::consolidate(s.p), tt::consolidate(s.g), tt::consolidate(s.m),
+              tt::consolidate(s.v)};
+      const TreeTensor other = c.p;  // a copy: views of the same buffer, made on its own
+      const at::Tensor w = other.at("w").leaf();
+      if (made) (void)std::as_const(c.p).at("b").leaf();
+      ASSERT_EQ(c.p.is_deferred(), !made);
+      const at::Tensor a = at::ones({4, 4}).requires_grad_();
+      const at::Tensor y = (a * w).sum();  // saves w for a's gradient
+      const auto version = w._version();
+      if (sgd)
+        tt::sgd_step_single_pass(c.p, c.g, c.m, 1, tt::SgdOptions(0.1).momentum(0.9));
+      else
+        tt::adam_step_single_pass(c.p, c.g, c.m, c.v, 1);
+      EXPECT_GT(w._version(), version);
+      EXPECT_GT(other.at("b").leaf()._version(), version);
+      EXPECT_NE(
+          message_of<c10::Error>([&] { y.backward(); }).find("modified by an inplace operation"),
+          std::string::npos);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Strategies, TensorAdam, ::testing::ValuesIn(strategies()), strategy_name);

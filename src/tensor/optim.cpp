@@ -172,7 +172,15 @@ namespace {
 
 constexpr int64_t kPiece = 1 << 18;  // elements per lane job over a consolidated buffer
 
+// Marks every leaf of `t` written in place (autograd's saved-tensor check). A consolidated tree
+// whose leaves have not been made (DESIGN.md §12) bumps its buffers: the leaf views it makes
+// share their buffer's version counter, and making them here would cost a view per leaf on
+// every step of a tree only the optimizer looks at.
 void bump_versions(const TensorTree& t) {
+  if (const ConsolidatedTree* c = t.is_deferred() ? consolidated_source(t) : nullptr) {
+    for (const at::Tensor& b : c->buffers()) b.unsafeGetTensorImpl()->bump_version();
+    return;
+  }
   for (const at::Tensor* x : tree::flatten_refs(t).leaves) x->unsafeGetTensorImpl()->bump_version();
 }
 
