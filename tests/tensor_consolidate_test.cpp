@@ -1,6 +1,7 @@
 // consolidate(): one buffer per (dtype, device) group, flatten order, 64-byte aligned leaves
 // (DESIGN.md §12); is_consolidated() notices a replaced leaf or a changed structure.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <utility>
@@ -62,4 +63,62 @@ TEST(Consolidate, AutogradLeavesStayLeaves) {
   tt::sum(c * 2).backward();
   EXPECT_TRUE(c.at("b").leaf().grad().equal(at::full({2}, 2.0f)));
   EXPECT_THROW(tt::consolidate(TreeTensor{{"u", at::Tensor()}}), std::invalid_argument);
+}
+
+// A leaf reshaped, transposed, resized or pointed at other memory in place (through a reference
+// a caller held: Python's t.unsqueeze_(0), t.a.t_(), t.a.data = x) has left its buffer: the
+// tree is no longer consolidated, and ops give the per-leaf values, not the buffer's.
+TEST(Consolidate, ALeafChangedInPlaceTakesThePropertyAway) {
+  const std::vector<std::pair<const char*, void (*)(const at::Tensor&)>> changes = {
+      {"unsqueeze_", [](const at::Tensor& a) { a.unsqueeze_(0); }},
+      {"t_", [](const at::Tensor& a) { a.t_(); }},
+      {"resize_",
+       [](const at::Tensor& a) {
+         a.resize_({2, 2});
+       }},
+      {"set_", [](const at::Tensor& a) {
+         a.set_(at::ones({3, 3}));
+       }}};
+  for (const auto& [name, change] : changes) {
+    SCOPED_TRACE(name);
+    at::manual_seed(3);
+    const TreeTensor c =
+        tt::consolidate(TreeTensor{{"a", at::randn({3, 3})}, {"b", at::randn({4})}});
+    const at::Tensor& a = c.at("a").leaf();  // makes the leaves
+    ASSERT_TRUE(tt::is_consolidated(c));
+    change(a);
+    EXPECT_FALSE(tt::is_consolidated(c));
+    expect_same(c + 1, TreeTensor{{"a", a + 1}, {"b", c.at("b").leaf() + 1}});
+  }
+}
+
+// A flat in-place call on a tree consolidated in place (its leaves lay in a buffer already, so
+// they keep their own version counters, as treetensor.nn's parameters do) moves every leaf's
+// version: autograd then refuses a backward through a saved leaf, as after torch's in-place op.
+TEST(Consolidate, AFlatInPlaceCallMovesTheVersionOfLeavesConsolidatedInPlace) {
+  const TreeTensor c = tt::consolidate(TreeTensor{{"a", at::randn({4})}, {"b", at::randn({3})}});
+  const TreeTensor q =
+      tt::consolidate(TreeTensor{{"a", c.at("a").leaf()}, {"b", c.at("b").leaf()}});
+  ASSERT_TRUE(tt::is_consolidated(q));
+  const at::Tensor a = q.at("a").leaf();
+  const at::Tensor x = at::ones({4}).requires_grad_();
+  const at::Tensor y = (x * a).sum();  // saves a
+  const auto version = a._version();
+  {
+    at::NoGradGuard no_grad;
+    TreeTensor w = q;
+    w.mul_(0.5);
+  }
+  EXPECT_GT(a._version(), version);
+  EXPECT_THROW(y.backward(), c10::Error);
+}
+
+// to() its own dtype and device is the tree itself (torch's `to` gives self): the same leaves,
+// still consolidated, not a second tree over the same buffers.
+TEST(Consolidate, ToItsOwnDtypeIsTheTreeItself) {
+  const TreeTensor c = tt::consolidate(TreeTensor{{"a", at::randn({4})}, {"b", at::randn({3})}});
+  const at::Tensor& a = c.at("a").leaf();
+  const TreeTensor same = c.to(at::kFloat);
+  EXPECT_TRUE(tt::is_consolidated(same));
+  EXPECT_TRUE(same.at("a").leaf().is_same(a));
 }

@@ -238,8 +238,36 @@ TensorTree ConsolidatedTree::make() const {
   return tree::unflatten(layout_->spec(), std::move(leaves));
 }
 
+bool ConsolidatedTree::describes(const TensorTree& t) const {
+  std::size_t i = 0;
+  auto holds = [&](const at::Tensor& x) {
+    if (i >= layout_->leaves() || !x.defined() || !x.has_storage()) return false;
+    const at::Tensor& b = buffers_[layout_->group(i)];
+    const bool same = x.scalar_type() == b.scalar_type() && x.device() == b.device() &&
+                      x.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+                      x.storage_offset() == b.storage_offset() + layout_->offset(i) &&
+                      x.sizes() == layout_->sizes(i) && x.is_contiguous();
+    ++i;
+    return same;
+  };
+  std::vector<const TensorTree*> stack{&t};  // depth first, keys in order: flatten order
+  while (!stack.empty()) {
+    const TensorTree* n = stack.back();
+    stack.pop_back();
+    if (n->is_leaf()) {
+      if (!holds(n->leaf())) return false;
+      continue;
+    }
+    for (auto it = n->children().rbegin(); it != n->children().rend(); ++it)
+      stack.push_back(&it->second);
+  }
+  return i == layout_->leaves();
+}
+
 const ConsolidatedTree* consolidated_source(const TensorTree& t) {
-  return dynamic_cast<const ConsolidatedTree*>(t.source());
+  const auto* c = dynamic_cast<const ConsolidatedTree*>(t.source());
+  if (c == nullptr || t.is_deferred()) return c;
+  return c->describes(t) ? c : nullptr;
 }
 
 TreeTensor consolidated_tree(std::shared_ptr<const ConsolidatedLayout> layout,

@@ -228,6 +228,45 @@ void run_pieces(const CallOptions& o, const Rows& rows, const ConsolidatedTree& 
   runtime::run(call);
 }
 
+// Whether `r` shares storage with an operand's buffer: the op handed back its input (`to` its
+// own dtype and device) or a view of it. A new consolidated tree over that buffer would be a
+// second owner of it whose in-place calls and version bumps do not reach the operand's leaves
+// (which, made in place by consolidate(), keep their own version counters).
+bool aliases_operand(const at::Tensor& r, const std::vector<const ConsolidatedTree*>& src) {
+  if (!r.has_storage()) return false;
+  for (const ConsolidatedTree* c : src)
+    if (c)
+      for (const at::Tensor& b : c->buffers())
+        if (r.storage().is_alias_of(b.storage())) return true;
+  return false;
+}
+
+// The operand itself when the op handed back each of its buffers unchanged (`to` its own dtype
+// and device), as torch's `to` gives self: the same leaves, not a second tree over its buffers.
+std::optional<TreeTensor> operand_returned(c10::ArrayRef<Operand> args,
+                                           const std::vector<const ConsolidatedTree*>& src,
+                                           const std::vector<at::Tensor>& out) {
+  for (std::size_t k = 0; k < src.size(); ++k) {
+    if (!src[k] || src[k]->buffers().size() != out.size()) continue;
+    bool same = true;
+    for (std::size_t g = 0; g < out.size() && same; ++g)
+      same = out[g].is_same(src[k]->buffers()[g]);
+    if (same) return TreeTensor(args[k].tree());
+  }
+  return std::nullopt;
+}
+
+// After a flat in-place call: autograd's version check must see every leaf written. A made
+// leaf of a tree consolidated in place (consolidate() of leaves that already lay in a buffer,
+// treetensor.nn's parameters) keeps its own version counter, which the write to the buffer does
+// not move; a deferred tree's leaves will be views sharing the buffer's.
+void bump_made_leaves(c10::ArrayRef<Operand> args, std::size_t written) {
+  for (std::size_t k = 0; k < written && k < args.size(); ++k)
+    if (args[k].is_tree() && !args[k].tree().is_deferred())
+      for (const at::Tensor* x : tree::flatten_refs(args[k].tree()).leaves)
+        x->unsafeGetTensorImpl()->bump_version();
+}
+
 }  // namespace
 
 std::optional<TreeTensor> flat_map(const CallOptions& o, c10::ArrayRef<Operand> args, LeafFn f) {
@@ -244,10 +283,12 @@ std::optional<TreeTensor> flat_map(const CallOptions& o, c10::ArrayRef<Operand> 
   } catch (...) {
     return std::nullopt;  // the per-leaf path runs it again and names the failing leaf
   }
+  if (const auto same = operand_returned(args, src, out)) return same;  // torch's `to`: self
   for (std::size_t g = 0; g < out.size(); ++g)
     if (!out[g].defined() || out[g].dim() != 1 ||
-        out[g].numel() != first->layout().group_numel(g) || !out[g].is_contiguous())
-      return std::nullopt;  // not elementwise on this input after all
+        out[g].numel() != first->layout().group_numel(g) || !out[g].is_contiguous() ||
+        aliases_operand(out[g], src))
+      return std::nullopt;  // not elementwise on this input after all, or a view of an operand
   return consolidated_tree(first->layout_ptr(), std::move(out));
 }
 
@@ -277,6 +318,7 @@ bool flat_update(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate f
         std::current_exception(),
         "in-place " + std::string(o.op) + " (flat): updated " + updated + "; the rest not");
   }
+  bump_made_leaves(args, o.written);
   return true;
 }
 

@@ -86,14 +86,23 @@ class ConsolidatedTree final : public TensorTree::Source {
   /// Leaf `leaf` as a view of its buffer (contiguous, the layout's shape).
   at::Tensor leaf_view(std::size_t leaf) const;
   TensorTree make() const override;
+  /// Whether every leaf of `t` (a tree of this layout's structure) still is what leaf_view()
+  /// would make: same dtype and device, in its buffer's storage at its offset, contiguous with
+  /// its shape. O(leaves).
+  bool describes(const TensorTree& t) const;
 
  private:
   std::shared_ptr<const ConsolidatedLayout> layout_;
   std::vector<at::Tensor> buffers_;
 };
 
-/// The consolidated property of `t`, or nullptr. O(1), except that a pending tree (an asyncs
-/// pending result, DESIGN.md §10) is waited for first, and its job's error thrown.
+/// The consolidated property of `t`, or nullptr. A tree whose leaves have been made also needs
+/// them to be as the property lays them out (ConsolidatedTree::describes, O(leaves)): a leaf
+/// reshaped, transposed, resized or pointed at other memory in place (through a reference the
+/// caller held) has left its buffer, and flat calls would read and write the buffer instead;
+/// the tree then has lost the property. O(1) for a deferred tree (its leaves are made from the
+/// buffers). A pending tree (an asyncs pending result, DESIGN.md §10) is waited for first, and
+/// its job's error thrown.
 const ConsolidatedTree* consolidated_source(const TensorTree& t);
 
 /// A tree of `layout` over `buffers` whose leaves are made on first access (DESIGN.md §12).
@@ -110,13 +119,13 @@ TreeTensor consolidated_tree(std::shared_ptr<const ConsolidatedLayout> layout,
 /// property back without a copy (O(leaves)), provided each group's storage is one that held a
 /// consolidated tree's buffer (flat calls write the padding between leaves, which must not be
 /// another tensor's data) and no two groups share storage; otherwise every leaf is copied once.
-/// Not detected: a leaf's storage swapped in place (at::Tensor::set_ through a const
-/// reference) after consolidation; flat calls then still use the buffer.
 /// @throws std::invalid_argument naming the path of an undefined leaf.
 TreeTensor consolidate(const TensorTree& t);
 
 /// Whether `t` carries the consolidated property (consolidate(), a consolidated
-/// construction, or an op on consolidated trees). O(1). An empty tree counts as consolidated.
+/// construction, or an op on consolidated trees) and its leaves are still where the property
+/// says (consolidated_source). O(1) while its leaves have not been made, else O(leaves). An
+/// empty tree counts as consolidated.
 bool is_consolidated(const TensorTree& t);
 
 /// One (dtype, device) group of a consolidated tree: its buffer (1-D, the group's dtype, all of
