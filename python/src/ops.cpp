@@ -354,6 +354,9 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def(
       "requires_grad_",
       [](py::object self, bool rg) {
+        // A flag of each leaf tensor, not data: the tree's own leaves are made first, or a
+        // consolidated tree's copy in inplace() would flag views of its own (DESIGN.md §12).
+        (void)as_tree(self).node().is_leaf();  // any look inside makes a deferred tree
         return inplace(self, [&](TreeTensor& t) { treetensor::requires_grad_(t, rg); });
       },
       py::arg("requires_grad") = true);

@@ -485,6 +485,36 @@ def test_step_in_backward_refusals_and_off():
     assert opt.state["step"] == 3
 
 
+def test_close_during_a_backward_is_refused_and_changes_nothing():
+    torch.manual_seed(0)
+    m = Net()
+    tree = tnn.consolidate_module(m)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    tree.step_in_backward(opt)
+    x = batch()
+    refused = []
+
+    def close_now(grad):
+        with pytest.raises(RuntimeError, match="close\\(\\) cannot run while a backward"):
+            tree.close()
+        refused.append(True)
+        return grad
+
+    def hook_output(module, inputs, out):  # its gradient comes after later layers' parameters'
+        out.register_hook(close_now)
+
+    handle = m.conv.register_forward_hook(hook_output)
+    m(x).sum().backward()
+    handle.remove()
+    assert refused
+    assert opt.state["step"] == 1  # the hooks stayed: that backward took its step
+    opt.step()
+    tree.close()  # after backward: closes
+    tree.zero_grad()
+    m(x).sum().backward()
+    assert opt.state["step"] == 1  # no hooks, no step during backward
+
+
 def test_step_in_backward_raises_a_bucket_error_from_backward(monkeypatch):
     torch.manual_seed(0)
     m = Net()

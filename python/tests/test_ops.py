@@ -353,6 +353,28 @@ def test_consolidated_trees_run_flat_with_the_dict_comprehensions_values():
     assert torch.equal(r.sum(), torch.cat([r.a.flatten(), r.b.x.flatten(), r.b.y.flatten()]).sum())
 
 
+def test_a_consolidated_tree_whose_leaves_changed_in_place_runs_per_leaf():
+    """A leaf reshaped or re-pointed in place (the per-leaf fallback's unsqueeze_, a leaf's t_ or
+    .data =) has left the buffer: the tree is no longer consolidated and ops see the leaves,
+    not the buffer's old layout. requires_grad_() flags the tree's own leaves."""
+    a = {"a": torch.randn(3, 4), "b": {"x": torch.randn(5)}}
+    c = ttorch.Tensor(a).consolidate()
+    c.unsqueeze_(0)
+    assert not c.is_consolidated()
+    dicts_equal(c + 1, dmap(lambda x: x.unsqueeze(0) + 1, a))
+    c = ttorch.Tensor(a).consolidate()
+    c.a.t_()
+    dicts_equal(c * 1, {"a": a["a"].t(), "b": {"x": a["b"]["x"]}})
+    c = ttorch.Tensor(a).consolidate()
+    c.a.data = torch.zeros(3, 4)
+    assert torch.equal((c + 1).a, torch.ones(3, 4))
+    c = ttorch.Tensor(a).consolidate()
+    assert c.requires_grad_() is c
+    assert c.a.requires_grad and c.b.x.requires_grad
+    c.sin().sum().backward()
+    assert torch.equal(c.a.grad, a["a"].cos()) and torch.equal(c.b.x.grad, a["b"]["x"].cos())
+
+
 def test_leaves_computed_without_aten_keep_what_torch_gives():
     """The per-leaf shortcut past ATen's dispatcher (DESIGN.md §5) must leave what torch gives:
     forward-mode tangents, a size-1 dimension's stride, ATen's errors."""

@@ -95,6 +95,31 @@ def test_step_without_grads_uses_the_parameters_grad():
     assert all(p.grad is None for p in ttorch.tree_flatten(t)[0])
 
 
+@pytest.mark.parametrize("consolidated", [False, True], ids=["tree", "consolidated"])
+def test_a_closure_steps_as_torch_optims_and_returns_its_loss(consolidated):
+    t = ttorch.Tensor(dmap_requires_grad(params()))
+    if consolidated:
+        t = t.consolidate().requires_grad_()
+    ref = [p.detach().clone().requires_grad_() for p in ttorch.tree_flatten(t)[0]]
+    opt, ref_opt = topt.Adam(t, lr=1e-2), torch.optim.Adam(ref, lr=1e-2)
+
+    def closure(ps, o):
+        def run():
+            o.zero_grad()
+            loss = sum((p * p).sum() for p in ps)
+            loss.backward()
+            return loss
+        return run
+
+    for _ in range(STEPS):
+        with torch.no_grad():  # as a training loop's step: the closure turns grad on itself
+            got = opt.step(closure(ttorch.tree_flatten(t)[0], opt))
+            want = ref_opt.step(closure(ref, ref_opt))
+        # the same loss of parameters that agree within agree()'s bound: to ~10 ulps of it
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    agree(ttorch.tree_flatten(t)[0], ref, 1e-2, "closure")
+
+
 def test_bad_input_is_refused_before_any_parameter_changes():
     t = ttorch.Tensor(params())
     before = [x.clone() for x in ttorch.tree_flatten(t)[0]]
