@@ -2,9 +2,16 @@
 one single-pass kernel per parameter (or, when the trees are consolidated, per buffer) in
 C++ with the GIL released (DESIGN.md §12).
 
-    params = ttorch.Tensor(dict(model.named_parameters())).consolidate()  # optional
+    params = ttorch.Tensor(dict(model.named_parameters()))  # the model's own tensors
     opt = treetensor.optim.Adam(params, lr=1e-3)
-    opt.step(grads)          # a tree of gradients; without it, the parameters' .grad
+    opt.step()               # with the parameters' .grad; or opt.step(grads), a tree of them
+
+To train on one buffer, consolidate the model itself (``treetensor.nn.consolidate_module``,
+whose ``params`` are the module's tensors as views of it): ``params.consolidate()`` of a
+model's parameters makes a copy, which the optimizer would train instead of the model. Every
+parameter needs a ``.grad`` (RuntimeError naming the first without one, where torch.optim
+skips it): a tree's leaves take their steps together (one ``step`` count); consolidate_module's
+gradients are zero, not None, for parameters a backward did not reach.
 
 Options, defaults and arithmetic are torch.optim's (``Adam(lr=1e-3, betas=(0.9, 0.999),
 eps=1e-8, weight_decay=0, amsgrad=False, maximize=False)``, AdamW's ``weight_decay=1e-2``,
@@ -346,10 +353,21 @@ class _TreeOptimizer(torch.optim.Optimizer):
     @_step_entry
     def step(self, grads=None):
         """One step with `grads` (a tree of the parameters' structure; default: their .grad).
-        Right after a backward that took this step already (``treetensor.nn``'s
-        ``ModuleTree.step_in_backward``) it only acknowledges that step, once; `grads` must then
-        be None or that tree's ``grads`` (RuntimeError otherwise: other gradients would be
-        lost)."""
+        `grads` may instead be torch.optim's closure: it is called with grad enabled (it
+        re-evaluates the model and makes the gradients), the step uses the .grad it left, and
+        its loss is returned. Right after a backward that took this step already
+        (``treetensor.nn``'s ``ModuleTree.step_in_backward``) it only acknowledges that step,
+        once; `grads` must then be None (or a closure) or that tree's ``grads`` (RuntimeError
+        otherwise: other gradients would be lost)."""
+        loss = None
+        if callable(grads) and not isinstance(grads, Tensor):
+            with torch.enable_grad():
+                loss = grads()
+            grads = None
+        self._step(grads)
+        return loss
+
+    def _step(self, grads):
         settle = self._before_step() if self._before_step is not None else None
         if settle is not None:
             settle()
