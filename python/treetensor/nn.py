@@ -44,7 +44,9 @@ Paths are the ``state_dict``'s names split at the dots (``layer1.0.conv1.weight`
 - buffers (BatchNorm's statistics) are consolidated in ``buffers``; the module updates them in
   place, so they stay views;
 - checkpoints: ``torch.save`` / ``treetensor.torch.save`` of ``state_dict()`` and
-  ``load_state_dict`` of ``torch.load`` / ``treetensor.torch.load`` work as before;
+  ``load_state_dict`` of ``torch.load`` / ``treetensor.torch.load(f, tree=False)`` work as
+  before (``load_state_dict`` wants a dict: ``treetensor.torch.load``'s default gives a tree,
+  whose ``to_dict()`` is that dict);
   ``load_state_dict`` (without ``assign=True``) copies into the views;
 - ``.grad`` set to None (``zero_grad(set_to_none=True)`` here, ``model.zero_grad()``,
   ``torch.optim``'s ``zero_grad``) or to another tensor: the new gradient autograd makes is
@@ -379,7 +381,11 @@ class ModuleTree:
         still referenced when the interpreter exits is torn down during finalization, where
         its threads can abort the process. Import this module before ``init_process_group``
         (see its imports: otherwise torch itself can hold the group past
-        ``destroy_process_group``)."""
+        ``destroy_process_group``). Raises RuntimeError, changing nothing, while a backward of
+        the module runs."""
+        if self._buckets._running():
+            raise RuntimeError("treetensor.nn: close() cannot run while a backward of the module "
+                               "runs (its hooks and step are in use): close after backward returns")
         for h in self._hooks:
             h.remove()
         self._hooks = []
