@@ -485,12 +485,18 @@ def test_step_in_backward_refusals_and_off():
     assert opt.state["step"] == 3
 
 
-def test_close_during_a_backward_is_refused_and_changes_nothing():
+def _stepping_in_backward():
+    """A Net, its tree and an Adam that steps during every backward."""
     torch.manual_seed(0)
     m = Net()
     tree = tnn.consolidate_module(m)
     opt = topt.Adam(tree.params, lr=1e-2)
     tree.step_in_backward(opt)
+    return m, tree, opt
+
+
+def test_close_during_a_backward_is_refused_and_changes_nothing():
+    m, tree, opt = _stepping_in_backward()
     x = batch()
     refused = []
 
@@ -675,11 +681,7 @@ def test_step_in_backward_under_reentrant_checkpointing_and_a_reader_thread():
 def test_turning_step_in_backward_off_needs_the_step_acknowledged_and_trees_go_with_modules():
     import gc
     import weakref
-    torch.manual_seed(0)
-    m = Net()
-    tree = tnn.consolidate_module(m)
-    opt = topt.Adam(tree.params, lr=1e-2)
-    tree.step_in_backward(opt)
+    m, tree, opt = _stepping_in_backward()
     m(batch()).sum().backward()  # step 1 taken, not acknowledged
     with pytest.raises(RuntimeError, match="has not acknowledged the step"):
         tree.step_in_backward(None)
