@@ -3,6 +3,7 @@
 #include "treetensor/tensor/consolidate.hpp"
 
 #include "runtime/fork.hpp"
+#include "tensor/leafwise.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -240,28 +241,17 @@ TensorTree ConsolidatedTree::make() const {
 
 bool ConsolidatedTree::describes(const TensorTree& t) const {
   std::size_t i = 0;
-  auto holds = [&](const at::Tensor& x) {
+  const bool all = detail::all_leaves(t, [&](const at::Tensor& x) {
     if (i >= layout_->leaves() || !x.defined() || !x.has_storage()) return false;
     const at::Tensor& b = buffers_[layout_->group(i)];
     const bool same = x.scalar_type() == b.scalar_type() && x.device() == b.device() &&
-                      x.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+                      x.unsafeGetTensorImpl()->unsafe_storage().is_alias_of(b.storage()) &&
                       x.storage_offset() == b.storage_offset() + layout_->offset(i) &&
                       x.sizes() == layout_->sizes(i) && x.is_contiguous();
     ++i;
     return same;
-  };
-  std::vector<const TensorTree*> stack{&t};  // depth first, keys in order: flatten order
-  while (!stack.empty()) {
-    const TensorTree* n = stack.back();
-    stack.pop_back();
-    if (n->is_leaf()) {
-      if (!holds(n->leaf())) return false;
-      continue;
-    }
-    for (auto it = n->children().rbegin(); it != n->children().rend(); ++it)
-      stack.push_back(&it->second);
-  }
-  return i == layout_->leaves();
+  });
+  return all && i == layout_->leaves();
 }
 
 const ConsolidatedTree* consolidated_source(const TensorTree& t) {

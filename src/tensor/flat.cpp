@@ -1,5 +1,6 @@
 // Flat execution: one call per buffer group of consolidated trees (flat.hpp, DESIGN.md §12).
 #include "tensor/flat.hpp"
+#include "tensor/leafwise.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/ScalarOps.h>
@@ -263,8 +264,10 @@ std::optional<TreeTensor> operand_returned(c10::ArrayRef<Operand> args,
 void bump_made_leaves(c10::ArrayRef<Operand> args, std::size_t written) {
   for (std::size_t k = 0; k < written && k < args.size(); ++k)
     if (args[k].is_tree() && !args[k].tree().is_deferred())
-      for (const at::Tensor* x : tree::flatten_refs(args[k].tree()).leaves)
-        x->unsafeGetTensorImpl()->bump_version();
+      all_leaves(args[k].tree(), [](const at::Tensor& x) {
+        x.unsafeGetTensorImpl()->bump_version();
+        return true;
+      });
 }
 
 }  // namespace
@@ -314,6 +317,7 @@ bool flat_update(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate f
     for (std::size_t i = 0; i < done.size(); ++i)
       if (done[i]) updated += (updated.empty() ? "" : "; ") + piece_label(*src[0], rows.piece(i));
     if (updated.empty()) return false;
+    bump_made_leaves(args, o.written);  // some leaves were written
     runtime::rethrow_with_context(
         std::current_exception(),
         "in-place " + std::string(o.op) + " (flat): updated " + updated + "; the rest not");

@@ -10,6 +10,26 @@
 
 namespace treetensor::detail {
 
+/// pred(leaf) on the leaves of t in flatten order (sorted keys, depth first) until it returns
+/// false; whether every call returned true. Iterative, builds no spec (flatten_refs does), and
+/// allocates nothing for trees of up to 32 pending nodes.
+template <class P>
+bool all_leaves(const TensorTree& t, P&& pred) {
+  tree::detail::WalkStack<const TensorTree*> stack;
+  stack.push(&t);
+  while (!stack.empty()) {
+    const TensorTree* n = stack.back();
+    stack.pop();
+    if (n->is_leaf()) {
+      if (!pred(n->leaf())) return false;
+      continue;
+    }
+    const auto& children = n->children();
+    for (auto it = children.rbegin(); it != children.rend(); ++it) stack.push(&it->second);
+  }
+  return true;
+}
+
 /// f(leaf) on every leaf of t, through the runtime.
 template <class F>
 TreeTensor map1(const CallOptions& o, const TensorTree& t, F&& f) {

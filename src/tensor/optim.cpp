@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "tensor/leafwise.hpp"
 #include "tensor/optim_kernels.hpp"
 #include "treetensor/asyncs/operands.hpp"
 #include "treetensor/asyncs/thread.hpp"
@@ -177,11 +178,15 @@ constexpr int64_t kPiece = 1 << 18;  // elements per lane job over a consolidate
 // share their buffer's version counter, and making them here would cost a view per leaf on
 // every step of a tree only the optimizer looks at.
 void bump_versions(const TensorTree& t) {
-  if (const ConsolidatedTree* c = t.is_deferred() ? consolidated_source(t) : nullptr) {
+  const bool unmade = t.is_deferred() && !t.is_pending();  // source() would make a pending one
+  if (const ConsolidatedTree* c = unmade ? consolidated_source(t) : nullptr) {
     for (const at::Tensor& b : c->buffers()) b.unsafeGetTensorImpl()->bump_version();
     return;
   }
-  for (const at::Tensor* x : tree::flatten_refs(t).leaves) x->unsafeGetTensorImpl()->bump_version();
+  detail::all_leaves(t, [](const at::Tensor& x) {
+    x.unsafeGetTensorImpl()->bump_version();
+    return true;
+  });
 }
 
 // The groups of every tree when all are consolidated with one layout whose buffers the
