@@ -25,18 +25,7 @@ namespace {
 bool any_leaf_requires_grad(const TensorTree& t) {
   if (t.is_pending()) (void)t.is_leaf();  // an asyncs pending result: its leaves once made
   if (t.is_deferred()) return false;
-  tree::detail::WalkStack<const TensorTree*> stack;
-  stack.push(&t);
-  while (!stack.empty()) {
-    const TensorTree* node = stack.back();
-    stack.pop();
-    if (node->is_leaf()) {
-      if (node->leaf().requires_grad()) return true;
-      continue;
-    }
-    for (const auto& e : node->children()) stack.push(&e.second);
-  }
-  return false;
+  return !all_leaves(t, [](const at::Tensor& x) { return !x.requires_grad(); });
 }
 
 // Integer buffers stay per leaf: an integer kernel can fail half-way (division by zero),
@@ -257,20 +246,25 @@ std::optional<TreeTensor> operand_returned(c10::ArrayRef<Operand> args,
   return std::nullopt;
 }
 
-// After a flat in-place call: autograd's version check must see every leaf written. A made
-// leaf of a tree consolidated in place (consolidate() of leaves that already lay in a buffer,
-// treetensor.nn's parameters) keeps its own version counter, which the write to the buffer does
-// not move; a deferred tree's leaves will be views sharing the buffer's.
+// After a flat in-place call: the trees written (the first `written` arguments) marked so.
 void bump_made_leaves(c10::ArrayRef<Operand> args, std::size_t written) {
   for (std::size_t k = 0; k < written && k < args.size(); ++k)
-    if (args[k].is_tree() && !args[k].tree().is_deferred())
-      all_leaves(args[k].tree(), [](const at::Tensor& x) {
-        x.unsafeGetTensorImpl()->bump_version();
-        return true;
-      });
+    if (args[k].is_tree()) mark_written(args[k].tree());
 }
 
 }  // namespace
+
+void mark_written(const TensorTree& t) {
+  const bool unmade = t.is_deferred() && !t.is_pending();  // source() would make a pending one
+  if (const ConsolidatedTree* c = unmade ? consolidated_source(t) : nullptr) {
+    for (const at::Tensor& b : c->buffers()) b.unsafeGetTensorImpl()->bump_version();
+    return;
+  }
+  all_leaves(t, [](const at::Tensor& x) {
+    x.unsafeGetTensorImpl()->bump_version();
+    return true;
+  });
+}
 
 std::optional<TreeTensor> flat_map(const CallOptions& o, c10::ArrayRef<Operand> args, LeafFn f) {
   const auto src = plan(o, args, /*allocates=*/true);

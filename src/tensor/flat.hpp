@@ -17,6 +17,13 @@ std::optional<TreeTensor> flat_map(const CallOptions& o, c10::ArrayRef<Operand> 
 ///         says which leaves were and were not).
 bool flat_update(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate f);
 
+/// Marks every leaf of `t` written in place, for autograd's saved-tensor check. A made leaf of a
+/// tree consolidated in place (consolidate() of leaves that already lay in a buffer,
+/// treetensor.nn's parameters) keeps its own version counter, which a write to the buffer does
+/// not move; a consolidated tree whose leaves have not been made bumps its buffers instead (the
+/// views it makes later share their counters; making them here would cost a view per leaf).
+void mark_written(const TensorTree& t);
+
 /// The consolidated property of `t` when a tree-level reduction may run over its buffers (no
 /// leaf needs a gradient while grad mode is on), else nullptr.
 const ConsolidatedTree* flat_reducible(const TensorTree& t);

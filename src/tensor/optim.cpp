@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "tensor/leafwise.hpp"
+#include "tensor/flat.hpp"
 #include "tensor/optim_kernels.hpp"
 #include "treetensor/asyncs/operands.hpp"
 #include "treetensor/asyncs/thread.hpp"
@@ -173,22 +173,6 @@ namespace {
 
 constexpr int64_t kPiece = 1 << 18;  // elements per lane job over a consolidated buffer
 
-// Marks every leaf of `t` written in place (autograd's saved-tensor check). A consolidated tree
-// whose leaves have not been made (DESIGN.md §12) bumps its buffers: the leaf views it makes
-// share their buffer's version counter, and making them here would cost a view per leaf on
-// every step of a tree only the optimizer looks at.
-void bump_versions(const TensorTree& t) {
-  const bool unmade = t.is_deferred() && !t.is_pending();  // source() would make a pending one
-  if (const ConsolidatedTree* c = unmade ? consolidated_source(t) : nullptr) {
-    for (const at::Tensor& b : c->buffers()) b.unsafeGetTensorImpl()->bump_version();
-    return;
-  }
-  detail::all_leaves(t, [](const at::Tensor& x) {
-    x.unsafeGetTensorImpl()->bump_version();
-    return true;
-  });
-}
-
 // The groups of every tree when all are consolidated with one layout whose buffers the
 // kernels take (dtype, device), else empty: then the per-leaf path runs.
 std::vector<std::vector<ConsolidatedGroup>> common_layout(
@@ -317,7 +301,7 @@ void adam_single_pass(const char* op, TreeTensor& params, const TensorTree& grad
           detail::adam_kernel(layout[0][g].buffer, layout[4][g].buffer, layout[1][g].buffer,
                               layout[2][g].buffer, layout[3][g].buffer, s, b, e);
         });
-    for (const TensorTree* t : {&params, &exp_avg, &exp_avg_sq, &vmax}) bump_versions(*t);
+    for (const TensorTree* t : {&params, &exp_avg, &exp_avg_sq, &vmax}) detail::mark_written(*t);
     return;
   }
   auto leaf = [&](const detail::LeafArgs& a) {
@@ -385,8 +369,8 @@ void sgd_step_single_pass(TreeTensor& params, const TensorTree& grads, TreeTenso
                        detail::sgd_kernel(layout[0][g].buffer, layout[2][g].buffer,
                                           momentum ? layout[1][g].buffer : at::Tensor(), s, b, e);
                      });
-    bump_versions(params);
-    if (momentum) bump_versions(buf);
+    detail::mark_written(params);
+    if (momentum) detail::mark_written(buf);
     return;
   }
   auto leaf = [&](const detail::LeafArgs& a) {
