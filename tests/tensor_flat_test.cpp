@@ -268,14 +268,31 @@ TEST_P(Flat, FallsBackWhereFlatWouldDiffer) {
   EXPECT_FALSE(tt::is_consolidated(zd));
   EXPECT_EQ(std::as_const(zd).at("s").leaf().scalar_type(), at::kDouble);
   expect_flat_result(z * 0.5);
-  // Another layout, an unconsolidated operand, an integer tree: per leaf, values right.
+  // Another layout, an unconsolidated operand: per leaf, values right.
   const TreeTensor other = tt::consolidate(like(TreeTensor{{"a", at::zeros({1025})}}));
   EXPECT_THROW(tt::consolidate(p) + other, tt::tree::StructureError);
   EXPECT_FALSE(tt::is_consolidated(tt::consolidate(p) + p));
   expect_same(tt::consolidate(p) + p, native([](CT x) { return x + x; }, p));
-  const TreeTensor i = tt::consolidate(TreeTensor{{"i", at::arange(5)}});
-  EXPECT_FALSE(tt::is_consolidated(i + 1));
-  expect_same(i + 1, TreeTensor{{"i", at::arange(1, 6)}});
+}
+
+// Integer buffers: flat for the ops that cannot fail on a value; per leaf for division and
+// remainder, which would fail on a zero in the buffer's padding where no leaf has one.
+TEST_P(Flat, IntegerTreesRunFlatOnlyWhereNoValueCanFail) {
+  const TreeTensor p{{"i", at::arange(1, 6)}, {"j", at::arange(1, 4)}};
+  const TreeTensor i = tt::consolidate(p);
+  for (const TreeTensor& r :
+       {i + 1, i * i, i - i, i.eq(i), tt::maximum(i, i), tt::bitwise_xor(i, i)})
+    expect_flat_result(r);
+  expect_same(i + 1, native([](CT x) { return x + 1; }, p));
+  expect_same(i * i, native([](CT x) { return x * x; }, p));
+  expect_same(tt::bitwise_xor(i, 6), native([](CT x) { return at::bitwise_xor(x, 6); }, p));
+  for (const TreeTensor& r : {tt::remainder(i, i), tt::fmod(i, i), tt::pow(i, i)})
+    EXPECT_FALSE(tt::is_consolidated(r));
+  expect_same(tt::remainder(i, i), native([](CT x) { return at::remainder(x, x); }, p));
+  TreeTensor w = tt::consolidate(p);
+  w.add_(2);
+  EXPECT_TRUE(tt::is_consolidated(w));
+  expect_same(w, native([](CT x) { return x + 2; }, p));
 }
 
 // A flat call that fails runs per leaf: the error is the per-leaf path's, naming the leaf.
