@@ -355,6 +355,38 @@ TEST(LaneModes, InlineEnvironmentRunsEverythingOnTheCaller) {
       ::testing::ExitedWithCode(0), "");
 }
 
+TEST(LaneModes, SpinEnvironmentIsReadAtTheFirstCallAndABadValueIsAnError) {
+  // Each case in a child, where the environment is read for the first time.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("TREETENSOR_SPIN_US", "200", 1);
+        run_leaves("probe", 2, [](std::size_t) {});
+        std::_Exit(rt::detail::spin_microseconds() == 200 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  for (const char* bad : {"abc", "-1", "1000001"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_EXIT(
+        {
+          setenv("TREETENSOR_SPIN_US", bad, 1);
+          int code = 1;
+          for (int call = 0; call < 2; ++call) {  // every call, not only the first
+            try {
+              run_leaves("probe", 2, [](std::size_t) {});
+              code = 2;
+            } catch (const std::invalid_argument& e) {
+              const std::string want =
+                  std::string("TREETENSOR_SPIN_US='") + bad + "' must be an integer in 0..1000000";
+              if (std::string(e.what()).find(want) == std::string::npos) code = 3;
+            }
+          }
+          std::_Exit(code == 1 ? 0 : code);
+        },
+        ::testing::ExitedWithCode(0), "");
+  }
+}
+
 // The first automatic decision calibrates (a hand-off round trip to a worker). When that first
 // use happens inside leaves that occupy every lane, nobody can answer the ping: calibration must
 // fall back instead of waiting. No other test in this program uses automatic mode.

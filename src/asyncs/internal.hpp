@@ -6,6 +6,7 @@
 // asyncs jobs are coarse (metric writing, data decoding), so one lock keeps the reasoning about
 // deadlocks simple at no measurable cost. Jobs never run under it.
 
+#include "runtime/env.hpp"
 #include "treetensor/asyncs/thread.hpp"
 #include "treetensor/runtime/stream.hpp"
 
@@ -82,11 +83,7 @@ class Worker {
 /// @throws AsyncsUsageError: `w` is a worker of the parent process (Worker::forked).
 [[noreturn]] void throw_forked(const Worker& w);
 
-/// Parses `text`, the value of environment variable `name` (null when unset), as a decimal
-/// count in min..max; `fallback` when unset or empty.
-/// @throws std::invalid_argument naming `name`, its value and the valid range.
-std::size_t parse_env_count(const char* name, const char* text, std::size_t fallback,
-                            std::size_t min, std::size_t max);
+using runtime::detail::parse_env_count;  // runtime/env.hpp
 
 /// What the calling OS thread is doing for the asyncs runtime: running job `seq` of `worker`
 /// (on the worker itself, or in a lane running a leaf of a tree call that job made).

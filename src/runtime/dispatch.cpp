@@ -274,7 +274,9 @@ void run_from(const LeafCall& call, std::size_t first) {
 void run(const LeafCall& call) {
   if (call.leaves == 0) return;
   static const bool env_allocator = detail::install_cpu_allocator_from_environment();
+  static const bool env_spin = detail::read_spin_from_environment();
   (void)env_allocator;
+  (void)env_spin;
   run_from(call, 0);
 }
 

@@ -1,9 +1,11 @@
 #include "runtime/lanes.hpp"
 
+#include "runtime/env.hpp"
 #include "runtime/kernel_threads.hpp"
 #include "treetensor/runtime/stream.hpp"
 
 #include <pthread.h>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -120,12 +122,19 @@ void Batch::wait_done() noexcept {
   while ((seen = done_.load(std::memory_order_acquire)) != pieces_) done_.wait(seen);
 }
 
+namespace {
+std::atomic<long> spin_us{50};  // TREETENSOR_SPIN_US once the first tree call has read it
+}  // namespace
+
 long spin_microseconds() {
-  static const long us = [] {
-    const char* env = std::getenv("TREETENSOR_SPIN_US");
-    return env ? std::max(0L, std::atol(env)) : 50L;
-  }();
-  return us;
+  return spin_us.load(std::memory_order_relaxed);
+}
+
+bool read_spin_from_environment() {
+  spin_us.store(long(parse_env_count("TREETENSOR_SPIN_US", std::getenv("TREETENSOR_SPIN_US"), 50, 0,
+                                     1'000'000)),
+                std::memory_order_relaxed);
+  return true;
 }
 
 void ensure_workers(std::size_t wanted) {

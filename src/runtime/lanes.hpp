@@ -66,7 +66,12 @@ void submit(const std::shared_ptr<Batch>& batch);
 void retire(const Batch* batch);
 /// Lane number of the calling thread: 1..workers on a lane worker, 0 elsewhere.
 std::size_t current_lane() noexcept;
-/// Microseconds a worker spins before parking.
+/// Microseconds a worker spins before parking: TREETENSOR_SPIN_US once the first tree call
+/// has read it (env.hpp), 50 until then.
 long spin_microseconds();
+/// Reads TREETENSOR_SPIN_US (0..1000000, default 50) for spin_microseconds(); called at the
+/// first tree call, where an error can be thrown (the lanes read the value where none can).
+/// @throws std::invalid_argument for a bad value.
+bool read_spin_from_environment();
 
 }  // namespace treetensor::runtime::detail
