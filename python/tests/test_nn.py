@@ -265,6 +265,21 @@ def test_create_graph_is_refused_naming_the_path():
         p.grad = None  # the reference cycle create_graph makes
 
 
+def test_gradients_accumulated_before_consolidation_are_kept():
+    ref, m = pair()
+    for model in (ref, m):
+        model(batch()).sum().backward()
+    tree = tnn.consolidate_module(m)
+    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(q.grad, p.grad), name
+    assert torch.equal(tree.grads.fc.weight, ref.fc.weight.grad)
+    m(batch()).sum().backward()  # and they accumulate into the buffer, as torch's do
+    ref(batch()).sum().backward()
+    assert torch.allclose(tree.grads.fc.weight, ref.fc.weight.grad, rtol=0, atol=1e-6)
+    again = tnn.consolidate_module(m)  # a second consolidation keeps them too
+    assert torch.equal(again.grads.fc.weight, tree.grads.fc.weight)
+
+
 def test_consolidating_again_closes_the_first_tree():
     ref, m = pair()
     first = tnn.consolidate_module(m)

@@ -219,6 +219,8 @@ class ModuleTree:
         self._module_buffers = buffers_of(tree_flatten(self.buffers)[0])
         with _torch.no_grad():
             for p, g in zip(self._leaves, self._grad_leaves):
+                if p.grad is not None:  # gradients accumulated before consolidation are kept
+                    g.copy_(p.grad)
                 p.grad = g
         self._ptrs = [p.data_ptr() for p in self._leaves]
         self._storages = [p.untyped_storage()._cdata for p in self._leaves]
