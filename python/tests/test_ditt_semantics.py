@@ -197,7 +197,7 @@ def test_size_and_object():
     assert nested.json() == {"a": {"a": True, "b": {"c": False}}, "b": {"c": {"d": 1}}, "e": 2}
     assert type(nested.b.c) is tc.Object and nested.b.c.d == 1 and not nested.all()
     plain = {"x": {"y": 1}}
-    assert tc.Object(plain).to_dict() is plain  # no Object inside: the dict itself, no copy
+    assert tc.Object(plain).to_dict() == plain and tc.Object(plain).to_dict() is not plain  # new dicts
     o.y = {"v": tc.Object({"u": 1})}  # a tree among a dict's values: a subtree, as built
     assert o.y.v.u == 1 and o.json()["y"] == {"v": {"u": 1}}
     del o.y

@@ -90,6 +90,20 @@ def test_a_training_checkpoint_reads_as_trees(checkpoint):
     assert torch.allclose(total, sum(v.abs().sum() for v in m.state_dict().values()))
 
 
+def test_a_checkpoint_tree_to_dict_loads_into_torch_and_trains_on(checkpoint):
+    path, m, opt = checkpoint
+    d = ttorch.load(path).to_dict()  # nested dicts down to the tensors, as torch.load's
+    assert type(d["model"]) is dict and type(d["optimizer"]["state"][0]) is dict
+    m2 = model()
+    m2.load_state_dict(d["model"])
+    opt2 = torch.optim.Adam(m2.parameters(), lr=1e-2)
+    opt2.load_state_dict(d["optimizer"])
+    for a, b in ((m, opt), (m2, opt2)):
+        train_step(a, b, 2)
+    for (name, p), q in zip(m.named_parameters(), m2.parameters()):
+        assert torch.equal(p, q), name
+
+
 def test_saved_trees_load_into_pytorch_and_train_on_bitwise(checkpoint, tmp_path):
     path, m, opt = checkpoint
     ttorch.save(ttorch.load(path), tmp_path / "again.pt")

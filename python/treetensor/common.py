@@ -59,7 +59,9 @@ class Object:
     def __init__(self, data=None):
         if data is None:
             data = {}
-        if isinstance(data, (Object, _C.Tensor)):
+        if isinstance(data, Object):
+            data = data._d
+        elif isinstance(data, _C.Tensor):
             data = data.to_dict()
         elif isinstance(data, dict):
             data = _with_subtrees(data)
@@ -136,7 +138,10 @@ class Object:
         return k in self._d
 
     def to_dict(self):
-        return self._d
+        """The tree as new nested dicts, down to the leaves: a tensor tree among the values (as
+        ``treetensor.torch.load`` gives a checkpoint's ``model``) is its nested dict too, so the
+        result is what ``torch.load`` gives (``model.load_state_dict(ck.to_dict()['model'])``)."""
+        return _plain(self._d)
 
     json = to_dict
 
@@ -268,6 +273,12 @@ def _walk_dicts(root, visit, payload=None):
 def _subtree_types():
     treevalue = _sys.modules.get("treevalue")
     return (Object, treevalue.TreeValue) if treevalue is not None else Object
+
+
+def _plain(d):
+    """New nested dicts of `d` (an Object's dict), tensor-tree leaves read as their dicts."""
+    return {k: _plain(v) if isinstance(v, dict) else v.to_dict() if isinstance(v, _C.Tensor) else v
+            for k, v in d.items()}
 
 
 def _with_subtrees(d):

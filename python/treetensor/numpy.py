@@ -110,7 +110,7 @@ _leafwise.register_kind(_np.ndarray, ndarray)
 
 def _as_ndarray(r):
     # numpy's functions and methods give ndarray trees whatever the leaves (DI-treetensor)
-    return ndarray(r.to_dict()) if type(r) is Object else r
+    return ndarray(r._d) if type(r) is Object else r
 
 
 def _tree(x):
