@@ -104,6 +104,47 @@ def test_a_checkpoint_tree_to_dict_loads_into_torch_and_trains_on(checkpoint):
         assert torch.equal(p, q), name
 
 
+DTYPES_WITHOUT_TYPED_STORAGE = [torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn,
+                                torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+                                torch.complex32]
+
+
+def bits(x):
+    """x's bytes (every dtype compares through them: float8 and complex32 have no equal)."""
+    return x.reshape(-1).contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES_WITHOUT_TYPED_STORAGE)
+def test_dtypes_saved_as_untyped_storage_round_trip_both_ways(dtype, tmp_path):
+    g = torch.Generator().manual_seed(3)
+    raw = torch.randint(0, 256, (2, 3, 8), dtype=torch.uint8, generator=g)
+    x = raw.view(dtype)  # every bit pattern, NaNs included, compared as bytes
+    sd = {"x": x, "t": x[:, 1].t(), "s": x[0, 0, :1].squeeze()}  # views of one storage
+    torch.save(sd, tmp_path / "torch.pt")
+    ours = ttorch.load(tmp_path / "torch.pt", tree=False)
+    for k in sd:
+        assert ours[k].dtype == dtype and ours[k].stride() == sd[k].stride(), k
+        assert torch.equal(bits(ours[k]), bits(sd[k])), k
+    assert ours["t"].untyped_storage().data_ptr() == ours["x"].untyped_storage().data_ptr()
+    ttorch.save(sd, tmp_path / "ours.pt")
+    back = torch.load(tmp_path / "ours.pt", weights_only=True)
+    for k in sd:
+        assert back[k].dtype == dtype and torch.equal(bits(back[k]), bits(sd[k])), k
+
+
+def test_conjugate_and_negative_views_keep_their_values(tmp_path):
+    z = torch.tensor([1 + 2j, 3 - 1j, -0.5 + 0j])
+    views = {"conj": z.conj(), "neg": torch._neg_view(torch.tensor([1., -2.])), "plain": z}
+    assert views["conj"].is_conj() and views["neg"].is_neg()
+    torch.save(views, tmp_path / "torch.pt")
+    ours = ttorch.load(tmp_path / "torch.pt", tree=False)
+    ttorch.save(views, tmp_path / "ours.pt")
+    back = torch.load(tmp_path / "ours.pt", weights_only=True)
+    for k, v in views.items():
+        assert torch.equal(ours[k], v) and torch.equal(back[k], v), k
+    assert ours["conj"].is_conj() and ours["neg"].is_neg()
+
+
 def test_saved_trees_load_into_pytorch_and_train_on_bitwise(checkpoint, tmp_path):
     path, m, opt = checkpoint
     ttorch.save(ttorch.load(path), tmp_path / "again.pt")

@@ -40,6 +40,9 @@ const std::unordered_map<std::string, Allowed>& allowlist() {
         {"torch.device", {Global::device}},
         {"_codecs.encode", {Global::codecs_encode}},
         {"torch.UntypedStorage", {Global::storage_class, c10::kByte}},
+        // torch.save's storage of the dtypes without a typed storage class (uint16, float8_*,
+        // complex32, ...): bytes, with the dtype given to _rebuild_tensor_v3.
+        {"torch.storage.UntypedStorage", {Global::storage_class, c10::kByte}},
     };
     for (const char* b : {"__builtin__", "builtins"}) {
       (*t)[std::string(b) + ".set"] = {Global::set};
@@ -61,26 +64,36 @@ const std::unordered_map<std::string, Allowed>& allowlist() {
         {"ComplexDouble", c10::kComplexDouble}};
     for (const auto& [name, dtype] : storages)
       (*t)[std::string("torch.") + name + "Storage"] = {Global::storage_class, dtype};
-    const std::pair<const char*, c10::ScalarType> dtypes[] = {{"float32", c10::kFloat},
-                                                              {"float", c10::kFloat},
-                                                              {"float64", c10::kDouble},
-                                                              {"double", c10::kDouble},
-                                                              {"float16", c10::kHalf},
-                                                              {"half", c10::kHalf},
-                                                              {"bfloat16", c10::kBFloat16},
-                                                              {"int64", c10::kLong},
-                                                              {"long", c10::kLong},
-                                                              {"int32", c10::kInt},
-                                                              {"int", c10::kInt},
-                                                              {"int16", c10::kShort},
-                                                              {"short", c10::kShort},
-                                                              {"int8", c10::kChar},
-                                                              {"uint8", c10::kByte},
-                                                              {"bool", c10::kBool},
-                                                              {"complex64", c10::kComplexFloat},
-                                                              {"cfloat", c10::kComplexFloat},
-                                                              {"complex128", c10::kComplexDouble},
-                                                              {"cdouble", c10::kComplexDouble}};
+    const std::pair<const char*, c10::ScalarType> dtypes[] = {
+        {"float32", c10::kFloat},
+        {"float", c10::kFloat},
+        {"float64", c10::kDouble},
+        {"double", c10::kDouble},
+        {"float16", c10::kHalf},
+        {"half", c10::kHalf},
+        {"bfloat16", c10::kBFloat16},
+        {"int64", c10::kLong},
+        {"long", c10::kLong},
+        {"int32", c10::kInt},
+        {"int", c10::kInt},
+        {"int16", c10::kShort},
+        {"short", c10::kShort},
+        {"int8", c10::kChar},
+        {"uint8", c10::kByte},
+        {"bool", c10::kBool},
+        {"complex64", c10::kComplexFloat},
+        {"cfloat", c10::kComplexFloat},
+        {"complex128", c10::kComplexDouble},
+        {"cdouble", c10::kComplexDouble},
+        {"complex32", c10::kComplexHalf},
+        {"uint16", c10::kUInt16},
+        {"uint32", c10::kUInt32},
+        {"uint64", c10::kUInt64},
+        {"float8_e4m3fn", c10::kFloat8_e4m3fn},
+        {"float8_e5m2", c10::kFloat8_e5m2},
+        {"float8_e4m3fnuz", c10::kFloat8_e4m3fnuz},
+        {"float8_e5m2fnuz", c10::kFloat8_e5m2fnuz},
+        {"float8_e8m0fnu", c10::kFloat8_e8m0fnu}};
     for (const auto& [name, dtype] : dtypes)
       (*t)[std::string("torch.") + name] = {Global::dtype, dtype};
     return t;
@@ -240,6 +253,7 @@ class Reader {
   void reduce();
   void persistent_id();
   std::uint32_t rebuild_tensor(std::uint32_t args_i, bool v3);
+  void view_bits(Node& t, std::uint32_t metadata_i);
 
   Cursor in_;
   Unpickled out_;
@@ -483,13 +497,13 @@ std::vector<std::int64_t> ints_of(const Unpickled& u, const Node& t, Cursor& in,
 }
 
 std::uint32_t Reader::rebuild_tensor(std::uint32_t args_i, bool v3) {
-  const std::size_t want = v3 ? 8 : 6;
+  const std::size_t want = v3 ? 7 : 6;  // then torch's metadata dict, when the tensor has some
   const std::size_t n_args = node(args_i).items.size();
   if (n_args < want)
     in_.fail_at(op_at_, std::string(v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2") + " with " +
                             std::to_string(n_args) + " arguments (" + std::to_string(want) +
                             " expected)");
-  std::uint32_t args[8];  // the arguments used (a memo'd tuple may be long: never copied)
+  std::uint32_t args[7];  // the arguments used (a memo'd tuple may be long: never copied)
   std::copy_n(node(args_i).items.begin(), want, args);
   const Node& storage = expect(args[0], {Kind::storage}, "a tensor whose storage is not a storage");
   const Node& offset = node(args[1]);
@@ -506,10 +520,24 @@ std::uint32_t Reader::rebuild_tensor(std::uint32_t args_i, bool v3) {
   t.size = ints_of(out_, node(args[2]), in_, op_at_, "a tensor's size");
   t.stride = ints_of(out_, node(args[3]), in_, op_at_, "a tensor's stride");
   if (v3) t.dtype = expect(args[6], {Kind::dtype}, "_rebuild_tensor_v3 without a dtype").dtype;
+  if (n_args > want) view_bits(t, node(args_i).items[want]);
   if (t.size.size() != t.stride.size())
     in_.fail_at(op_at_, "a tensor with " + std::to_string(t.size.size()) + " sizes and " +
                             std::to_string(t.stride.size()) + " strides");
   return add(std::move(t));
+}
+
+// torch's tensor metadata (torch._utils.get_tensor_metadata): {'conj': True} for a conjugate
+// view, {'neg': True} for a negative view, whose storage holds the values before the view.
+void Reader::view_bits(Node& t, std::uint32_t metadata_i) {
+  const Node& m = expect(metadata_i, {Kind::dict}, "tensor metadata that is not a dict");
+  for (std::size_t k = 0; k + 1 < m.items.size(); k += 2) {
+    const Node& key = node(m.items[k]);
+    const Node& value = node(m.items[k + 1]);
+    if (key.kind != Kind::str || (key.s != "conj" && key.s != "neg") || value.kind != Kind::boolean)
+      in_.fail_at(op_at_, "tensor metadata other than {'conj': bool, 'neg': bool}");
+    (key.s == "conj" ? t.conj : t.neg) = value.flag;
+  }
 }
 
 void Reader::reduce() {
@@ -832,6 +860,12 @@ class Converter {
                      std::to_string(storage.nbytes()) + " bytes)");
     at::Tensor t = at::empty({0}, at::TensorOptions().dtype(n.dtype).device(storage.device()));
     t.set_(storage, n.i, n.size, n.stride);
+    if (n.conj) {
+      if (!at::isComplexType(n.dtype))
+        fail(path, std::string("a conjugate view of a ") + c10::toString(n.dtype) + " tensor");
+      t._set_conj(true);
+    }
+    if (n.neg) t._set_neg(true);
     if (n.flag) {
       if (!at::isFloatingType(n.dtype) && !at::isComplexType(n.dtype))
         fail(path, std::string("requires_grad on a ") + c10::toString(n.dtype) + " tensor");
@@ -1051,10 +1085,16 @@ class Writer {
   void tensor(const at::Tensor& t, const tree::Path& path) {
     if (!t.defined())
       throw std::invalid_argument("save: the tensor at '" + path.describe() + "' is undefined");
+    // A conjugate or negative view's storage holds the values before the view: its values go
+    // to the file instead (torch.save writes the bit as metadata; torch.load reads either).
+    if (t.is_conj() || t.is_neg()) return tensor(t.resolve_conj().resolve_neg(), path);
     const bool parameter = object_.parameters.count(path) > 0;
+    // Dtypes without a typed storage class (uint16, float8_*, complex32): torch.save's form,
+    // bytes in a torch.storage.UntypedStorage and the dtype given to _rebuild_tensor_v3.
+    const std::optional<std::string> typed = typed_storage_class(t.scalar_type());
     if (parameter) global("torch._utils", "_rebuild_parameter");
     if (parameter) op('(');
-    global("torch._utils", "_rebuild_tensor_v2");
+    global("torch._utils", typed ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
     op('(');
     // The persistent id: ('storage', torch.<T>Storage, key, location, numel).
     const auto* impl = t.storage().unsafeGetStorageImpl();
@@ -1069,10 +1109,13 @@ class Writer {
                                   ") view the same data as different dtypes, which a torch.save "
                                   "file cannot hold (as torch.save)");
     }
-    const std::uint64_t item = t.element_size();
+    const std::uint64_t item = typed ? t.element_size() : 1;  // an untyped storage counts bytes
     op('(');
     str("storage");
-    global("torch", storage_class(t.scalar_type()));
+    if (typed)
+      global("torch", *typed);
+    else
+      global("torch.storage", "UntypedStorage");
     str(std::to_string(it->second));
     str(t.device().is_cpu() ? "cpu" : t.device().str());
     integer(static_cast<std::int64_t>(t.storage().nbytes() / item));
@@ -1083,6 +1126,7 @@ class Writer {
     ints(t.strides());
     out_ += (t.requires_grad() && !parameter) ? '\x88' : '\x89';
     empty_ordered_dict();  // backward hooks
+    if (!typed) global("torch", dtype_name(t.scalar_type()));
     op('t');
     op('R');
     if (parameter) {
@@ -1114,7 +1158,7 @@ std::string pickle(const Object& object, std::vector<at::Tensor>& storages) {
   return Writer(object, storages).run();
 }
 
-std::string storage_class(c10::ScalarType dtype) {
+std::optional<std::string> typed_storage_class(c10::ScalarType dtype) {
   switch (dtype) {
     case c10::kFloat:
       return "FloatStorage";
@@ -1141,8 +1185,7 @@ std::string storage_class(c10::ScalarType dtype) {
     case c10::kComplexDouble:
       return "ComplexDoubleStorage";
     default:
-      throw std::invalid_argument(std::string("save: no torch storage class for dtype ") +
-                                  c10::toString(dtype));
+      return std::nullopt;
   }
 }
 

@@ -22,6 +22,7 @@
 #include <complex>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,7 @@ struct PyNode {
   Kind kind = Kind::none;
   bool flag = false;  // bool value; tensor: requires_grad
   bool parameter = false;
+  bool conj = false, neg = false;  // tensor: torch's conjugate and negative view bits
   Global global{};
   c10::ScalarType dtype = c10::kFloat;  // dtype value, storage class, tensor dtype
   std::int64_t i = 0;                   // int; tensor: storage offset; storage: index
@@ -121,7 +123,8 @@ Unpickled unpickle(const Input& bytes, std::uint64_t start, std::uint64_t& end);
 /// tensor that owns the storage (keys "0", "1", ... in order of first use).
 std::string pickle(const Object& object, std::vector<at::Tensor>& storages);
 
-/// The torch.<Name>Storage class of a dtype ("FloatStorage"). @throws std::invalid_argument.
-std::string storage_class(c10::ScalarType dtype);
+/// The torch.<Name>Storage class of a dtype ("FloatStorage"), nullopt for the dtypes torch
+/// saves in a torch.storage.UntypedStorage (uint16, float8_*, complex32, ...).
+std::optional<std::string> typed_storage_class(c10::ScalarType dtype);
 
 }  // namespace treetensor::io::detail

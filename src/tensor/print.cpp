@@ -42,6 +42,24 @@ std::optional<std::string> torch_dtype_name(c10::ScalarType t) {
       return "complex64";
     case at::kComplexDouble:
       return "complex128";
+    case at::kComplexHalf:
+      return "complex32";
+    case at::kUInt16:
+      return "uint16";
+    case at::kUInt32:
+      return "uint32";
+    case at::kUInt64:
+      return "uint64";
+    case at::kFloat8_e4m3fn:
+      return "float8_e4m3fn";
+    case at::kFloat8_e5m2:
+      return "float8_e5m2";
+    case at::kFloat8_e4m3fnuz:
+      return "float8_e4m3fnuz";
+    case at::kFloat8_e5m2fnuz:
+      return "float8_e5m2fnuz";
+    case at::kFloat8_e8m0fnu:
+      return "float8_e8m0fnu";
     default:
       return std::nullopt;
   }
