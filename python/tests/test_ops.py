@@ -394,3 +394,18 @@ def test_leaves_computed_without_aten_keep_what_torch_gives():
         ttorch.add(ttorch.Tensor({"a": i}), ttorch.Tensor({"a": i}), alpha=1.0)
     with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool"):
         ttorch.Tensor({"a": torch.randn(3)}) - True
+
+
+def test_conjugate_and_negative_views_keep_their_bits_in_consolidated_trees_and_steps():
+    import treetensor.optim as topt
+    c = ttorch.Tensor({"a": torch.tensor([1., 2., 3.])}).consolidate()
+    n = ttorch.Tensor({"a": torch._neg_view(c.a)}).consolidate()  # not c's buffer: a copy
+    assert torch.equal((n + 0).a, torch.tensor([-1., -2., -3.])) and float(n.sum()) == -6.0
+    z = ttorch.Tensor({"a": torch.tensor([1 + 1j, 2 + 2j])}).consolidate()
+    zc = ttorch.Tensor({"a": z.a.conj()}).consolidate()
+    assert torch.equal((zc * 1).a, torch.tensor([1 - 1j, 2 - 2j]))
+    zc.add_(torch.tensor(1j))  # written through the view's bit, as torch's conj view
+    assert torch.equal(zc.a, torch.tensor([1 + 0j, 2 - 1j]))
+    p = ttorch.Tensor({"w": torch._neg_view(torch.zeros(3))})
+    topt.SGD(p, lr=1.0).step(ttorch.Tensor({"w": torch.ones(3)}))
+    assert torch.equal(p.w, -torch.ones(3))

@@ -133,7 +133,9 @@ std::vector<at::Tensor> buffers_in_place(const ConsolidatedLayout& layout,
   std::vector<at::Tensor> buffers(layout.groups());
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const at::Tensor& x = *leaves[i];
-    if (!x.defined() || !x.is_contiguous() || !x.has_storage()) return {};
+    // A conjugate or negative view reads its storage through its bit: not the buffer's values.
+    if (!x.defined() || !x.is_contiguous() || !x.has_storage() || x.is_conj() || x.is_neg())
+      return {};
     at::Tensor& b = buffers[layout.group(i)];
     if (!b.defined()) {
       const int64_t numel = layout.group_numel(layout.group(i));
@@ -242,7 +244,8 @@ TensorTree ConsolidatedTree::make() const {
 bool ConsolidatedTree::describes(const TensorTree& t) const {
   std::size_t i = 0;
   const bool all = detail::all_leaves(t, [&](const at::Tensor& x) {
-    if (i >= layout_->leaves() || !x.defined() || !x.has_storage()) return false;
+    if (i >= layout_->leaves() || !x.defined() || !x.has_storage() || x.is_conj() || x.is_neg())
+      return false;
     const at::Tensor& b = buffers_[layout_->group(i)];
     const bool same = x.scalar_type() == b.scalar_type() && x.device() == b.device() &&
                       x.unsafeGetTensorImpl()->unsafe_storage().is_alias_of(b.storage()) &&

@@ -63,7 +63,7 @@ bool kernel_ready(std::initializer_list<const at::Tensor*> tensors) {
     return false;
   for (const at::Tensor* t : tensors)
     if (!t->defined() || !t->is_contiguous() || t->scalar_type() != dtype ||
-        !t->device().is_cpu() || t->numel() != first.numel())
+        !t->device().is_cpu() || t->numel() != first.numel() || t->is_neg())  // the bit: at::
       return false;
   return true;
 }

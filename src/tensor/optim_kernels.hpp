@@ -45,7 +45,8 @@ void sgd_kernel(const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf,
                 const SgdScalars& s, int64_t begin, int64_t end);
 
 /// Whether the kernels take these tensors as they are: defined, contiguous, one dtype of
-/// float32/float64/float16/bfloat16, one device (CPU), equal numel.
+/// float32/float64/float16/bfloat16, one device (CPU), equal numel, no negative view bit (the
+/// kernels read raw storage).
 bool kernel_ready(std::initializer_list<const at::Tensor*> tensors);
 
 /// The kernel ABI below: raw pointers and plain structs only, so that the per-instruction-set
