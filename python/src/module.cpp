@@ -328,6 +328,17 @@ py::object wrap(TreeTensor t) {
 }
 
 namespace {
+// The nested dict of a treetensor.common.Object (a treetensor.numpy tree among them: DI-treetensor
+// builds tensor trees from its numpy trees), else None.
+py::object object_dict(py::handle h) {
+  PyObject* common = PyDict_GetItemString(PyImport_GetModuleDict(), "treetensor.common");
+  if (common == nullptr) return py::none();  // nothing can be an Object yet
+  const py::object cls = py::reinterpret_borrow<py::object>(common).attr("Object");
+  const int is = PyObject_IsInstance(h.ptr(), cls.ptr());
+  if (is < 0) throw py::error_already_set();
+  return is ? py::object(h.attr("_d")) : py::object(py::none());
+}
+
 // Deepest dict nesting taken from Python: tree::Tree's copies, map and zip recurse once per
 // level and are sized for 10,000 levels (tree/core.hpp).
 constexpr std::size_t kMaxDepth = 10000;
@@ -370,8 +381,10 @@ struct DictWalk {
     if (is_tree(h)) return as_tree(h).node();
     if (PyDict_Check(h.ptr())) return dict(h);
     if (is_tensor(h)) return TensorTree(unpack_tensor(h));
-    if (!PyLong_Check(h.ptr()) && !PyFloat_Check(h.ptr()))
+    if (!PyLong_Check(h.ptr()) && !PyFloat_Check(h.ptr())) {
+      if (py::object d = object_dict(h); !d.is_none()) return dict(d);
       if (py::object d = foreign_dict(h); !d.is_none()) return dict(d);
+    }
     py::object t;
     try {
       t = py::module_::import("torch").attr("as_tensor")(h);
@@ -602,15 +615,28 @@ released while leaf work runs.)");
   cls.def("__setattr__", set_child);
   cls.def("__setitem__", [set_child](PyTree& self, py::handle key, py::handle value) {
     if (PyUnicode_Check(key.ptr())) return set_child(self, key.cast<std::string>(), value);
-    // Leaf-wise assignment leaf[key] = value (value a tree zipped by path, else broadcast).
+    // Leaf-wise assignment leaf[key] = value; a tree key (a mask, DI-treetensor's
+    // t[t > 0] = 0) or value is zipped by path, anything else broadcast. A leaf's error names
+    // its path; the leaves before it are assigned (as the per-leaf loop leaves them).
     const TensorTree& n = self.node();
     const auto flat = tree::flatten_refs(n);
     const auto paths = flat.spec.paths();
-    const bool value_tree = is_tree(value);
+    auto leaf_of = [&](py::handle tree_or_value, std::size_t i) -> py::object {
+      if (!is_tree(tree_or_value)) return py::reinterpret_borrow<py::object>(tree_or_value);
+      const TensorTree* c = as_tree(tree_or_value).node().find(paths[i]);
+      if (!c || !c->is_leaf())
+        throw py::key_error("treetensor: __setitem__: the tree index or value has no leaf at '" +
+                            paths[i].describe() + "'");
+      return wrap_tensor(c->leaf());
+    };
     for (std::size_t i = 0; i < paths.size(); ++i) {
-      py::object v = value_tree ? wrap_tensor(as_tree(value).node().at(paths[i]).leaf())
-                                : py::reinterpret_borrow<py::object>(value);
-      wrap_tensor(*flat.leaves[i])[key] = v;
+      py::object k = leaf_of(key, i), v = leaf_of(value, i);
+      try {
+        wrap_tensor(*flat.leaves[i])[k] = v;
+      } catch (py::error_already_set& e) {
+        reraise(e.value(), "__setitem__ at leaf '" + paths[i].describe() +
+                               "': " + py::str(e.value()).cast<std::string>());
+      }
     }
   });
   auto del_child = [](PyTree& self, const std::string& key) {

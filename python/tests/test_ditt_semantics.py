@@ -636,3 +636,18 @@ def test_a_key_named_constraint_comes_first():
     t = ttorch.Tensor({"constraint": torch.ones(1), "validate": torch.zeros(1)})
     assert torch.equal(t.constraint, torch.ones(1)) and torch.equal(t.validate, torch.zeros(1))
     assert repr(ttorch.Tensor({"a": torch.ones(1)}).constraint) == "<EmptyConstraint>"
+
+
+def test_setitem_with_a_tree_mask_and_numpy_trees_back_to_tensor_trees():
+    t = ttorch.Tensor({"a": torch.tensor([1., -2.]), "b": {"x": torch.tensor([-1., 3.])}})
+    u = t.clone()
+    u[u > 0] = 0.  # DI-treetensor: leaf-wise, the mask zipped by path
+    assert torch.equal(u.a, torch.tensor([0., -2.])) and torch.equal(u.b.x, torch.tensor([-1., 0.]))
+    with pytest.raises(RuntimeError, match="__setitem__ at leaf 'a'"):
+        u[0] = torch.zeros(3)
+    a = tnp.array({"a": np.array([1, 2]), "b": {"x": np.array([3.5])}})
+    back = ttorch.Tensor(a)
+    assert torch.equal(back.a, torch.tensor([1, 2])) and torch.equal(back.b.x, torch.tensor([3.5]))
+    assert torch.equal(ttorch.as_tensor(t.numpy()).b.x, t.b.x)
+    assert (abs(a) == tnp.array({"a": np.array([1, 2]), "b": {"x": np.array([3.5])}})).all()
+    assert abs(tc.Object({"k": -2})) == tc.Object({"k": 2})

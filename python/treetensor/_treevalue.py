@@ -460,7 +460,8 @@ BINARY_OPERATORS = {"add": _operator.add, "sub": _operator.sub, "mul": _operator
                     "mod": _operator.mod, "pow": _operator.pow, "matmul": _operator.matmul,
                     "and": _operator.and_, "or": _operator.or_, "xor": _operator.xor,
                     "lshift": _operator.lshift, "rshift": _operator.rshift}
-UNARY_OPERATORS = {"neg": _operator.neg, "pos": _operator.pos, "invert": _operator.invert}
+UNARY_OPERATORS = {"neg": _operator.neg, "pos": _operator.pos, "invert": _operator.invert,
+                   "abs": _operator.abs}  # abs: as numpy arrays and tensors take it
 
 
 def _install_operators(cls):

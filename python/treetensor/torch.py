@@ -51,9 +51,12 @@ __all__ = ["Tensor", "Size", "Object", "stream", "apply", "synchronize"]
 
 # ---- tree data: dicts, and treevalue TreeValues read as theirs (treetensor.common) ------------
 def _plain_dict(x):
-    """x, or the nested dict of a treevalue TreeValue."""
+    """x, or the nested dict of an Object (a treetensor.numpy tree: DI-treetensor builds tensor
+    trees from them) or of a treevalue TreeValue."""
     if type(x) is dict or x is None:
         return x
+    if isinstance(x, Object):
+        return x._d
     d = _foreign_dict(x)
     return x if d is None else d
 
