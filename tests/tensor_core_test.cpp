@@ -484,8 +484,17 @@ TEST(TensorErrors, DtypeMismatchInALeafNamesPathAndOp) {
     (void)tt::mean(ints);
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_EQ(std::string(e.what_without_backtrace()),
-              "mean: needs floating or complex leaves, leaf 'i' is Long");
+    EXPECT_EQ(
+        std::string(e.what_without_backtrace()),
+        "mean: needs floating or complex leaves; all are integral or bool (leaf 'i' is Long)");
+  }
+  // int64 beside float32 leaves: torch.cat promotes them to float32, whose mean torch takes.
+  TreeTensor mixed{{"f", at::full({2}, 0.5f)}, {"i", at::arange(4)}};
+  {
+    const at::Tensor all = at::cat({at::full({2}, 0.5f), at::arange(4)});
+    EXPECT_EQ(tt::mean(mixed).scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::allclose(tt::mean(mixed), all.mean(), 0, 1e-6));
+    EXPECT_TRUE(at::allclose(tt::std(mixed), all.std(), 0, 1e-6));
   }
 }
 

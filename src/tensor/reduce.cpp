@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -50,21 +51,22 @@ int64_t total_numel(const TensorTree& t) {
   return n;
 }
 
-void require_floating(std::string_view op, const TensorTree& t) {
+// The dtype torch.cat of the leaves would have, which mean and std need floating or complex
+// (as torch's of all elements: int64 and float32 leaves promote to float32; int64 alone fails).
+at::ScalarType require_floating(std::string_view op, const TensorTree& t) {
+  std::optional<c10::ScalarType> promoted;
+  auto take = [&](c10::ScalarType d) { promoted = promoted ? at::promoteTypes(*promoted, d) : d; };
   if (const ConsolidatedTree* c = consolidated_source(t)) {  // the leaves have the buffers' dtypes
-    bool floating = true;
-    for (const at::Tensor& b : c->buffers())
-      floating =
-          floating && (at::isFloatingType(b.scalar_type()) || at::isComplexType(b.scalar_type()));
-    if (floating) return;
+    for (const at::Tensor& b : c->buffers()) take(b.scalar_type());
+  } else {
+    for (const at::Tensor* x : tree::flatten_refs(t).leaves) take(x->scalar_type());
   }
+  if (!promoted) return at::get_default_dtype_as_scalartype();
+  if (at::isFloatingType(*promoted) || at::isComplexType(*promoted)) return *promoted;
   const auto flat = tree::flatten_refs(t);
-  for (std::size_t i = 0; i < flat.leaves.size(); ++i) {
-    const c10::ScalarType dtype = flat.leaves[i]->scalar_type();
-    TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), op,
-                ": needs floating or complex leaves, leaf '", flat.spec.paths()[i].describe(),
-                "' is ", c10::toString(dtype));
-  }
+  TORCH_CHECK(false, op, ": needs floating or complex leaves; all are integral or bool (leaf '",
+              flat.spec.paths()[0].describe(), "' is ",
+              c10::toString(flat.leaves[0]->scalar_type()), ")");
 }
 
 // Every element of every leaf as one 1-D tensor (promoted dtype; the default dtype for an
@@ -98,8 +100,8 @@ at::Tensor sum(const TensorTree& t) {
 }
 
 at::Tensor mean(const TensorTree& t) {
-  require_floating("mean", t);
-  auto s = stacked(partials("mean", t, [](const at::Tensor& x) { return x.sum(); }));
+  const at::ScalarType type = require_floating("mean", t);
+  auto s = stacked(partials("mean", t, [type](const at::Tensor& x) { return x.to(type).sum(); }));
   if (!s.defined()) return default_scalar(std::numeric_limits<double>::quiet_NaN());
   return s.sum() / static_cast<double>(total_numel(t));
 }
