@@ -74,11 +74,23 @@ class ToPython {
           } else if constexpr (std::is_same_v<X, at::Tensor>) {
             if (!object_.parameters.count(path_)) return wrap_tensor(x);
             return parameter_class()(wrap_tensor(x), x.requires_grad());
+          } else if constexpr (std::is_same_v<X, std::string>) {
+            return text(x);
           } else {
             return py::cast(x);
           }
         },
         v);
+  }
+
+  // A pickled str as pickle decodes it (BINUNICODE: UTF-8 with "surrogatepass", so a lone
+  // surrogate reads as torch.load gives it; other invalid UTF-8 is torch.load's
+  // UnicodeDecodeError too).
+  static py::object text(const std::string& s) {
+    PyObject* o =
+        PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogatepass");
+    if (!o) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(o);
   }
 
   // A list's items sit under "0".."n-1", which the tree sorts as strings ("10" < "2").
@@ -93,8 +105,8 @@ class ToPython {
   py::object dict(const ValueTree& node, py::object out) {
     for (const std::string& key : file_order(node)) {
       path_.push_back(key);
-      py::object k = object_.int_keys.count(path_) ? py::object(py::int_(std::stoll(key)))
-                                                   : py::object(py::str(key));
+      py::object k =
+          object_.int_keys.count(path_) ? py::object(py::int_(std::stoll(key))) : text(key);
       path_.pop_back();
       out[k] = at_key(key, node[key]);
     }

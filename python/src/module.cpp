@@ -455,6 +455,9 @@ Operand Args::add(py::handle h) {
     return ops_.emplace_back(at::Scalar(static_cast<int64_t>(v)));
   }
   if (PyFloat_Check(o)) return ops_.emplace_back(at::Scalar(PyFloat_AS_DOUBLE(o)));
+  if (PyComplex_Check(o))  // as torch: t + 1j is complex
+    return ops_.emplace_back(
+        at::Scalar(c10::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o))));
   if (PyDict_Check(o)) {
     any_tree_ = true;
     return ops_.emplace_back(trees_.emplace_back(to_tree(h)));

@@ -138,11 +138,22 @@ def test_conjugate_and_negative_views_keep_their_values(tmp_path):
     assert views["conj"].is_conj() and views["neg"].is_neg()
     torch.save(views, tmp_path / "torch.pt")
     ours = ttorch.load(tmp_path / "torch.pt", tree=False)
+    torch.save(views, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    legacy = ttorch.load(tmp_path / "legacy.pt", tree=False)
+    for k, v in views.items():
+        assert torch.equal(legacy[k], v), k
     ttorch.save(views, tmp_path / "ours.pt")
     back = torch.load(tmp_path / "ours.pt", weights_only=True)
     for k, v in views.items():
         assert torch.equal(ours[k], v) and torch.equal(back[k], v), k
     assert ours["conj"].is_conj() and ours["neg"].is_neg()
+
+
+def test_a_lone_surrogate_in_a_str_reads_as_torch_load_gives_it(tmp_path):
+    obj = {"\ud800": torch.ones(1), "v": "x\udfffy"}  # pickle writes them ("surrogatepass")
+    torch.save(obj, tmp_path / "s.pt")
+    assert_same(ttorch.load(tmp_path / "s.pt", tree=False),
+                torch.load(tmp_path / "s.pt", weights_only=True))
 
 
 def test_saved_trees_load_into_pytorch_and_train_on_bitwise(checkpoint, tmp_path):

@@ -409,3 +409,12 @@ def test_conjugate_and_negative_views_keep_their_bits_in_consolidated_trees_and_
     p = ttorch.Tensor({"w": torch._neg_view(torch.zeros(3))})
     topt.SGD(p, lr=1.0).step(ttorch.Tensor({"w": torch.ones(3)}))
     assert torch.equal(p.w, -torch.ones(3))
+
+
+def test_complex_python_scalars_as_torch_takes_them():
+    t = ttorch.Tensor({"a": torch.tensor([1., 2.]), "b": {"x": torch.tensor([-1.])}})
+    for tree in (t, t.consolidate()):
+        for got, want in ((tree + 1j, lambda x: x + 1j), (2j * tree, lambda x: 2j * x),
+                          (ttorch.add(tree, 1 - 1j), lambda x: torch.add(x, 1 - 1j))):
+            assert got.a.dtype == torch.complex64
+            assert torch.equal(got.a, want(t.a)) and torch.equal(got.b.x, want(t.b.x))
