@@ -650,8 +650,6 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
         py::arg("shapes"), py::kw_only(), py::arg("dtype") = py::none(),
         py::arg("device") = py::none(), py::arg("requires_grad") = false);
   };
-  shaped("_randn", &treetensor::randn);
-  shaped("_rand", &treetensor::rand);
   shaped("_zeros", &treetensor::zeros);
   shaped("_ones", &treetensor::ones);
   shaped("_empty", &treetensor::empty);
@@ -664,16 +662,6 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       },
       py::arg("shapes"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none(),
       py::arg("device") = py::none(), py::arg("requires_grad") = false);
-  m.def(
-      "_randint",
-      [](int64_t low, int64_t high, py::handle shapes, py::handle dtype, py::handle device) {
-        const ShapeTree sh = to_shapes(shapes);
-        at::TensorOptions o = options(dtype, device);
-        if (!o.has_dtype()) o = o.dtype(at::kLong);
-        return wrap(nogil([&] { return treetensor::randint(low, high, sh, o); }));
-      },
-      py::arg("low"), py::arg("high"), py::arg("shapes"), py::kw_only(),
-      py::arg("dtype") = py::none(), py::arg("device") = py::none());
   auto like = [&](const char* name, TreeTensor (*fn)(const TensorTree&, at::TensorOptions)) {
     m.def(
         name,
@@ -689,8 +677,6 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   like("_zeros_like", &treetensor::zeros_like);
   like("_ones_like", &treetensor::ones_like);
   like("_empty_like", &treetensor::empty_like);
-  like("_randn_like", &treetensor::randn_like);
-  like("_rand_like", &treetensor::rand_like);
   m.def(
       "_full_like",
       [](py::handle t, const Number& v, py::handle dtype, py::handle device) {
@@ -701,16 +687,6 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       },
       py::arg("input"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none(),
       py::arg("device") = py::none());
-  m.def(
-      "_randint_like",
-      [](py::handle t, int64_t low, int64_t high, py::handle dtype, py::handle device) {
-        const at::TensorOptions o = options(dtype, device);
-        return wrap(with_tree(t, [&](const TensorTree& n) {
-          return nogil([&] { return treetensor::randint_like(n, low, high, o); });
-        }));
-      },
-      py::arg("input"), py::arg("low"), py::arg("high"), py::kw_only(),
-      py::arg("dtype") = py::none(), py::arg("device") = py::none());
   m.def(
       "_as_tensor",
       [](py::handle t, py::handle dtype, py::handle device) {

@@ -51,6 +51,15 @@ CASES = [
     ("randn_like", "ttorch.randn_like(T('t')).shape", None),
     ("rand_like", "(ttorch.rand_like(T('t')) < 1).all()", None),
     ("randint_like", "(ttorch.randint_like(T('t'), 2, 4) >= 2).all()", None),
+    # random values after torch.manual_seed: torch's own for a one-leaf tree on both sides. With
+    # more leaves DI-treetensor draws them in an order that follows the keys' str hashes (it
+    # changes with PYTHONHASHSEED); ours in sorted-key order (DESIGN.md §15)
+    ("randn-seeded", "(torch.manual_seed(0), ttorch.randn({'a': (2, 3)}))[1]", None),
+    ("rand-seeded", "(torch.manual_seed(1), ttorch.rand({'a': {'x': (3,)}}))[1]", None),
+    ("randint-seeded", "(torch.manual_seed(2), ttorch.randint(0, 9, {'a': (3,)}))[1]", None),
+    ("randn_like-seeded", "(torch.manual_seed(3), ttorch.randn_like(ttorch.zeros({'a': (3,)})))[1]", None),
+    ("rand_like-seeded", "(torch.manual_seed(4), ttorch.rand_like(ttorch.zeros({'a': (3,)})))[1]", None),
+    ("randint_like-seeded", "(torch.manual_seed(5), ttorch.randint_like(ttorch.zeros({'a': (3,)}), 2, 9))[1]", None),
     ("clone", "ttorch.clone(T('t'))", None),
     ("detach", "T('t').detach()", None),
     ("detach_", "ttorch.detach_(T('t'))", None),

@@ -292,6 +292,18 @@ def test_construction():
     a = ttorch.randn(shapes)
     torch.manual_seed(3)
     assert ttorch.equal(a, ttorch.randn(shapes))  # reproducible after manual_seed
+    torch.manual_seed(3)  # torch's values, leaf by leaf in sorted-key order (DI-treetensor)
+    assert all(torch.equal(leaf, torch.randn(leaf.shape)) for leaf in ttorch.tree_flatten(a)[0])
+    with ttorch.stream(2):
+        torch.manual_seed(3)
+        assert ttorch.equal(a, ttorch.randn(shapes))  # whatever the mode
+    g = torch.Generator().manual_seed(7)
+    b = ttorch.rand(shapes, generator=g)
+    g.manual_seed(7)
+    assert ttorch.equal(b, ttorch.rand(shapes, generator=g))
+    r = ttorch.randn_like(a, generator=g.manual_seed(7))
+    g.manual_seed(7)
+    assert all(torch.equal(x, torch.randn(x.shape, generator=g)) for x in ttorch.tree_flatten(r)[0])
     for name in ["zeros_like", "ones_like", "empty_like", "randn_like", "rand_like"]:
         assert getattr(ttorch, name)(a).shape == a.shape
     assert ttorch.full_like(a, 7).a.eq(7).all()

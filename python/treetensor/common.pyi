@@ -40,6 +40,7 @@ class Object:
     tree is an Object over its tensors (DI-treetensor). An Object or treevalue TreeValue among a
     dict's values is a subtree, not a leaf (DI-treetensor); a tensor tree there stays a leaf, as
     ``treetensor.torch.load`` gives a checkpoint's ``model`` (DI-treetensor reads it as a subtree)."""
+    def __abs__(self): ...
     def __add__(self, other): ...
     def __and__(self, other): ...
     def __contains__(self, k): ...
@@ -133,7 +134,10 @@ class Object:
         """A ``graphviz.Digraph`` of several trees, each a tree or a ``(tree, name)`` pair
         (treevalue's ``graphics``; see ``treetensor._graph`` for the options)."""
     def items(self): ...
-    def json(self): ...
+    def json(self):
+        """The tree as new nested dicts, down to the leaves: a tensor tree among the values (as
+        ``treetensor.torch.load`` gives a checkpoint's ``model``) is its nested dict too, so the
+        result is what ``torch.load`` gives (``model.load_state_dict(ck.to_dict()['model'])``)."""
     def keys(self): ...
     def leaves(self):
         """The leaf values in sorted-path order."""
@@ -172,7 +176,10 @@ class Object:
                 ValueError naming the path when the trees' key sets differ, for ``list_=False`` or
                 ``tuple_=False`` (both always subside) and for zip options other than treevalue's
                 defaults."""
-    def to_dict(self): ...
+    def to_dict(self):
+        """The tree as new nested dicts, down to the leaves: a tensor tree among the values (as
+        ``treetensor.torch.load`` gives a checkpoint's ``model``) is its nested dict too, so the
+        result is what ``torch.load`` gives (``model.load_state_dict(ck.to_dict()['model'])``)."""
     def type(self, clazz=..., *args, **kwargs):
         """``t.type(Object)``: the same tree as another tree class (treevalue's ``type``; leaves
         shared; as ``Tensor(dict)``, a Tensor converts other leaves with torch.as_tensor); any other

@@ -738,8 +738,40 @@ def _factory(name):
     __all__.append(name)
 
 
-for _n in ["randn", "rand", "zeros", "ones", "empty"]:
+for _n in ["zeros", "ones", "empty"]:
     _factory(_n)
+
+
+# Random trees: one torch call per leaf on the calling thread, in flatten (sorted-key) order, so
+# that after torch.manual_seed(s) leaf k holds what the k-th torch call would (DI-treetensor
+# parity: {'a': (3,)} gives torch.randn(3)'s values) whatever the stream mode, and generator=
+# works as torch's. The C++ API draws one seed per leaf instead (construct.hpp).
+def _random_leaves(shapes, fill, name):
+    def in_order(d):  # a str key sorts as the tree sorts it; Tensor() names a non-str one
+        return {k: in_order(d[k]) if isinstance(d[k], dict) else d[k] for k in sorted(d, key=str)}
+    return Tensor(_map_dict(in_order(shapes), lambda s: fill((s,) if isinstance(s, int) else s),
+                            name))
+
+
+def _random_factory(name):
+    tfn = getattr(_torch, name)
+
+    def f(*args, **kwargs):
+        if _shape_arg(args):
+            return _random_leaves(_shapes(args[0]), lambda s: tfn(s, **kwargs), name)
+        return tfn(*args, **kwargs)
+
+    f.__name__ = name
+    f.__doc__ = (f"``{name}(tree_of_shapes, *, generator=None, dtype=None, device=None, "
+                 f"requires_grad=False)``: a tree of torch.{name} leaves made in sorted-key order "
+                 f"(after torch.manual_seed, the values of torch.{name} calls in that order, as "
+                 f"DI-treetensor); plain torch.{name} otherwise.")
+    globals()[name] = f
+    __all__.append(name)
+
+
+for _n in ["randn", "rand"]:
+    _random_factory(_n)
 
 
 def full(size, fill_value, **kwargs):
@@ -758,7 +790,8 @@ def randint(*args, **kwargs):
             low, high = args[0], args[1]
         else:
             raise TypeError("randint([low,] high, shapes)")
-        return _C._randint(low, high, _shapes(args[-1]), **kwargs)
+        return _random_leaves(_shapes(args[-1]),
+                              lambda s: _torch.randint(low, high, s, **kwargs), "randint")
     return _torch.randint(*args, **kwargs)
 
 
@@ -777,15 +810,28 @@ def _like(name):
     __all__.append(name)
 
 
-for _n in ["zeros_like", "ones_like", "empty_like", "randn_like", "rand_like", "full_like"]:
+for _n in ["zeros_like", "ones_like", "empty_like", "full_like"]:
     _like(_n)
 
 
-def randint_like(input, *args, **kwargs):
-    if _is_tree(input):
-        low, high = (0, args[0]) if len(args) == 1 else args
-        return _C._randint_like(input, low, high, **kwargs)
-    return _torch.randint_like(input, *args, **kwargs)
+def _random_like(name):
+    tfn = getattr(_torch, name)
+
+    def f(input, *args, **kwargs):
+        if not _is_tree(input):
+            return tfn(input, *args, **kwargs)
+        leaves, spec = _C.tree_flatten(input)  # sorted-key order, as the random trees above
+        return _C.tree_unflatten(spec, [tfn(x, *args, **kwargs) for x in leaves])
+
+    f.__name__ = name
+    f.__doc__ = (f"Leaf-wise torch.{name} over a tree, one call per leaf in sorted-key order "
+                 f"(DI-treetensor's values after torch.manual_seed; generator= as torch's).")
+    globals()[name] = f
+    __all__.append(name)
+
+
+for _n in ["randn_like", "rand_like", "randint_like"]:
+    _random_like(_n)
 
 
 def _map_dict(d, fn, name="treetensor", path=()):

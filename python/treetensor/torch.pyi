@@ -191,20 +191,20 @@ __all__ = [
     "allclose",
     "cat",
     "stack",
-    "randn",
-    "rand",
     "zeros",
     "ones",
     "empty",
+    "randn",
+    "rand",
     "zeros_like",
     "ones_like",
     "empty_like",
+    "full_like",
     "randn_like",
     "rand_like",
-    "full_like",
+    "randint_like",
     "full",
     "randint",
-    "randint_like",
     "tensor",
     "as_tensor",
     "current_stream",
@@ -223,6 +223,7 @@ class Object:
     tree is an Object over its tensors (DI-treetensor). An Object or treevalue TreeValue among a
     dict's values is a subtree, not a leaf (DI-treetensor); a tensor tree there stays a leaf, as
     ``treetensor.torch.load`` gives a checkpoint's ``model`` (DI-treetensor reads it as a subtree)."""
+    def __abs__(self): ...
     def __add__(self, other): ...
     def __and__(self, other): ...
     def __contains__(self, k): ...
@@ -316,7 +317,10 @@ class Object:
         """A ``graphviz.Digraph`` of several trees, each a tree or a ``(tree, name)`` pair
         (treevalue's ``graphics``; see ``treetensor._graph`` for the options)."""
     def items(self): ...
-    def json(self): ...
+    def json(self):
+        """The tree as new nested dicts, down to the leaves: a tensor tree among the values (as
+        ``treetensor.torch.load`` gives a checkpoint's ``model``) is its nested dict too, so the
+        result is what ``torch.load`` gives (``model.load_state_dict(ck.to_dict()['model'])``)."""
     def keys(self): ...
     def leaves(self):
         """The leaf values in sorted-path order."""
@@ -355,7 +359,10 @@ class Object:
                 ValueError naming the path when the trees' key sets differ, for ``list_=False`` or
                 ``tuple_=False`` (both always subside) and for zip options other than treevalue's
                 defaults."""
-    def to_dict(self): ...
+    def to_dict(self):
+        """The tree as new nested dicts, down to the leaves: a tensor tree among the values (as
+        ``treetensor.torch.load`` gives a checkpoint's ``model``) is its nested dict too, so the
+        result is what ``torch.load`` gives (``model.load_state_dict(ck.to_dict()['model'])``)."""
     def type(self, clazz=..., *args, **kwargs):
         """``t.type(Object)``: the same tree as another tree class (treevalue's ``type``; leaves
         shared; as ``Tensor(dict)``, a Tensor converts other leaves with torch.as_tensor); any other
@@ -674,21 +681,22 @@ def pow(*args, **kwargs):
     pow(a, b): a^b, leaf-wise (torch.pow without a tree)."""
 
 def rand(*args, **kwargs):
-    """``rand(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a tree of torch.rand leaves (DI-treetensor); plain torch.rand otherwise."""
+    """``rand(tree_of_shapes, *, generator=None, dtype=None, device=None, requires_grad=False)``: a tree of torch.rand leaves made in sorted-key order (after torch.manual_seed, the values of torch.rand calls in that order, as DI-treetensor); plain torch.rand otherwise."""
 
 def rand_like(input, *args, **kwargs):
-    """Leaf-wise torch.rand_like over a tree (structure and leaf shapes kept)."""
+    """Leaf-wise torch.rand_like over a tree, one call per leaf in sorted-key order (DI-treetensor's values after torch.manual_seed; generator= as torch's)."""
 
 def randint(*args, **kwargs):
     """``randint([low=0,] high, tree_of_shapes, *, dtype=torch.int64, device=None)``."""
 
-def randint_like(input, *args, **kwargs): ...
+def randint_like(input, *args, **kwargs):
+    """Leaf-wise torch.randint_like over a tree, one call per leaf in sorted-key order (DI-treetensor's values after torch.manual_seed; generator= as torch's)."""
 
 def randn(*args, **kwargs):
-    """``randn(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a tree of torch.randn leaves (DI-treetensor); plain torch.randn otherwise."""
+    """``randn(tree_of_shapes, *, generator=None, dtype=None, device=None, requires_grad=False)``: a tree of torch.randn leaves made in sorted-key order (after torch.manual_seed, the values of torch.randn calls in that order, as DI-treetensor); plain torch.randn otherwise."""
 
 def randn_like(input, *args, **kwargs):
-    """Leaf-wise torch.randn_like over a tree (structure and leaf shapes kept)."""
+    """Leaf-wise torch.randn_like over a tree, one call per leaf in sorted-key order (DI-treetensor's values after torch.manual_seed; generator= as torch's)."""
 
 def remainder(*args, **kwargs):
     """remainder(input: object, other: object) -> object
