@@ -330,6 +330,20 @@ def test_step_hooks_global_hooks_and_the_profiler_see_every_step():
     assert plain.state["step"] == 1
 
 
+def test_pickles_with_an_lr_scheduler_attached_as_torch_optim_does():
+    import pickle
+    t = ttorch.Tensor(params()).consolidate()
+    opt = topt.SGD(t, lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    run_steps(opt, range(1))
+    sched.step()
+    clone = pickle.loads(pickle.dumps(opt))
+    assert clone.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == 0.05
+    assert "step" not in vars(clone)  # the scheduler's wrapper stays with the original
+    clone.step(ttorch.Tensor(grads(2)))
+    assert clone.state["step"] == 2 and opt.state["step"] == 1
+
+
 def test_copies_and_pickles_step_as_the_original():
     import copy
     import pickle

@@ -185,10 +185,11 @@ class _TreeOptimizer(torch.optim.Optimizer):
         self.state = {"step": 0}
 
     def __getstate__(self):  # torch.optim keeps three attributes; a tree optimizer needs all
-        # but its hooks and treetensor.nn's ties to a module's backward (a copy has none)
+        # but its hooks, treetensor.nn's ties to a module's backward (a copy has none) and what an
+        # LR scheduler patched in (its wrapper of `step`, as torch.optim's copies drop it)
         hooks = {k for k in self.__dict__ if k.startswith("_optimizer_") and k.endswith("_hooks")}
-        return {k: v for k, v in self.__dict__.items()
-                if k not in hooks and k not in ("_taken", "_taken_partial", "_before_step")}
+        dropped = ("_taken", "_taken_partial", "_before_step", "step", "_opt_called")
+        return {k: v for k, v in self.__dict__.items() if k not in hooks and k not in dropped}
 
     def __setstate__(self, state):
         super().__setstate__(state)  # torch.optim's: empty hook tables
