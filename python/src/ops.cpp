@@ -588,7 +588,9 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
         const TensorTree& n = s.operand();
         return wrap(nogil([&] { return treetensor::consolidate(n); }));
       },
-      "A copy whose leaves are views into one buffer per (dtype, device) (C++ consolidate()).");
+      "A copy whose leaves are views into one buffer per (dtype, device) (C++ consolidate()). "
+      "requires_grad is kept, but the leaves are fresh autograd leaves: no history is carried, "
+      "so gradients of the result do not reach this tree's leaves (not as torch's clone()).");
   cls.def("is_consolidated", [](const PyTree& s) { return treetensor::is_consolidated(s.node()); });
 
   // ---- attributes (nested dicts; treetensor.torch wraps them as trees of values) -----------

@@ -111,8 +111,10 @@ TreeTensor consolidated_tree(std::shared_ptr<const ConsolidatedLayout> layout,
 
 /// A copy of `t` whose leaves are contiguous views into one buffer per (dtype, device), in
 /// flatten order, each starting at a multiple of 64 bytes (padding is zero). Leaves keep their
-/// dtype, device, shape and values; requires_grad is kept (the views are fresh leaves, made at
-/// once); without autograd the views are made on first access. Trees of equal layout share one
+/// dtype, device, shape and values; requires_grad is kept, but the views are fresh autograd
+/// leaves, made at once: no history is carried, so gradients of the result never reach `t`'s
+/// leaves or what made them (each leaf is as `x.detach().clone().requires_grad_(x.requires_grad())`,
+/// not as torch's clone()); without autograd the views are made on first access. Trees of equal layout share one
 /// layout object (compared by pointer in flat calls).
 /// A consolidated tree is returned as is (O(1)); a tree whose leaves already lie in buffers as
 /// consolidate() lays them out (e.g. one that lost the property to a mutation) gets the
