@@ -287,6 +287,20 @@ TEST_F(Malformed, PyTorch2AdditionsLoad) {
       io::load(archive("v3.pt", pickle, {{"data/0", data}, {"byteorder", "little"}}));
   EXPECT_TRUE(
       std::get<at::Tensor>(o.tree.at(tr::Path{"t"}).leaf()).equal(at::tensor({1.5f, -2.0f})));
+  // The metadata torch appends for a conjugate or negative view: the bit read, nothing else.
+  auto with_metadata = [&](const std::string& name, const std::string& metadata) {
+    std::string p = pickle;
+    p.replace(p.rfind("NtRu."), 5, metadata + "tRu.");
+    return archive(name, p, {{"data/0", data}, {"byteorder", "little"}});
+  };
+  const io::Object neg = io::load(with_metadata("neg.pt", "}(" + str("neg") + "\x88u"));
+  const at::Tensor n = std::get<at::Tensor>(neg.tree.at(tr::Path{"t"}).leaf());
+  EXPECT_TRUE(n.is_neg() && n.equal(at::tensor({-1.5f, 2.0f})));
+  EXPECT_HAS(load_error(with_metadata("list.pt", "]")), "tensor metadata that is not a dict");
+  EXPECT_HAS(load_error(with_metadata("key.pt", "}(" + str("bogus") + "\x88u")),
+             "tensor metadata other than {'conj': bool, 'neg': bool}");
+  EXPECT_HAS(load_error(with_metadata("conj.pt", "}(" + str("conj") + "\x88u")),
+             "at 't': a conjugate view of a Float tensor");
 }
 
 // Found by the break-it pass: each once crashed, hung or allocated without bound.

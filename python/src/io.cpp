@@ -160,7 +160,8 @@ class FromPython {
     PyObject* o = h.ptr();
     if (is_tree(h)) return tensors(as_tree(h).node());
     if (PyDict_Check(o)) return container(h, &FromPython::dict);
-    if (py::isinstance(h, object_class())) return container(h.attr("to_dict")(), &FromPython::dict);
+    // Its own dict: the walk below reads tensor trees among its values and refuses a cycle.
+    if (py::isinstance(h, object_class())) return container(h.attr("_d"), &FromPython::dict);
     if (PyList_Check(o) || PyTuple_Check(o) || PyAnySet_CheckExact(o))
       return container(h, &FromPython::sequence);
     if (!PyLong_Check(o) && !PyFloat_Check(o) && !PyUnicode_Check(o) && !is_tensor(h))
@@ -197,7 +198,7 @@ class FromPython {
     if (PyFloat_Check(o)) return PyFloat_AS_DOUBLE(o);
     if (PyComplex_Check(o))
       return std::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o));
-    if (PyUnicode_Check(o)) return h.cast<std::string>();
+    if (PyUnicode_Check(o)) return utf8(h);
     if (PyBytes_Check(o)) return io::Bytes{h.cast<std::string>()};
     if (THPDtype_Check(o)) return to_dtype(h);
     if (THPDevice_Check(o)) return to_device(h);
@@ -241,8 +242,17 @@ class FromPython {
     }
   }
 
+  // A str as pickle writes it (UTF-8 with "surrogatepass": a lone surrogate, which torch.save
+  // writes, too).
+  static std::string utf8(py::handle s) {
+    const py::object b = py::reinterpret_steal<py::object>(
+        PyUnicode_AsEncodedString(s.ptr(), "utf-8", "surrogatepass"));
+    if (!b) throw py::error_already_set();
+    return b.cast<std::string>();
+  }
+
   std::string key_of(py::handle k) const {
-    if (PyUnicode_Check(k.ptr())) return k.cast<std::string>();
+    if (PyUnicode_Check(k.ptr())) return utf8(k);
     if (PyLong_Check(k.ptr()) && !PyBool_Check(k.ptr())) {
       int overflow = 0;
       const long long v = PyLong_AsLongLongAndOverflow(k.ptr(), &overflow);

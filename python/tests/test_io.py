@@ -94,6 +94,7 @@ def test_a_checkpoint_tree_to_dict_loads_into_torch_and_trains_on(checkpoint):
     path, m, opt = checkpoint
     d = ttorch.load(path).to_dict()  # nested dicts down to the tensors, as torch.load's
     assert type(d["model"]) is dict and type(d["optimizer"]["state"][0]) is dict
+    assert type(d["optimizer"]["param_groups"][0]) is dict  # inside lists too
     m2 = model()
     m2.load_state_dict(d["model"])
     opt2 = torch.optim.Adam(m2.parameters(), lr=1e-2)
@@ -106,7 +107,7 @@ def test_a_checkpoint_tree_to_dict_loads_into_torch_and_trains_on(checkpoint):
 
 DTYPES_WITHOUT_TYPED_STORAGE = [torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn,
                                 torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
-                                torch.complex32]
+                                torch.float8_e8m0fnu, torch.complex32]
 
 
 def bits(x):
@@ -149,11 +150,24 @@ def test_conjugate_and_negative_views_keep_their_values(tmp_path):
     assert ours["conj"].is_conj() and ours["neg"].is_neg()
 
 
-def test_a_lone_surrogate_in_a_str_reads_as_torch_load_gives_it(tmp_path):
+def test_a_lone_surrogate_in_a_str_reads_and_writes_as_torch_does(tmp_path):
     obj = {"\ud800": torch.ones(1), "v": "x\udfffy"}  # pickle writes them ("surrogatepass")
     torch.save(obj, tmp_path / "s.pt")
     assert_same(ttorch.load(tmp_path / "s.pt", tree=False),
                 torch.load(tmp_path / "s.pt", weights_only=True))
+    tree = ttorch.load(tmp_path / "s.pt")  # no tensor tree (keys must be text): an Object
+    assert isinstance(tree, Object) and torch.equal(tree["\ud800"], torch.ones(1))
+    ttorch.save(obj, tmp_path / "ours.pt")
+    assert_same(torch.load(tmp_path / "ours.pt", weights_only=True), obj)
+
+
+def test_object_to_dict_refuses_a_cycle_and_save_names_it(tmp_path):
+    o = Object({"a": 1})
+    o.x = o
+    with pytest.raises(ValueError, match="contains itself"):
+        o.to_dict()
+    with pytest.raises((TypeError, ValueError), match="cycle"):
+        ttorch.save(o, tmp_path / "o.pt")
 
 
 def test_saved_trees_load_into_pytorch_and_train_on_bitwise(checkpoint, tmp_path):

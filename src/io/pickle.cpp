@@ -530,6 +530,7 @@ std::uint32_t Reader::rebuild_tensor(std::uint32_t args_i, bool v3) {
 // torch's tensor metadata (torch._utils.get_tensor_metadata): {'conj': True} for a conjugate
 // view, {'neg': True} for a negative view, whose storage holds the values before the view.
 void Reader::view_bits(Node& t, std::uint32_t metadata_i) {
+  if (node(metadata_i).kind == Kind::none) return;  // the signature's default, written out
   const Node& m = expect(metadata_i, {Kind::dict}, "tensor metadata that is not a dict");
   for (std::size_t k = 0; k + 1 < m.items.size(); k += 2) {
     const Node& key = node(m.items[k]);
@@ -1088,6 +1089,10 @@ class Writer {
     // A conjugate or negative view's storage holds the values before the view: its values go
     // to the file instead (torch.save writes the bit as metadata; torch.load reads either).
     if (t.is_conj() || t.is_neg()) return tensor(t.resolve_conj().resolve_neg(), path);
+    if (!torch_dtype_name(t.scalar_type()))
+      throw std::invalid_argument("save: the tensor at '" + path.describe() + "' is " +
+                                  c10::toString(t.scalar_type()) +
+                                  ", a dtype a torch.save file of dense tensors cannot hold");
     const bool parameter = object_.parameters.count(path) > 0;
     // Dtypes without a typed storage class (uint16, float8_*, complex32): torch.save's form,
     // bytes in a torch.storage.UntypedStorage and the dtype given to _rebuild_tensor_v3.

@@ -217,7 +217,8 @@ void save_safetensors(const std::string& path, const TensorTree& tensors,
   std::vector<at::Tensor> data;
   std::uint64_t offset = 0;
   for (const auto& [name, t] : to_state_dict(tensors)) {
-    at::Tensor x = t.detach().cpu().contiguous();
+    // A negative view's storage holds the values before the view: resolved.
+    at::Tensor x = t.detach().cpu().resolve_neg().contiguous();
     const auto bytes = static_cast<std::uint64_t>(x.nbytes());
     header[name] = {{"dtype", name_of(x.scalar_type())},
                     {"shape", x.sizes().vec()},
