@@ -48,6 +48,10 @@ std::string refusal(const Request& r, int world) {
       return "treetensor distributed: " + op + " at path '" + r.paths[i].describe() + "': ";
     };
     if (!x.defined()) return at() + "the leaf is an undefined tensor";
+    // Communication moves raw storage, which such a view reads through its bit.
+    if (x.is_conj() || x.is_neg())
+      return at() + "the leaf is a " + (x.is_conj() ? "conjugate" : "negative") +
+             " view; resolve_conj() / resolve_neg() it first";
     if (auto why = device_refusal(x); !why.empty()) return at() + why;
     const auto t = x.scalar_type();
     if (reduction && r.reduce == ReduceOp::avg && !at::isFloatingType(t) && !at::isComplexType(t))

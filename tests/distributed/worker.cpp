@@ -248,6 +248,11 @@ void scenario_values(const std::string& store) {
     expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, off); },
                                         {"p.w", "meta", "CPU", "CUDA"},
                                         "all_reduce of a meta leaf");
+    // A negative view reads its storage through its bit, which communication would not.
+    const TensorTree neg{{"n", at::_neg_view(at::ones({2}))}};
+    expect_throw<std::invalid_argument>([&] { dist::broadcast(g, neg, 0); },
+                                        {"'n'", "negative view", "resolve_neg()"},
+                                        "broadcast of a negative view");
   }
   {
     // Ring: every rank sends its tree to the next and receives the previous one's.
