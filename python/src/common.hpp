@@ -62,6 +62,9 @@ struct type_caster<treetensor::python::Number> {
       value.value = c10::Scalar(static_cast<int64_t>(v));
     } else if (PyFloat_Check(o)) {
       value.value = c10::Scalar(PyFloat_AS_DOUBLE(o));
+    } else if (PyComplex_Check(o)) {  // as torch: full(shapes, 1j), fill_(1j)
+      value.value =
+          c10::Scalar(c10::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o)));
     } else if (treetensor::python::is_pending_tensor(o)) {  // a 0-d result: waited for
       value.value = THPVariable_Unpack(treetensor::python::pending_result(src).ptr()).item();
     } else if (THPVariable_Check(o) && THPVariable_Unpack(o).dim() == 0) {
@@ -75,6 +78,10 @@ struct type_caster<treetensor::python::Number> {
     const c10::Scalar& s = n.value;
     if (s.isBoolean()) return PyBool_FromLong(s.toBool());
     if (s.isIntegral(false)) return PyLong_FromLongLong(s.toLong());
+    if (s.isComplex()) {
+      const auto z = s.toComplexDouble();
+      return PyComplex_FromDoubles(z.real(), z.imag());
+    }
     return PyFloat_FromDouble(s.toDouble());
   }
 };

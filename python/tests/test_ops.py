@@ -416,7 +416,7 @@ def test_conjugate_and_negative_views_keep_their_bits_in_consolidated_trees_and_
     z = ttorch.Tensor({"a": torch.tensor([1 + 1j, 2 + 2j])}).consolidate()
     zc = ttorch.Tensor({"a": z.a.conj()}).consolidate()
     assert torch.equal((zc * 1).a, torch.tensor([1 - 1j, 2 - 2j]))
-    zc.add_(torch.tensor(1j))  # written through the view's bit, as torch's conj view
+    zc.add_(torch.tensor(1j))  # zc's leaf is a resolved copy, not a view of z
     assert torch.equal(zc.a, torch.tensor([1 + 0j, 2 - 1j]))
     p = ttorch.Tensor({"w": torch._neg_view(torch.zeros(3))})
     topt.SGD(p, lr=1.0).step(ttorch.Tensor({"w": torch.ones(3)}))
@@ -424,9 +424,27 @@ def test_conjugate_and_negative_views_keep_their_bits_in_consolidated_trees_and_
 
 
 def test_complex_python_scalars_as_torch_takes_them():
+    shapes = {"a": (2,), "b": {"x": (1,)}}
+    assert torch.equal(ttorch.full(shapes, 1j).a, torch.full((2,), 1j))
+    z = ttorch.zeros(shapes, dtype=torch.complex64)
+    assert torch.equal(z.fill_(2 - 1j).b.x, torch.full((1,), 2 - 1j))
+    assert torch.equal(ttorch.full_like(z, 1j).a, torch.full((2,), 1j, dtype=torch.complex64))
+    assert torch.equal(ttorch.add(z, z, alpha=1j).a, torch.add(z.a, z.a, alpha=1j))
     t = ttorch.Tensor({"a": torch.tensor([1., 2.]), "b": {"x": torch.tensor([-1.])}})
     for tree in (t, t.consolidate()):
         for got, want in ((tree + 1j, lambda x: x + 1j), (2j * tree, lambda x: 2j * x),
                           (ttorch.add(tree, 1 - 1j), lambda x: torch.add(x, 1 - 1j))):
             assert got.a.dtype == torch.complex64
             assert torch.equal(got.a, want(t.a)) and torch.equal(got.b.x, want(t.b.x))
+
+
+def test_list_indices_as_torch_reads_them():
+    d = {"a": torch.arange(12.).reshape(4, 3), "b": {"x": torch.arange(4)}}
+    t = ttorch.Tensor(d)
+    for key in ([0, 1], [-1, 0, -1], [True, False, True, False], [3]):
+        got = t[key]
+        assert torch.equal(got.a, d["a"][key]) and torch.equal(got.b.x, d["b"]["x"][key]), key
+    with pytest.raises(IndexError, match="index at leaf 'a'"):
+        t[[4]]
+    with pytest.raises(IndexError):
+        t[[True, False]]  # a mask of the wrong length, as torch refuses it

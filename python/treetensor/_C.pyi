@@ -244,7 +244,7 @@ class Tensor:
     def clone(self) -> Any:
         """clone(): a copy of x with its own storage, on every leaf."""
     def consolidate(self) -> Any:
-        """A copy whose leaves are views into one buffer per (dtype, device) (C++ consolidate())."""
+        """A copy whose leaves are views into one buffer per (dtype, device) (C++ consolidate()). requires_grad is kept, but the leaves are fresh autograd leaves: no history is carried, so gradients of the result do not reach this tree's leaves (not as torch's clone())."""
     @property
     def constraint(self) -> Any: ...
     def contiguous(self) -> Any: ...

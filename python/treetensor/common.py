@@ -275,10 +275,32 @@ def _subtree_types():
     return (Object, treevalue.TreeValue) if treevalue is not None else Object
 
 
-def _plain(d):
-    """New nested dicts of `d` (an Object's dict), tensor-tree leaves read as their dicts."""
-    return {k: _plain(v) if isinstance(v, dict) else v.to_dict() if isinstance(v, _C.Tensor) else v
-            for k, v in d.items()}
+def _plain(d, path=(), open_ids=None):
+    """New nested dicts of `d` (an Object's dict) down to the values torch.load gives: tensor
+    trees and Objects (also inside lists and tuples, as treetensor.torch.load makes them) read
+    as their dicts. A dict that contains itself is a ValueError naming where."""
+    open_ids = set() if open_ids is None else open_ids
+    if id(d) in open_ids:
+        raise ValueError(f"treetensor: to_dict: the dict at '{'.'.join(map(str, path)) or '<root>'}'"
+                         f" contains itself (a cycle)")
+    if len(path) >= _MAX_DEPTH:
+        raise ValueError(f"treetensor: to_dict: dicts nested deeper than {_MAX_DEPTH} levels")
+    open_ids.add(id(d))
+
+    def value(v, at):
+        if isinstance(v, dict):
+            return _plain(v, at, open_ids)
+        if isinstance(v, Object):
+            return _plain(v._d, at, open_ids)
+        if isinstance(v, _C.Tensor):
+            return v.to_dict()
+        if type(v) in (list, tuple):
+            return type(v)(value(x, at + (i,)) for i, x in enumerate(v))
+        return v
+
+    out = {k: value(v, path + (k,)) for k, v in d.items()}
+    open_ids.discard(id(d))
+    return out
 
 
 def _with_subtrees(d):

@@ -782,7 +782,10 @@ def full(size, fill_value, **kwargs):
 
 
 def randint(*args, **kwargs):
-    """``randint([low=0,] high, tree_of_shapes, *, dtype=torch.int64, device=None)``."""
+    """``randint([low=0,] high, tree_of_shapes, *, generator=None, dtype=torch.int64,
+    device=None)``: a tree of torch.randint leaves made in sorted-key order (after
+    torch.manual_seed, the values of torch.randint calls in that order); plain torch.randint
+    otherwise."""
     if args and _is_data_tree(args[-1]):
         if len(args) == 2:
             low, high = 0, args[0]
@@ -954,13 +957,23 @@ __all__ += ["current_stream", "stream_call"]
 # ---- files ------------------------------------------------------------------------------------
 
 
+def _utf8(k):
+    """Whether str k is valid UTF-8 text, as a tree key must be (a pickled str may hold a lone
+    surrogate, which an Object keeps as a key)."""
+    try:
+        k.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _trees(x):
     # A dict of str keys holding only tensors and such dicts becomes a Tensor tree; any other
     # dict an Object (its keys, their types and order kept); lists, tuples and sets their items.
     if isinstance(x, dict):
         items = type(x)((k, _trees(v)) for k, v in x.items())
-        tensors = _builtins.all(isinstance(k, str) and isinstance(v, (_torch.Tensor, Tensor))
-                      for k, v in items.items())
+        tensors = _builtins.all(isinstance(k, str) and _utf8(k)
+                                and isinstance(v, (_torch.Tensor, Tensor)) for k, v in items.items())
         return Tensor(dict(items)) if tensors else Object(items)
     if isinstance(x, (list, tuple, set)) and not hasattr(x, "_fields"):
         return type(x)(_trees(v) for v in x)

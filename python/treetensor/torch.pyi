@@ -687,7 +687,10 @@ def rand_like(input, *args, **kwargs):
     """Leaf-wise torch.rand_like over a tree, one call per leaf in sorted-key order (DI-treetensor's values after torch.manual_seed; generator= as torch's)."""
 
 def randint(*args, **kwargs):
-    """``randint([low=0,] high, tree_of_shapes, *, dtype=torch.int64, device=None)``."""
+    """``randint([low=0,] high, tree_of_shapes, *, generator=None, dtype=torch.int64,
+    device=None)``: a tree of torch.randint leaves made in sorted-key order (after
+    torch.manual_seed, the values of torch.randint calls in that order); plain torch.randint
+    otherwise."""
 
 def randint_like(input, *args, **kwargs):
     """Leaf-wise torch.randint_like over a tree, one call per leaf in sorted-key order (DI-treetensor's values after torch.manual_seed; generator= as torch's)."""

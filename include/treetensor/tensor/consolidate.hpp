@@ -113,14 +113,14 @@ TreeTensor consolidated_tree(std::shared_ptr<const ConsolidatedLayout> layout,
 /// flatten order, each starting at a multiple of 64 bytes (padding is zero). Leaves keep their
 /// dtype, device, shape and values; requires_grad is kept, but the views are fresh autograd
 /// leaves, made at once: no history is carried, so gradients of the result never reach `t`'s
-/// leaves or what made them (each leaf is as `x.detach().clone().requires_grad_(x.requires_grad())`,
-/// not as torch's clone()); without autograd the views are made on first access. Trees of equal layout share one
-/// layout object (compared by pointer in flat calls).
-/// A consolidated tree is returned as is (O(1)); a tree whose leaves already lie in buffers as
-/// consolidate() lays them out (e.g. one that lost the property to a mutation) gets the
-/// property back without a copy (O(leaves)), provided each group's storage is one that held a
-/// consolidated tree's buffer (flat calls write the padding between leaves, which must not be
-/// another tensor's data) and no two groups share storage; otherwise every leaf is copied once.
+/// leaves or what made them (each leaf is as x.detach().clone() with x's requires_grad, not as
+/// torch's clone()); without autograd the views are made on first access. Trees of equal layout
+/// share one layout object (compared by pointer in flat calls). A consolidated tree is returned as
+/// is (O(1)); a tree whose leaves already lie in buffers as consolidate() lays them out (e.g. one
+/// that lost the property to a mutation) gets the property back without a copy (O(leaves)),
+/// provided each group's storage is one that held a consolidated tree's buffer (flat calls write
+/// the padding between leaves, which must not be another tensor's data) and no two groups share
+/// storage; otherwise every leaf is copied once.
 /// @throws std::invalid_argument naming the path of an undefined leaf.
 TreeTensor consolidate(const TensorTree& t);
 

@@ -111,7 +111,8 @@ struct CallOptions {
 /// the zipped structure (strict: the arguments' common structure).
 /// Flat execution (under every stream mode): when o.elementwise, every tree argument is
 /// consolidated with one layout, tensor arguments are 0-d (none when a leaf is 0-d), every
-/// buffer is floating, complex or bool, and no operand needs a gradient while grad mode is on,
+/// buffer is floating, complex or bool (or integral, for an op no value can make fail: add,
+/// mul, comparisons, bitwise, ...), and no operand needs a gradient while grad mode is on,
 /// `f` runs once per buffer group instead (LeafArgs::leaf() is then the group) and the result
 /// is a consolidated tree of that layout whose leaves are made on first access. Out of place
 /// on CPU buffers over 32 MiB it runs per leaf unless the mode is fused or treetensor's caching

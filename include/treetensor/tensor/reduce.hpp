@@ -19,8 +19,9 @@
 //   ("no elements"), as at::min of an empty tensor does. Leaves with no elements contribute
 //   nothing to min/max.
 //
-// Errors: a leaf's torch error with the op and leaf path added; mean or std of integer or bool
-// leaves is a c10::Error naming the leaf (as at::mean's; Python: RuntimeError, as torch's).
+// Errors: a leaf's torch error with the op and leaf path added; mean or std of a tree whose
+// leaves are all integral or bool is a c10::Error naming a leaf (torch.cat of the leaves would
+// be integral: as at::mean's; Python: RuntimeError, as torch's).
 // Thread safety: as at::Tensor.
 
 #include <ATen/core/Tensor.h>
@@ -34,7 +35,8 @@ namespace treetensor {
 // ---- tree-level -------------------------------------------------------------------------------
 /// Sum of every element of every leaf (dtype: torch's promotion of the leaves' sum dtypes).
 at::Tensor sum(const TensorTree& t);
-/// Element-weighted mean over every element of every leaf (floating leaves, as at::mean).
+/// Element-weighted mean over every element of every leaf, in the leaves' promoted dtype (as
+/// at::mean of torch.cat of them: floating or complex).
 at::Tensor mean(const TensorTree& t);
 /// Whether every / any element of every leaf is nonzero (a bool 0-d tensor).
 at::Tensor all(const TensorTree& t);
