@@ -722,6 +722,13 @@ def _shape_arg(args):
     return len(args) == 1 and _is_data_tree(args[0])
 
 
+def _define(name, f, doc):
+    """f as this module's function `name` (exported), with `doc`."""
+    f.__name__, f.__doc__ = name, doc
+    globals()[name] = f
+    __all__.append(name)
+
+
 def _factory(name):
     cfn = getattr(_C, "_" + name)
     tfn = getattr(_torch, name)
@@ -731,11 +738,9 @@ def _factory(name):
             return cfn(_shapes(args[0]), **kwargs)
         return tfn(*args, **kwargs)
 
-    f.__name__ = name
-    f.__doc__ = (f"``{name}(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a "
-                 f"tree of torch.{name} leaves (DI-treetensor); plain torch.{name} otherwise.")
-    globals()[name] = f
-    __all__.append(name)
+    _define(name, f, f"``{name}(tree_of_shapes, *, dtype=None, device=None, "
+                     f"requires_grad=False)``: a tree of torch.{name} leaves (DI-treetensor); "
+                     f"plain torch.{name} otherwise.")
 
 
 for _n in ["zeros", "ones", "empty"]:
@@ -761,13 +766,10 @@ def _random_factory(name):
             return _random_leaves(_shapes(args[0]), lambda s: tfn(s, **kwargs), name)
         return tfn(*args, **kwargs)
 
-    f.__name__ = name
-    f.__doc__ = (f"``{name}(tree_of_shapes, *, generator=None, dtype=None, device=None, "
-                 f"requires_grad=False)``: a tree of torch.{name} leaves made in sorted-key order "
-                 f"(after torch.manual_seed, the values of torch.{name} calls in that order, as "
-                 f"DI-treetensor); plain torch.{name} otherwise.")
-    globals()[name] = f
-    __all__.append(name)
+    _define(name, f, f"``{name}(tree_of_shapes, *, generator=None, dtype=None, device=None, "
+                     f"requires_grad=False)``: a tree of torch.{name} leaves made in sorted-key "
+                     f"order (after torch.manual_seed, the values of torch.{name} calls in that "
+                     f"order, as DI-treetensor); plain torch.{name} otherwise.")
 
 
 for _n in ["randn", "rand"]:
@@ -807,10 +809,7 @@ def _like(name):
             return cfn(input, *args, **kwargs)
         return tfn(input, *args, **kwargs)
 
-    f.__name__ = name
-    f.__doc__ = f"Leaf-wise torch.{name} over a tree (structure and leaf shapes kept)."
-    globals()[name] = f
-    __all__.append(name)
+    _define(name, f, f"Leaf-wise torch.{name} over a tree (structure and leaf shapes kept).")
 
 
 for _n in ["zeros_like", "ones_like", "empty_like", "full_like"]:
@@ -826,11 +825,9 @@ def _random_like(name):
         leaves, spec = _C.tree_flatten(input)  # sorted-key order, as the random trees above
         return _C.tree_unflatten(spec, [tfn(x, *args, **kwargs) for x in leaves])
 
-    f.__name__ = name
-    f.__doc__ = (f"Leaf-wise torch.{name} over a tree, one call per leaf in sorted-key order "
-                 f"(DI-treetensor's values after torch.manual_seed; generator= as torch's).")
-    globals()[name] = f
-    __all__.append(name)
+    _define(name, f, f"Leaf-wise torch.{name} over a tree, one call per leaf in sorted-key "
+                     f"order (DI-treetensor's values after torch.manual_seed; generator= as "
+                     f"torch's).")
 
 
 for _n in ["randn_like", "rand_like", "randint_like"]:
