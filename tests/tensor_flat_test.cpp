@@ -281,8 +281,10 @@ TEST_P(Flat, IntegerTreesRunFlatOnlyWhereNoValueCanFail) {
   const TreeTensor p{{"i", at::arange(1, 6)}, {"j", at::arange(1, 4)}};
   const TreeTensor i = tt::consolidate(p);
   for (const TreeTensor& r :
-       {i + 1, i * i, i - i, i.eq(i), tt::maximum(i, i), tt::bitwise_xor(i, i)})
-    expect_flat_result(r);
+       {i + 1, i * i, i - i, i.eq(i), tt::maximum(i, i), tt::bitwise_xor(i, i), tt::neg(i),
+        tt::clamp(i, 2, 4), tt::where(i.gt(2), i, i), tt::to(i, at::kInt)})
+    expect_flat_result(r);  // the registry's integer column and integer_safe hand-written ops
+  expect_same(tt::clamp(i, 2, 4), native([](CT x) { return at::clamp(x, 2, 4); }, p));
   expect_same(i + 1, native([](CT x) { return x + 1; }, p));
   expect_same(i * i, native([](CT x) { return x * x; }, p));
   expect_same(tt::bitwise_xor(i, 6), native([](CT x) { return at::bitwise_xor(x, 6); }, p));

@@ -29,7 +29,7 @@ def with_row(row):
 
 
 def test_a_new_row_reaches_every_generated_file():
-    rows = GEN.load(with_row('{ name = "sinc", shape = "unary_inplace", foreach = false, libm = false, doc = "sin(pi x) / (pi x)" }'))
+    rows = GEN.load(with_row('{ name = "sinc", shape = "unary_inplace", foreach = false, libm = false, integer = false, doc = "sin(pi x) / (pi x)" }'))
     texts = {rel: render(rows) for rel, render in GEN.OUTPUTS.items()}
     for rel, text in texts.items():
         assert "sinc" in text, rel
@@ -42,16 +42,20 @@ def test_a_new_row_reaches_every_generated_file():
     assert '"sinc",' in texts["python/treetensor/_ops.py"]
     assert "{ x.sinc_(); }}," in texts["tests/op_cases.hpp"]
     assert '"sinc",' not in texts["tests/op_cases.hpp"].split("libm_function")[1]  # libm = false
-    libm = GEN.load(with_row('{ name = "sinc", shape = "unary", foreach = false, libm = true, doc = "x" }'))
+    libm = GEN.load(with_row('{ name = "sinc", shape = "unary", foreach = false, libm = true, integer = false, doc = "x" }'))
     assert '"sinc",' in GEN.OUTPUTS["tests/op_cases.hpp"](libm).split("libm_function")[1]
+    body = texts["src/tensor/ops_generated.inc"]
+    assert '"sinc",' not in body.split("registry_integer")[1].split("};")[0]  # integer = false
+    integer = GEN.load(with_row('{ name = "sinc", shape = "unary", foreach = false, libm = false, integer = true, doc = "x" }'))
+    assert '"sinc",' in GEN.OUTPUTS["src/tensor/ops_generated.inc"](integer).split("registry_integer")[1].split("};")[0]
 
 
 def test_rows_with_a_scalar_argument_reach_every_layer_but_fuse():
     """ternary_value (at::addcmul's signature) and binary_weight (at::lerp's): the free
     functions, methods, bodies, bindings with torch's argument names and test cases; no fuse()
     form (Expr records ops of one or two operands)."""
-    rows = GEN.load(with_row('{ name = "addcmul2", shape = "ternary_value", foreach = true, libm = false, doc = "x" }'))
-    rows += GEN.load(with_row('{ name = "lerp2", shape = "binary_weight", foreach = false, libm = false, doc = "y" }'))[-1:]
+    rows = GEN.load(with_row('{ name = "addcmul2", shape = "ternary_value", foreach = true, libm = false, integer = false, doc = "x" }'))
+    rows += GEN.load(with_row('{ name = "lerp2", shape = "binary_weight", foreach = false, libm = false, integer = false, doc = "y" }'))[-1:]
     texts = {rel: render(rows) for rel, render in GEN.OUTPUTS.items()}
     for rel, text in texts.items():
         fused = rel.startswith(("include/treetensor/tensor/fuse", "src/tensor/fuse"))
@@ -69,19 +73,20 @@ def test_rows_with_a_scalar_argument_reach_every_layer_but_fuse():
 
 
 @pytest.mark.parametrize("row, message", [
-    ('{ name = "sinc", shape = "ternary", foreach = false, libm = false, doc = "x" }',
+    ('{ name = "sinc", shape = "ternary", foreach = false, libm = false, integer = false, doc = "x" }',
      f"row {NEW} (sinc): shape must be one of unary_inplace, unary, binary_scalar, binary_tensor, "
      "ternary_value, binary_weight, blas"),
-    ('{ name = "abs", shape = "unary", foreach = false, libm = false, doc = "x" }', "(abs): name must be a new C++ identifier"),
-    ('{ name = "a-b", shape = "unary", foreach = false, libm = false, doc = "x" }', "(a-b): name must be a new C++ identifier"),
-    ('{ name = "sinc", shape = "unary", libm = true, doc = "x" }',
-     "columns are name, shape, foreach, libm, doc; got ['doc', 'libm', 'name', 'shape']"),
-    ('{ name = "sinc", shape = "unary", foreach = "no", libm = false, doc = "x" }', "(sinc): foreach must be true or false"),
-    ('{ name = "sinc", shape = "unary", foreach = false, libm = false, doc = "a \\"quoted\\" doc" }', "(sinc): doc must be one line"),
-    ('{ name = "hypot", shape = "binary_tensor", foreach = true, libm = false, doc = "x" }',
+    ('{ name = "abs", shape = "unary", foreach = false, libm = false, integer = false, doc = "x" }', "(abs): name must be a new C++ identifier"),
+    ('{ name = "a-b", shape = "unary", foreach = false, libm = false, integer = false, doc = "x" }', "(a-b): name must be a new C++ identifier"),
+    ('{ name = "sinc", shape = "unary", libm = true, integer = false, doc = "x" }',
+     "columns are name, shape, foreach, libm, integer, doc; got ['doc', 'integer', 'libm', 'name', 'shape']"),
+    ('{ name = "sinc", shape = "unary", foreach = "no", libm = false, integer = false, doc = "x" }', "(sinc): foreach must be true or false"),
+    ('{ name = "sinc", shape = "unary", foreach = false, libm = false, integer = false, doc = "a \\"quoted\\" doc" }', "(sinc): doc must be one line"),
+    ('{ name = "hypot", shape = "binary_tensor", foreach = true, libm = false, integer = false, doc = "x" }',
      "(hypot): only unary_inplace, binary_scalar, ternary_value, binary_weight ops have a foreach form"),
-    ('"sinc"', f"row {NEW} (?): columns are name, shape, foreach, libm, doc; got a str"),
-    ('{ name = "sinc", shape = "unary", foreach = false, libm = 1, doc = "x" }', "(sinc): libm must be true or false"),
+    ('"sinc"', f"row {NEW} (?): columns are name, shape, foreach, libm, integer, doc; got a str"),
+    ('{ name = "sinc", shape = "unary", foreach = false, libm = 1, integer = false, doc = "x" }', "(sinc): libm must be true or false"),
+    ('{ name = "sinc", shape = "unary", foreach = false, libm = false, integer = "yes", doc = "x" }', "(sinc): integer must be true or false"),
 ])
 def test_a_bad_row_is_refused_naming_it(row, message):
     with pytest.raises(SystemExit) as e:

@@ -28,28 +28,17 @@ bool any_leaf_requires_grad(const TensorTree& t) {
   return !all_leaves(t, [](const at::Tensor& x) { return !x.requires_grad(); });
 }
 
-// Ops whose integer kernels raise for no value (add, comparisons, bitwise, ...): the others
-// (division and remainder by zero, pow to a negative power) can fail half-way through a buffer,
-// possibly on its padding, where the per-leaf loop would not. `op` without its trailing '_'.
-bool integer_safe(std::string_view op) {
-  static constexpr std::string_view safe[] = {
-      "abs",     "add",         "bitwise_and", "bitwise_not", "bitwise_or",  "bitwise_xor",
-      "ceil",    "clamp",       "clone",       "copy",        "eq",          "fill",
-      "floor",   "ge",          "gt",          "isfinite",    "isinf",       "isnan",
-      "le",      "logical_and", "logical_not", "logical_or",  "logical_xor", "lt",
-      "maximum", "minimum",     "mul",         "ne",          "neg",         "relu",
-      "round",   "sign",        "signbit",     "square",      "sub",         "to",
-      "trunc",   "where",       "zero"};
-  return std::find(std::begin(safe), std::end(safe), op) != std::end(safe);
-}
-
-// Whether buffers of dtype `t` run `op` flat: floating, complex and bool always; integers for
-// the ops that cannot fail on some value (integer_safe).
-bool flat_dtype(at::ScalarType t, std::string_view op) {
+// Whether buffers of dtype `t` run the call flat: floating, complex and bool always; integers
+// for the ops that raise for no value (CallOptions::integer_safe, the registry's integer
+// column): the others (division and remainder by zero, pow to a negative power) could fail
+// half-way through a buffer, possibly on its padding, where the per-leaf loop would not.
+bool flat_dtype(at::ScalarType t, const CallOptions& o) {
   if (at::isFloatingType(t) || at::isComplexType(t) || t == at::kBool) return true;
   if (!at::isIntegralType(t, /*includeBool=*/false)) return false;
+  if (o.integer_safe) return true;
+  std::string_view op = o.op;
   if (!op.empty() && op.back() == '_') op.remove_suffix(1);
-  return integer_safe(op);
+  return registry_integer(op);
 }
 
 // glibc serves blocks above this size (its largest mmap threshold) with a fresh mmap, and
@@ -99,7 +88,7 @@ std::vector<const ConsolidatedTree*> plan(const CallOptions& o, c10::ArrayRef<Op
       return {};
     }
     for (std::size_t g = 0; g < c->buffers().size(); ++g)
-      if (!flat_dtype(c->buffers()[g].scalar_type(), o.op) ||
+      if (!flat_dtype(c->buffers()[g].scalar_type(), o) ||
           c->buffers()[g].device() != first->buffers()[g].device())
         return {};
     if (grad && any_leaf_requires_grad(args[k].tree())) return {};

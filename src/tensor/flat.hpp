@@ -17,6 +17,10 @@ std::optional<TreeTensor> flat_map(const CallOptions& o, c10::ArrayRef<Operand> 
 ///         says which leaves were and were not).
 bool flat_update(const CallOptions& o, c10::ArrayRef<Operand> args, LeafUpdate f);
 
+/// The registry's integer column for op `name` without its trailing '_' (codegen/ops.toml;
+/// false for an op not in the registry): defined in ops_generated.inc.
+bool registry_integer(std::string_view name);
+
 /// Marks every leaf of `t` written in place, for autograd's saved-tensor check. A made leaf of a
 /// tree consolidated in place (consolidate() of leaves that already lay in a buffer,
 /// treetensor.nn's parameters) keeps its own version counter, which a write to the buffer does

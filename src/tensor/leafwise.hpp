@@ -60,6 +60,13 @@ inline CallOptions elementwise(std::string_view op) {
   return o;
 }
 
+/// elementwise(op) that consolidated integer buffers also run flat (CallOptions::integer_safe).
+inline CallOptions integer_safe(std::string_view op) {
+  CallOptions o = elementwise(op);
+  o.integer_safe = true;
+  return o;
+}
+
 /// f(leaf) -> several tensors on every leaf of t; result k is the tree of the k-th tensors.
 template <class F>
 std::vector<TreeTensor> multi1(std::string_view op, const TensorTree& t, F&& f) {

@@ -2,6 +2,7 @@
 // LibTorch 1.13 and 2.x, a batched at::_foreach_* or bmm form) to the dispatch core.
 #include "treetensor/tensor/ops.hpp"
 
+#include "tensor/flat.hpp"
 #include "tensor/fuse_kernels.hpp"
 #include "tensor/leafwise.hpp"
 #include "tensor/pending.hpp"
@@ -17,6 +18,7 @@ namespace {
 
 using detail::CallOptions;
 using detail::elementwise;
+using detail::integer_safe;
 using detail::FusedArgs;
 using detail::LeafArgs;
 using detail::map1;
@@ -242,7 +244,9 @@ TreeTensor alpha_map(const AlphaOp& op, const Operand& a, const Operand& b,
     out = op.map_ls(f.column(0), f.operand(1).scalar());
     return true;
   };
-  return map_owned(binary_options(op.name, a), args, leaf, fused);
+  CallOptions o = binary_options(op.name, a);
+  o.integer_safe = true;  // add and sub raise for no integer value
+  return map_owned(o, args, leaf, fused);
 }
 
 TreeTensor& alpha_update(const AlphaOp& op, TreeTensor& a, const Operand& b,
@@ -261,7 +265,7 @@ TreeTensor& alpha_update(const AlphaOp& op, TreeTensor& a, const Operand& b,
     op.update_ls(f.column(0), f.operand(1).scalar());
     return true;
   };
-  update_owned(elementwise(op.inplace_name), args, leaf, fused);
+  update_owned(integer_safe(op.inplace_name), args, leaf, fused);
   return a;
 }
 
@@ -408,17 +412,17 @@ TreeTensor& sub_(TreeTensor& a, const Operand& b, const at::Scalar& alpha) {
 
 TreeTensor clamp(const TensorTree& t, c10::optional<at::Scalar> min,
                  c10::optional<at::Scalar> max) {
-  return map1_owned(elementwise("clamp"), t,
+  return map1_owned(integer_safe("clamp"), t,
                     [min, max](const at::Tensor& x) { return at::clamp(x, min, max); });
 }
 TreeTensor& clamp_(TreeTensor& t, c10::optional<at::Scalar> min, c10::optional<at::Scalar> max) {
-  return update1_owned(elementwise("clamp_"), t,
+  return update1_owned(integer_safe("clamp_"), t,
                        [min, max](const at::Tensor& x) { x.clamp_(min, max); });
 }
 
 TreeTensor& copy_(TreeTensor& self, const Operand& src) {
   const Operand args[] = {Operand(self), src};
-  CallOptions o = elementwise("copy_");
+  CallOptions o = integer_safe("copy_");
   o.wrap_scalars = true;
   update_owned(o, args, [](const LeafArgs& x) { x.t(0).copy_(x.t(1)); });
   return self;
@@ -432,12 +436,12 @@ TreeTensor& zero_(TreeTensor& t) {
     return true;
   };
   update_owned(
-      elementwise("zero_"), args, [](const LeafArgs& x) { x.t(0).zero_(); }, fused);
+      integer_safe("zero_"), args, [](const LeafArgs& x) { x.t(0).zero_(); }, fused);
   return t;
 }
 
 TreeTensor& fill_(TreeTensor& t, const at::Scalar& value) {
-  return update1_owned(elementwise("fill_"), t, [value](const at::Tensor& x) { x.fill_(value); });
+  return update1_owned(integer_safe("fill_"), t, [value](const at::Tensor& x) { x.fill_(value); });
 }
 
 TreeTensor& requires_grad_(TreeTensor& t, bool requires_grad) {
@@ -483,15 +487,15 @@ TreeTensor dot(const Operand& a, const Operand& b) {
 
 // ---- shape and conversion ----------------------------------------------------------------------
 TreeTensor to(const TensorTree& t, at::TensorOptions options, bool non_blocking, bool copy) {
-  return map1_owned(elementwise("to"), t, [options, non_blocking, copy](const at::Tensor& x) {
+  return map1_owned(integer_safe("to"), t, [options, non_blocking, copy](const at::Tensor& x) {
     return x.to(options, non_blocking, copy);
   });
 }
 TreeTensor to(const TensorTree& t, at::ScalarType dtype) {
-  return map1_owned(elementwise("to"), t, [dtype](const at::Tensor& x) { return x.to(dtype); });
+  return map1_owned(integer_safe("to"), t, [dtype](const at::Tensor& x) { return x.to(dtype); });
 }
 TreeTensor to(const TensorTree& t, at::Device device) {
-  return map1_owned(elementwise("to"), t, [device](const at::Tensor& x) { return x.to(device); });
+  return map1_owned(integer_safe("to"), t, [device](const at::Tensor& x) { return x.to(device); });
 }
 TreeTensor cpu(const TensorTree& t) {
   return map1_owned("cpu", t, [](const at::Tensor& x) { return x.cpu(); });
@@ -538,7 +542,7 @@ TreeTensor index_select(const TensorTree& t, int64_t dim, const Operand& index) 
 
 TreeTensor where(const Operand& cond, const Operand& a, const Operand& b) {
   const Operand args[] = {cond, a, b};
-  CallOptions o = elementwise("where");
+  CallOptions o = integer_safe("where");
   o.wrap_scalars = true;
   return map_owned(o, args, [](const LeafArgs& x) { return at::where(x.t(0), x.t(1), x.t(2)); });
 }

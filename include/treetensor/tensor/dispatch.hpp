@@ -97,6 +97,12 @@ struct CallOptions {
   /// on the operands' elements at its position): on consolidated trees of one layout it may
   /// then run once per buffer instead of once per leaf (flat execution, DESIGN.md §12).
   bool elementwise = false;
+  /// With elementwise: the leaf function also takes integer tensors and raises for no value of
+  /// them (unlike division by zero or a negative integer power), so consolidated integer
+  /// buffers run flat too; otherwise they run per leaf, where an error stops at the leaf the
+  /// loop would stop at. Registry ops need not set it: their `integer` column
+  /// (codegen/ops.toml) says it.
+  bool integer_safe = false;
   /// The user's names of the arguments, by position in `args` (e.g. {"params", "exp_avg",
   /// "exp_avg_sq", "grads"} for a call that passes grads last): structure errors say "grads"
   /// instead of "argument 3". Empty: errors say "argument <position>".
