@@ -18,8 +18,8 @@ namespace {
 
 using detail::CallOptions;
 using detail::elementwise;
-using detail::integer_safe;
 using detail::FusedArgs;
+using detail::integer_safe;
 using detail::LeafArgs;
 using detail::map1;
 using detail::map1_owned;
