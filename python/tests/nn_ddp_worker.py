@@ -158,6 +158,12 @@ def check_buffers_follow_rank_0(rank):
     mean = [torch.zeros(4), torch.zeros(4)]
     dist.all_gather(mean, m[1].running_mean.detach().clone())
     check(torch.equal(mean[0], mean[1]) and bool(mean[0].abs().sum() > 0), "running_mean differs across ranks")
+    # A buffer the module holds anew (assigned by hand, as some forwards do) is broadcast as
+    # the module holds it, as DDP looks its buffers up before each broadcast.
+    m[1].running_mean = torch.full((4,), float(rank))
+    m(torch.randn(8, 3) * (1 + rank)).sum().backward()
+    dist.all_gather(mean, m[1].running_mean.detach().clone())
+    check(torch.equal(mean[0], mean[1]), "a replaced running_mean differs across ranks")
     tree.close()
 
 

@@ -316,7 +316,7 @@ def test_overlapping_buffers_and_meta_models_are_refused():
     base = torch.zeros(4)
     m.register_buffer("a", base)
     m.register_buffer("b", base[:2])
-    with pytest.raises(ValueError, match="buffers '(a|b)' and '(a|b)' share memory"):
+    with pytest.raises(ValueError, match="buffer '(a|b)' and buffer '(a|b)' share memory"):
         tnn.consolidate_module(m)
     with torch.device("meta"):
         meta = torch.nn.Linear(2, 2)
@@ -335,8 +335,89 @@ def test_shared_storage_is_refused_naming_both():
     base = torch.zeros(10)
     m.a = torch.nn.Parameter(base[:6])
     m.b = torch.nn.Parameter(base[4:])  # overlaps a: consolidation would separate them
-    with pytest.raises(ValueError, match="parameters 'a' and 'b' share memory"):
+    with pytest.raises(ValueError, match="parameter 'a' and parameter 'b' share memory"):
         tnn.consolidate_module(m)
+    lin = torch.nn.Linear(3, 3)  # a buffer registered over a parameter's data
+    lin.register_buffer("alias", lin.weight.data)
+    with pytest.raises(ValueError, match="buffer 'alias' and parameter 'weight' share memory"):
+        tnn.consolidate_module(lin)
+
+
+def test_a_tensor_or_submodule_changed_by_hand_is_refused_at_grads():
+    """The tree would train the old tensors: replaced, added or frozen after consolidation."""
+    def changes():
+        yield "parameter 'fc.weight' was replaced", lambda m: setattr(
+            m.fc, "weight", torch.nn.Parameter(torch.ones_like(m.fc.weight)))
+        yield "submodule 'out' was replaced", lambda m: setattr(m, "out", torch.nn.Linear(24, 24))
+        yield "parameters of 'fc' were added", lambda m: m.fc.register_parameter(
+            "extra", torch.nn.Parameter(torch.zeros(2)))
+        yield "parameter 'fc.bias' was frozen", lambda m: m.fc.bias.requires_grad_(False)
+    for message, change in changes():
+        _, m = pair()
+        tree = tnn.consolidate_module(m)
+        m(batch()).sum().backward()
+        tree.grads  # fine before the change
+        change(m)
+        with pytest.raises(RuntimeError, match=message):
+            tree.grads
+        tree = tnn.consolidate_module(m)  # consolidating again takes the change
+        if "frozen" in message:
+            assert ("fc", "bias") in [tuple(q) for q in ttorch.tree_flatten(tree.frozen)[1].paths()]
+        tree.grads
+
+
+def test_a_gradient_tree_read_once_follows_torch_optims_zero_grad():
+    """``grads = tree.grads`` read once, then torch.optim's zero_grad() (set_to_none) each step:
+    step(grads) copies the new .grad fields in first, so it trains as torch does."""
+    for clear in ("optimizer", "module"):
+        ref, m = pair()
+        tree = tnn.consolidate_module(m)
+        grads = tree.grads
+        opt, opt_ref = topt.SGD(tree.params, lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+        for step in range(3):
+            x = batch() + step
+            (opt.zero_grad() if clear == "optimizer" else m.zero_grad())
+            opt_ref.zero_grad()
+            m(x).square().mean().backward()
+            ref(x).square().mean().backward()
+            opt.step(grads)
+            opt_ref.step()
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            assert torch.allclose(p, q, rtol=0, atol=1e-6), (clear, name)
+
+
+def test_a_legacy_torch_checkpoint_loads_by_the_modules_order():
+    """A torch.optim state dict without param_names (torch < 2.6) numbers the parameters in
+    module.parameters()'s order, not the tree's sorted paths ('10' before '2')."""
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Linear(3, 3, bias=False) for _ in range(12)])
+    ref = make()
+    opt_ref = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    x = torch.randn(4, 3)
+    for _ in range(2):
+        opt_ref.zero_grad()
+        ref(x).sum().backward()
+        opt_ref.step()
+    sd = opt_ref.state_dict()
+    for group in sd["param_groups"]:
+        group.pop("param_names", None)
+    m = make()
+    m.load_state_dict(ref.state_dict())
+    tree = tnn.consolidate_module(m)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    opt.load_state_dict(sd)
+    for k, path in enumerate(opt._leaf_paths):
+        i = [n for n, _ in ref.named_parameters()].index(path)
+        assert torch.equal(leaves(opt.state["exp_avg"])[k], sd["state"][i]["exp_avg"]), path
+
+
+def test_consolidating_under_inference_mode_still_trains():
+    ref, m = pair()
+    with torch.inference_mode():
+        tree = tnn.consolidate_module(m)
+    assert not any(t.is_inference() for t in leaves(tree.params) + leaves(tree.grads))
+    train(ref, m, tree, steps=2)
 
 
 def test_bad_arguments():

@@ -64,15 +64,21 @@ Paths are the ``state_dict``'s names split at the dots (``layer1.0.conv1.weight`
   ``pickle`` and ``torch.save(model)``: the copy is an ordinary module (no hooks of ours);
 - ``consolidate_module`` of a module consolidated before closes the previous tree.
 
-Refused, with an error naming the parameter's path: parameters (or buffers) whose memory
+Refused, with an error naming the parameter's path: parameters or buffers whose memory
 overlaps (one a slice of another: consolidation would separate them) and meta tensors, at
 ``consolidate_module``; a parameter moved or converted after it (``model.to(dtype)``,
 ``.cuda()``, ``.half()``: its data no longer lies in the buffer, so the optimizer would train a
 copy), and ``backward(create_graph=True)`` (a gradient with a graph cannot live in the buffer),
 at the next backward that reaches it where the hooks are installed, else at the next
 ``grads`` or ``zero_grad()``; parameters replaced by
-``load_state_dict(assign=True)`` on the module or a submodule, by that call. Consolidate after
-moving the model. Not detected: a parameter attribute assigned a new ``Parameter`` by hand.
+``load_state_dict(assign=True)`` on the module or a submodule, by that call; a parameter or
+submodule replaced by hand (``model.fc.weight = nn.Parameter(...)``, ``model.fc =
+nn.Linear(...)``), parameters registered or deleted, and a parameter frozen
+(``requires_grad_(False)``) after consolidation, at the next ``grads`` (the tree would train
+the old tensors, or move the frozen one). Consolidate after moving or changing the model. A
+buffer the module replaces (a new tensor assigned, as some forwards do) is broadcast as the
+module holds it, as DDP does, but ``buffers`` keeps the consolidated one. Under
+``torch.inference_mode()`` the trees are made outside it (inference tensors cannot train).
 Sparse gradients (``Embedding(sparse=True)``) become dense.
 """
 import warnings
@@ -128,13 +134,15 @@ def _consolidate_in_place(named):
     return tree, order
 
 
-def _check_layout(named, what):
+def _check_layout(tensors):
     """Refuses tensors consolidation cannot keep as they are: meta tensors (no data), sparse
     and mkldnn ones (no strided storage to view), and two
-    different tensors whose memory overlaps (one a slice of another: consolidation would
-    separate them). Views of one buffer that do not overlap (a consolidated module) are fine."""
+    different tensors whose memory overlaps (one a slice of another, or a buffer registered
+    over a parameter's data: consolidation would separate them). Views of one buffer that do
+    not overlap (a consolidated module) are fine. `tensors`: (what, name, tensor) triples,
+    what being "parameter" or "buffer"."""
     spans = {}
-    for name, t in named.items():
+    for what, name, t in tensors:
         if t.is_meta:
             raise ValueError(f"treetensor.nn.consolidate_module: {what} '{name}' is on the meta "
                              f"device (no data to consolidate): materialize the model first "
@@ -145,14 +153,14 @@ def _check_layout(named, what):
         if t.numel():
             lo = t.storage_offset() * t.element_size()
             spans.setdefault((t.device, t.untyped_storage()._cdata), []).append(
-                (lo, lo + t.numel() * t.element_size(), name))
+                (lo, lo + t.numel() * t.element_size(), f"{what} '{name}'"))
     for same_storage in spans.values():
         same_storage.sort()
         for (_, end, first), (start, _, second) in zip(same_storage, same_storage[1:]):
             if start < end:
-                raise ValueError(f"treetensor.nn.consolidate_module: {what}s '{first}' and "
-                                 f"'{second}' share memory but are different tensors; "
-                                 f"consolidating would separate them (tie them as one tensor)")
+                raise ValueError(f"treetensor.nn.consolidate_module: {first} and {second} share "
+                                 f"memory but are different tensors; consolidating would "
+                                 f"separate them (tie them as one tensor)")
 
 
 def _noop_hook(*args):
@@ -175,6 +183,47 @@ class _Hook:
 
 def _noop_factory():
     return _noop_hook
+
+
+class _Places:
+    """Where a module's tensors sit when it is consolidated: each submodule in its parent, each
+    parameter (or buffer) in its submodule's dict, and how many parameters each submodule has,
+    so that one replaced or added after consolidation (``model.fc = nn.Linear(...)``,
+    ``model.fc.weight = nn.Parameter(...)``, ``register_parameter``) is found by identity checks
+    (DDP rebuilds its buffer list before each broadcast for the same reason)."""
+
+    def __init__(self, module):
+        self.module = weakref.ref(module)
+        self.children, self.counts = [], []
+        for path, sub in module.named_modules(remove_duplicate=False):
+            for key, child in sub._modules.items():
+                self.children.append((sub._modules, key, child, f"{path}.{key}" if path else key))
+            self.counts.append((sub._parameters, len(sub._parameters), path))
+
+    def slot(self, name, kind="_parameters"):
+        """The dict of the submodule holding tensor `name`, and its key there."""
+        prefix, _, key = name.rpartition(".")
+        return getattr(self.module().get_submodule(prefix), kind), key
+
+    def changed(self):
+        """The path of a submodule replaced or removed, or of one whose parameters were added
+        or removed, since; None when there is none."""
+        for modules, key, child, path in self.children:
+            if modules.get(key) is not child:
+                return f"submodule '{path}' was replaced or removed"
+        for params, count, path in self.counts:
+            if len(params) != count:
+                return f"the parameters of '{path or '<root>'}' were added or removed"
+        return None
+
+
+def _tree_of(attr, tree):
+    """The open ModuleTree whose ``attr`` (``params`` or ``_grads``) is ``tree``, else None
+    (for treetensor.optim: a module's trees know its order and repair its gradients)."""
+    for t in list(_live.values()):
+        if getattr(t, attr) is tree:
+            return t
+    return None
 
 
 # module -> its open ModuleTree: the tree lives as long as its module (the parameters' hooks
@@ -204,14 +253,18 @@ class ModuleTree:
                 first[id(p)] = name
                 named[name] = p
         buffers = dict(module.named_buffers())
-        _check_layout(named, "parameter")
-        _check_layout(buffers, "buffer")
+        _check_layout([("parameter", n, t) for n, t in named.items()] +
+                      [("buffer", n, t) for n, t in buffers.items()])
         trainable = {n: p for n, p in named.items() if p.requires_grad}
         frozen = {n: p for n, p in named.items() if not p.requires_grad}
         self.params, self._order = _consolidate_in_place(trainable)
         self.frozen, _ = _consolidate_in_place(frozen)
         self.buffers, _ = _consolidate_in_place(buffers)
         self._leaves = [trainable[n] for n in self._order]
+        self._module_order = list(trainable)  # named_parameters()'s: torch.optim's positions
+        self._places = _Places(module)
+        self._param_slots = [self._places.slot(n) for n in self._order]
+        self._buffer_slots = [(*self._places.slot(n, "_buffers"), t) for n, t in buffers.items()]
         self.param_buffers = buffers_of(self._leaves)
         self._grads = zeros_like(self.params).consolidate() if self._leaves else Tensor({})
         self._grad_leaves = tree_flatten(self._grads)[0]
@@ -257,6 +310,13 @@ class ModuleTree:
                     _Hook(lambda m, keys, own=own: self._after_load(m, own))))
         return hooks
 
+    def _broadcast_module_buffers(self):
+        # A buffer the module replaced (assigned a new tensor, as some forwards do) is
+        # broadcast as the module now holds it: DDP looks its buffers up before each broadcast.
+        self._broadcast(self._module_buffers)
+        replaced = [d.get(k) for d, k, t in self._buffer_slots if d.get(k) is not t]
+        self._broadcast([b for b in replaced if b is not None])
+
     def _broadcast(self, buffers):
         import torch.distributed as dist
         src = dist.get_global_rank(self._group, 0)
@@ -273,13 +333,31 @@ class ModuleTree:
         Raises RuntimeError naming the parameter's path for a module moved or converted after
         consolidation and for a gradient with a graph (``backward(create_graph=True)``)."""
         self._buckets.settle()
+        self._check_places()
         ptrs = self._ptrs
         for i, (p, g) in enumerate(zip(self._leaves, self._grad_leaves)):
             if p.data_ptr() != ptrs[i]:
                 self._check_data(i, p)
             if p.grad is not g:
                 self._check_grad(i, p)
+            if not p.requires_grad:
+                raise RuntimeError(
+                    f"treetensor.nn: parameter '{self._order[i]}' was frozen "
+                    f"(requires_grad=False) after consolidate_module: a step over the tree "
+                    f"would still move it (torch.optim skips it); unfreeze it before the step, "
+                    f"or call consolidate_module again (and make the optimizer over its params)")
         return self._grads
+
+    def _check_places(self):
+        # A tensor or submodule replaced by hand: the trees would train the old one.
+        changed = self._places.changed()
+        for i, (params, key) in enumerate(self._param_slots):
+            if changed is None and params.get(key) is not self._leaves[i]:
+                changed = f"parameter '{self._order[i]}' was replaced (or deleted)"
+        if changed is not None:
+            raise RuntimeError(f"treetensor.nn: {changed} after consolidate_module: the "
+                               f"optimizer would train the old tensors, not the module's; call "
+                               f"consolidate_module again (and make the optimizer over its params)")
 
     def zero_grad(self, set_to_none=False):
         """Zeroes every gradient: one fill per gradient buffer (padding included); a ``.grad``
@@ -373,8 +451,13 @@ class ModuleTree:
         return self._module()
 
     def state_dict(self):
-        """The module's ``state_dict()`` (its tensors are the trees' views)."""
-        return self.module.state_dict()
+        """The module's ``state_dict()`` (its tensors are the trees' views). Raises
+        RuntimeError once the module is gone (a tree does not keep it alive)."""
+        module = self.module
+        if module is None:
+            raise RuntimeError("treetensor.nn: ModuleTree.state_dict(): the module is gone (it "
+                               "was garbage-collected; a tree does not keep its module alive)")
+        return module.state_dict()
 
     def close(self):
         """Removes the hooks (no more reduction or checks) and lets go of the process group;
@@ -652,7 +735,7 @@ class _Buckets:
                     for w in self.works:
                         w.wait()
                 if self.tree._broadcast_buffers:
-                    self.tree._broadcast(self.tree._module_buffers)
+                    self.tree._broadcast_module_buffers()
         except BaseException:
             if self.steps is not None and self.next:  # no launched step may outlive backward
                 _outcomes(self.jobs)  # (waited for already after a bucket's error)
@@ -745,6 +828,9 @@ def consolidate_module(module, *, process_group=None, bucket_cap_mb=25, first_bu
     previous = _live.get(module)
     if previous is not None:
         previous.close()
-    tree = ModuleTree(module, process_group, bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers)
+    # Outside inference mode: its views would be inference tensors, which cannot train.
+    with _torch.inference_mode(False):
+        tree = ModuleTree(module, process_group, bucket_cap_mb, first_bucket_cap_mb,
+                          broadcast_buffers)
     _live[module] = tree
     return tree

@@ -30,13 +30,17 @@ and ``torch.optim.lr_scheduler`` work), step hooks run, and ``state_dict()`` /
 "param_groups": [{..., "param_names", "params"}]}``): parameter i is leaf i of the tree's
 flatten order (sorted keys), ``param_names`` its dotted path. A loaded group with
 ``param_names`` (ours, or torch.optim's over ``model.named_parameters()``) is matched by name,
-so a torch.optim checkpoint loads here whatever its order; one without is matched by position,
-torch.optim's own rule, which is also how torch.optim loads ours: build it over
+so a torch.optim checkpoint loads here whatever its order; one without (torch.optim's before
+2.6) is matched by position, torch.optim's own rule: over a ``treetensor.nn`` module's
+``params``, position i is the i-th parameter of ``module.parameters()`` (what such a
+checkpoint's optimizer was built over), else leaf i of the flatten order. torch.optim loads
+ours by position too: build it over
 ``[named[n] for n in sd["param_groups"][0]["param_names"]]``.
 """
 import contextlib
 import functools
 import re
+import sys
 
 import torch
 import torch.optim.optimizer as _torch_optimizer
@@ -281,10 +285,15 @@ class _TreeOptimizer(torch.optim.Optimizer):
     def _loaded_ids(self, name, group):
         """The loaded group's parameter id for each of our leaves: by ``param_names`` where the
         group has them (ours, or torch.optim's over ``model.named_parameters()``), else by
-        position in the tree's flatten order (torch.optim's own rule)."""
+        position (torch.optim's own rule): in ``module.parameters()``'s order for a
+        ``treetensor.nn`` module's params, else in the tree's flatten order."""
         names = group.get("param_names")
         if names is None:
-            return list(group["params"])
+            owner = _module_tree("params", self.params)
+            if owner is None:
+                return list(group["params"])
+            ids = dict(zip(owner._module_order, group["params"]))
+            return [ids[path] for path in self._leaf_paths]
         ids = dict(zip(names, group["params"]))
         for path in self._leaf_paths:
             if path not in ids:
@@ -381,7 +390,10 @@ class _TreeOptimizer(torch.optim.Optimizer):
                                    f"step_in_backward(None) to step after backward")
             self._taken, self._taken_partial = None, False
             return
-        grads = self._grads(grads)
+        owner = _module_tree("_grads", grads) if grads is not None else None
+        # A module's gradient tree read before torch.optim's zero_grad() cleared the .grad
+        # fields: its `grads` copies the new gradients into it first.
+        grads = owner.grads if owner is not None else self._grads(grads)
         with _errors_named(f"{type(self).__name__}.step"):
             self._kernel(self.params, grads, self._moments(), self.state["step"] + 1)
         self.state["step"] += 1
@@ -421,6 +433,13 @@ class _TreeOptimizer(torch.optim.Optimizer):
                 p.grad = None
             else:
                 p.grad.detach_().zero_()
+
+
+def _module_tree(attr, tree):
+    """treetensor.nn's open ModuleTree whose ``attr`` is ``tree``; None when there is none (or
+    treetensor.nn was never imported: then no module is consolidated)."""
+    nn = sys.modules.get(__package__ + ".nn")
+    return nn._tree_of(attr, tree) if nn is not None else None
 
 
 class Adam(_TreeOptimizer):
