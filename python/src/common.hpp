@@ -40,6 +40,12 @@ bool is_pending_tensor(PyObject* o) noexcept;
 /// The plain tensor a PendingTensor stands for (a wrapper without storage), once its job has
 /// run (waited for with the GIL released); raises the job's error. Needs the GIL.
 pybind11::object pending_result(pybind11::handle tensor);
+/// A numpy scalar (np.float32(2), np.int64(3), np.bool_(True): an instance of numpy.generic)
+/// as the Python number its item() gives, torch's reading of one; else a null object. No
+/// Python call unless numpy is imported.
+pybind11::object numpy_scalar_item(pybind11::handle h);
+/// Whether `h` is a numpy.ndarray (a tensor operand to torch: torch.as_tensor of it).
+bool is_ndarray(pybind11::handle h);
 /// An optional Number as the std::optional<at::Scalar> ATen-style functions take.
 inline std::optional<at::Scalar> scalar(const std::optional<Number>& n) {
   if (!n) return std::nullopt;
@@ -69,6 +75,8 @@ struct type_caster<treetensor::python::Number> {
       value.value = THPVariable_Unpack(treetensor::python::pending_result(src).ptr()).item();
     } else if (THPVariable_Check(o) && THPVariable_Unpack(o).dim() == 0) {
       value.value = THPVariable_Unpack(o).item();
+    } else if (object v = treetensor::python::numpy_scalar_item(src)) {
+      return !treetensor::python::numpy_scalar_item(v) && load(v, false);
     } else {
       return false;
     }

@@ -328,15 +328,28 @@ py::object wrap(TreeTensor t) {
 }
 
 namespace {
+// treetensor.common's attribute `name` (a function or class), looked up once.
+const py::object& common_function(const char* name,
+                                  py::gil_safe_call_once_and_store<py::object>& slot) {
+  return slot
+      .call_once_and_store_result(
+          [name] { return py::module_::import("treetensor.common").attr(name); })
+      .get_stored();
+}
+
+bool instance_of(py::handle h, const py::object& cls) {
+  const int is = PyObject_IsInstance(h.ptr(), cls.ptr());
+  if (is < 0) throw py::error_already_set();
+  return is != 0;
+}
+
 // The nested dict of a treetensor.common.Object (a treetensor.numpy tree among them: DI-treetensor
 // builds tensor trees from its numpy trees), else None.
 py::object object_dict(py::handle h) {
-  PyObject* common = PyDict_GetItemString(PyImport_GetModuleDict(), "treetensor.common");
-  if (common == nullptr) return py::none();  // nothing can be an Object yet
-  const py::object cls = py::reinterpret_borrow<py::object>(common).attr("Object");
-  const int is = PyObject_IsInstance(h.ptr(), cls.ptr());
-  if (is < 0) throw py::error_already_set();
-  return is ? py::object(h.attr("_d")) : py::object(py::none());
+  if (PyDict_GetItemString(PyImport_GetModuleDict(), "treetensor.common") == nullptr)
+    return py::none();  // nothing can be an Object yet
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> cls;
+  return instance_of(h, common_function("Object", cls)) ? py::object(h.attr("_d")) : py::none();
 }
 
 // An index for every leaf: a flat list of ints (or of bools) as the tensor torch makes of it,
@@ -352,7 +365,10 @@ py::object list_index(py::handle key) {
       return py::reinterpret_borrow<py::object>(key);
   }
   try {
-    return py::module_::import("torch").attr("tensor")(key);
+    PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> tensor;
+    return tensor
+        .call_once_and_store_result([] { return py::module_::import("torch").attr("tensor"); })
+        .get_stored()(key);
   } catch (py::error_already_set&) {  // an int beyond int64: torch's own error, per leaf
     return py::reinterpret_borrow<py::object>(key);
   }
@@ -417,15 +433,6 @@ struct DictWalk {
 }  // namespace
 
 namespace {
-// treetensor.common's function `name`, looked up once.
-const py::object& common_function(const char* name,
-                                  py::gil_safe_call_once_and_store<py::object>& slot) {
-  return slot
-      .call_once_and_store_result(
-          [name] { return py::module_::import("treetensor.common").attr(name); })
-      .get_stored();
-}
-
 bool treevalue_imported() {
   return PyDict_GetItemString(PyImport_GetModuleDict(), "treevalue") != nullptr;
 }
@@ -452,6 +459,34 @@ py::object to_dict(const TensorTree& t) {
   py::dict d;
   for (const auto& [k, v] : t) d[py::str(k)] = to_dict(v);
   return d;
+}
+
+namespace {
+// numpy.generic and numpy.ndarray, once numpy is imported (before, nothing is an instance).
+const std::pair<py::object, py::object>* numpy_types() {
+  PyObject* np = PyDict_GetItemString(PyImport_GetModuleDict(), "numpy");
+  if (np == nullptr) return nullptr;
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<std::pair<py::object, py::object>>
+      types;
+  return &types
+              .call_once_and_store_result([np] {
+                const py::handle m(np);
+                return std::pair<py::object, py::object>(m.attr("generic"), m.attr("ndarray"));
+              })
+              .get_stored();
+}
+
+}  // namespace
+
+py::object numpy_scalar_item(py::handle h) {
+  const auto* types = numpy_types();
+  if (types == nullptr || !instance_of(h, types->first)) return py::object();
+  return h.attr("item")();
+}
+
+bool is_ndarray(py::handle h) {
+  const auto* types = numpy_types();
+  return types != nullptr && instance_of(h, types->second);
 }
 
 Operand operand(py::handle h, Args& keep) {
@@ -485,8 +520,15 @@ Operand Args::add(py::handle h) {
     any_tree_ = true;
     return ops_.emplace_back(trees_.emplace_back(to_tree(d)));
   }
+  // numpy operands as torch takes them: a scalar as its number, an array as a tensor.
+  if (py::object v = numpy_scalar_item(h); v && !numpy_scalar_item(v)) return add(v);
+  if (is_ndarray(h)) {
+    const py::object t = py::module_::import("torch").attr("as_tensor")(h);
+    return ops_.emplace_back(tensors_.emplace_back(unpack_tensor(t)));
+  }
   throw_type("treetensor: unsupported operand " + repr_of(h) +
-             " (a tree, a dict of tensors or a treevalue TreeValue, a torch.Tensor or a number)");
+             " (a tree, a dict of tensors or a treevalue TreeValue, a torch.Tensor, a numpy "
+             "array or a number)");
 }
 
 at::ScalarType to_dtype(py::handle dtype) {
@@ -727,6 +769,14 @@ released while leaf work runs.)");
       },
       "(key, child) pairs in key order.");
   cls.def("__iter__", [](py::handle self) { return py::iter(self.attr("keys")()); });
+  // numpy must not take a tree for a sequence of its keys (np.asarray(t) would be the keys'
+  // names), and defers to the tree's reflected operators (np.float32(2) * t, array + t).
+  cls.def("__array__", [](const PyTree& self, py::args, py::kwargs) -> py::object {
+    throw_type("treetensor: a tree of " + std::to_string(self.node().leaf_count()) +
+               " leaves is not one numpy array: convert a leaf (t.a.numpy()), or use "
+               "t.numpy() for a tree of arrays");
+  });
+  cls.attr("__array_ufunc__") = py::none();
   cls.def("__repr__", [](const PyTree& self) { return print(self.node()); });
   cls.def("__str__", [](const PyTree& self) { return print(self.node()); });
   cls.def(

@@ -247,7 +247,13 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   binop("__add__", "__radd__", [](O a, O b) { return treetensor::add(a, b); });
   binop("__sub__", "__rsub__", [](O a, O b) { return treetensor::sub(a, b); });
   binop("__mul__", "__rmul__", [](O a, O b) { return treetensor::mul(a, b); });
-  binop("__truediv__", "__rtruediv__", [](O a, O b) { return treetensor::div(a, b); });
+  binop("__truediv__", nullptr, [](O a, O b) { return treetensor::div(a, b); });
+  // torch's number / tensor is tensor.reciprocal() * number (torch/_tensor.py's __rdiv__),
+  // not a division: the same bits need the same two roundings. A tensor / tree divides.
+  binop("__rtruediv__", nullptr, [](O t, O other) {
+    if (other.kind() != Operand::Kind::scalar) return treetensor::div(other, t);
+    return treetensor::mul(treetensor::reciprocal(t.tree()), other);
+  });
   binop("__mod__", "__rmod__", [](O a, O b) { return treetensor::remainder(a, b); });
   binop("__pow__", "__rpow__", [](O a, O b) { return treetensor::pow(a, b); });
   binop("__matmul__", "__rmatmul__", [](O a, O b) { return treetensor::matmul(a, b); });

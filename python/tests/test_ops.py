@@ -164,6 +164,50 @@ def test_operators(sym, op):
     dicts_equal(op(ten, t), dmap(lambda x: op(ten, x), d))  # a torch.Tensor on the left
 
 
+@pytest.mark.parametrize("sym,op", OPERATORS + INT_OPERATORS, ids=[o[0] for o in OPERATORS + INT_OPERATORS])
+def test_operators_take_numpy_operands_as_torch_does(sym, op):
+    """A numpy scalar is the Python number its item() gives and an ndarray the tensor
+    torch.as_tensor makes of it (torch's type promotion, where torch.Tensor + ndarray falls
+    back to numpy's arithmetic), either side: numpy defers to the tree's operators
+    (__array_ufunc__ = None) instead of taking the tree for a sequence of its keys."""
+    import numpy as np
+    kind = "bitwise_and" if (sym, op) in INT_OPERATORS else "add"
+    d = inputs(kind, 0)
+    t = ttorch.Tensor(d)
+    scalars = [np.int64(3), np.bool_(True)] if kind == "bitwise_and" else \
+        [np.float32(2.5), np.int64(3), np.float64(0.5)]
+    for s in scalars + [np.array(s) for s in scalars]:
+        if isinstance(s, np.ndarray):
+            dicts_equal(op(t, s), dmap(lambda x: op(x, torch.as_tensor(s)), d))
+            dicts_equal(op(s, t), dmap(lambda x: op(torch.as_tensor(s), x), d))
+        else:  # the number item() gives (torch's bitwise ops refuse np.int64 itself)
+            dicts_equal(op(t, s), dmap(lambda x: op(x, s.item()), d))
+            dicts_equal(op(s, t), dmap(lambda x: op(s.item(), x), d))
+
+
+def test_a_number_divided_by_a_tree_is_torchs_bits():
+    """torch computes number / tensor as tensor.reciprocal() * number: the same two roundings
+    here (a plain division differs in the last bit for most numbers)."""
+    d = inputs("add", 0)
+    t = ttorch.Tensor(d)
+    for s in (2.5, 3, 0.1, -7.25, True):
+        dicts_equal(s / t, dmap(lambda x: s / x, d))
+    ten = d["a"][0, 0]
+    dicts_equal(ten / t, dmap(lambda x: ten / x, d))  # a tensor / a tree divides, as torch.div
+
+
+def test_numpy_refuses_to_take_a_tree_for_an_array():
+    import numpy as np
+    t = ttorch.tensor({"a": [1.0, 2.0], "b": [3.0, 4.0]})
+    for f in (np.asarray, np.array, lambda x: np.stack([x, x])):
+        with pytest.raises(TypeError, match="a tree of 2 leaves is not one numpy array"):
+            f(t)
+    t += np.float32(1)  # in place, and in methods and functions that take numbers
+    assert torch.equal(t.a, torch.tensor([2.0, 3.0]))
+    assert torch.equal(t.clamp(np.float32(0), np.int64(3)).b, torch.tensor([3.0, 3.0]))
+    assert torch.equal(ttorch.where(t > 3, t, np.float32(0)).a, torch.tensor([0.0, 0.0]))
+
+
 @pytest.mark.parametrize("sym", ["+=", "-=", "*=", "/=", "//=", "%=", "**=", "&=", "|=", "^=", "<<=", ">>="])
 def test_inplace_operators(sym):
     kind = "bitwise_and" if sym in ("&=", "|=", "^=", "<<=", ">>=") else "add"

@@ -21,6 +21,7 @@ class Tensor:
         """__add__(self: treetensor._C.Tensor, arg0: object) -> object"""
     def __and__(*args, **kwargs):
         """__and__(self: treetensor._C.Tensor, arg0: object) -> object"""
+    def __array__(self, *args, **kwargs) -> Any: ...
     def __contains__(self, arg0: builtins.str) -> builtins.bool: ...
     def __delattr__(self, arg0: builtins.str) -> None: ...
     def __delitem__(self, arg0: builtins.str) -> None: ...
@@ -478,8 +479,8 @@ class Tensor:
         or 'fro') it is the same ATen norm of each leaf run from C++: pending inside an asyncs
         scope."""
     def numel(self):
-        """The number of elements of every leaf together (DI-treetensor); ``ttorch.numel(t)`` is
-        the same."""
+        """The number of elements of every leaf together (DI-treetensor's method);
+        ``ttorch.numel(t)`` is each leaf's, an ``Object`` (DI-treetensor's function)."""
     def numpy(self):
         """The leaves' ``numpy()`` (a treetensor.numpy.ndarray sharing their memory)."""
     def permute(self, *args) -> Any: ...
