@@ -199,6 +199,7 @@ CASES = [
     ("fallback-T", "T('q').T", None),
     ("fallback-item", "ttorch.Tensor({'a': torch.tensor(1.5), 'b': {'x': torch.tensor(2)}}).item()", None),
     ("fallback-numel", "T('t').numel()", None),
+    ("function-numel", "ttorch.numel(T('t'))", None),
     ("fallback-dim", "T('t').dim()", None),
     ("fallback-requires_grad", "T('t').requires_grad", None),
     ("fallback-dtype-attr", "ttorch.float32", None),

@@ -83,7 +83,9 @@ def test_fallback_results_of_other_kinds():
     assert t.tolist() == dmap(lambda x: x.tolist(), d)
     n = t.numpy()
     assert isinstance(n, tnp.ndarray) and np.shares_memory(n.a, d["a"].numpy())
-    assert t.numel() == 16 and ttorch.numel(t) == 16
+    assert t.numel() == 16  # the method: the total; the function: each leaf's (DI-treetensor's)
+    assert isinstance(ttorch.numel(t), tc.Object) and ttorch.numel(t) == dmap(torch.numel, d)
+    assert ttorch.numel(d["a"]) == d["a"].numel()
 
 
 def test_missing_names_are_attribute_errors():
@@ -189,6 +191,14 @@ def test_size_and_object():
     assert s.index(3) == {"a": 2, "b": {"x": 0}}
     with pytest.raises(ValueError, match="Can not find 9"):
         s.index(9)
+    # An index that is no key indexes every leaf (DI-treetensor): ints give an Object, slices
+    # a Size; int keys (an optimizer's state) stay keys.
+    assert s[0] == {"a": 1, "b": {"x": 3}} and s[-1] == {"a": 3, "b": {"x": 4}}
+    assert type(s[1:]) is ttorch.Size and s[1:] == {"a": torch.Size([2, 3]), "b": {"x": torch.Size([4])}}
+    assert s["a"] == torch.Size([1, 2, 3]) and s.b.x == torch.Size([3, 4])
+    words = tc.Object({"a": "ab", "b": {"x": "cd"}})
+    assert words[1:] == {"a": "b", "b": {"x": "d"}} and words[0] == {"a": "a", "b": {"x": "c"}}
+    assert tc.Object({0: "x", 1: "yz"})[1] == "yz"
     o = tc.Object({"a": True, "b": {"c": False}})
     assert not o.all() and o.any() and tc.Object(1) == 1
     assert o.get("a") is True and o.get("z", 3) == 3 and "b" in o

@@ -103,7 +103,15 @@ class Object:
             raise AttributeError(f"no key '{k}' in tree (keys: {self.keys()})") from None
 
     def __getitem__(self, k):
-        return self._child(k)
+        """``o[key]``: the child ``key``; an index that is no key (``o[0]``, ``o[1:]``) indexes
+        every leaf, an Object of the results (DI-treetensor)."""
+        try:
+            if isinstance(k, str) or k in self._d:
+                return self._child(k)
+        except TypeError:  # unhashable: a slice (Python < 3.12), a list
+            pass
+        from ._leafwise import call
+        return Object._wrap(call(lambda v: v[k], (self,), {}, "getitem")[0])
 
     def __setattr__(self, k, v):
         """``o.k = v`` sets the key ``k``, as ``o[k] = v`` (DI-treetensor)."""

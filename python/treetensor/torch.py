@@ -12,7 +12,7 @@ core.
 - Reductions (sum/mean/all/any/min/max/std, masked_select) take DI-treetensor's ``reduce=``:
   without arguments one tensor over every element of every leaf (``reduce=False``: per leaf);
   with arguments (``dim=``...) per leaf, ``reduce=True`` then ignored with a UserWarning.
-  ``norm`` and ``dist`` are per leaf, ``numel()`` the total.
+  ``norm`` and ``dist`` are per leaf, ``numel()`` the total (``ttorch.numel(t)`` per leaf).
 - Any other torch function or torch.Tensor method or attribute is torch's, leaf-wise
   (DI-treetensor's fallback: ``t.argmax(-1)``, ``ttorch.log_softmax(t, -1)``, ``t.is_cuda``;
   rules in treetensor.common); dtypes and plain values (``ttorch.float32``) are torch's.
@@ -98,6 +98,14 @@ class Size(Object):
         if not _builtins.all(isinstance(v, _torch.Size) for v in self.leaves()):
             object.__setattr__(self, "_d", _map_dict(self._d, _torch.Size, "Size"))
 
+    def __getitem__(self, k):
+        """``s[key]``: the child; ``s[0]`` an Object of each leaf's first dimension, ``s[1:]``
+        a Size of each leaf's trailing ones (DI-treetensor)."""
+        r = super().__getitem__(k)
+        if type(r) is Object and _builtins.all(isinstance(v, _torch.Size) for v in r.leaves()):
+            return Size(r._d)
+        return r
+
     def numel(self):
         return _builtins.sum(s.numel() for s in self.leaves())
 
@@ -144,12 +152,23 @@ Tensor.requires_grad = property(lambda self: Object._wrap(self._requires_grad())
 
 
 def _numel(self):
-    """The number of elements of every leaf together (DI-treetensor); ``ttorch.numel(t)`` is
-    the same."""
+    """The number of elements of every leaf together (DI-treetensor's method);
+    ``ttorch.numel(t)`` is each leaf's, an ``Object`` (DI-treetensor's function)."""
     return _builtins.sum(_leafwise._leaves(self._numel())) if len(self) else 0
 
 
 Tensor.numel = _numel
+
+
+def numel(input):
+    """Each leaf's number of elements, an ``Object`` tree (DI-treetensor's function; the
+    method ``t.numel()`` is their total); torch.numel without a tree."""
+    if isinstance(input, Tensor):
+        return Object(input._numel())
+    return _torch.numel(input)
+
+
+__all__.append("numel")
 
 
 def _to(self, *args, **kwargs):
@@ -246,7 +265,7 @@ def _method_fn(name, doc=None):
 for _n in ["sum", "mean", "all", "any", "min", "max", "std", "norm", "masked_select",
            "reshape", "view", "squeeze", "unsqueeze", "transpose", "permute", "flatten",
            "index_select", "split", "chunk", "unbind", "clamp", "isclose", "clone", "detach",
-           "contiguous", "numel", "floor_divide"]:
+           "contiguous", "floor_divide"]:
     _method_fn(_n)
 
 

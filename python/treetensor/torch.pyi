@@ -67,6 +67,7 @@ __all__ = [
     "stream",
     "apply",
     "synchronize",
+    "numel",
     "TreeSpec",
     "abs",
     "acos",
@@ -168,7 +169,6 @@ __all__ = [
     "clamp",
     "isclose",
     "contiguous",
-    "numel",
     "floor_divide",
     "vmap",
     "abs_",
@@ -233,7 +233,9 @@ class Object:
     def __eq__(self, other): ...
     def __floordiv__(self, other): ...
     def __getattr__(self, k): ...
-    def __getitem__(self, k): ...
+    def __getitem__(self, k):
+        """``o[key]``: the child ``key``; an index that is no key (``o[0]``, ``o[1:]``) indexes
+        every leaf, an Object of the results (DI-treetensor)."""
     def __iadd__(self, other): ...
     def __iand__(self, other): ...
     def __ifloordiv__(self, other): ...
@@ -398,6 +400,9 @@ class Size(Object):
     construction functions. ``Size(non_dict)`` is ``torch.Size(non_dict)`` (DI-treetensor).
     ``numel()`` and ``count(v)`` are totals over the leaves; ``index(v)`` is a tree of each
     leaf's index of v (None where a leaf lacks it; ValueError when every leaf does)."""
+    def __getitem__(self, k):
+        """``s[key]``: the child; ``s[0]`` an Object of each leaf's first dimension, ``s[1:]``
+        a Size of each leaf's trailing ones (DI-treetensor)."""
     def __init__(self, data=...): ...
     @staticmethod
     def __new__(cls, data=...): ...
@@ -663,8 +668,9 @@ def neg_(*args, **kwargs):
 def norm(input, *args, **kwargs):
     """Leaf-wise / tree-level ``norm`` (see Tensor.norm); torch.norm without a tree."""
 
-def numel(input, *args, **kwargs):
-    """Leaf-wise / tree-level ``numel`` (see Tensor.numel); torch.numel without a tree."""
+def numel(input):
+    """Each leaf's number of elements, an ``Object`` tree (DI-treetensor's function; the
+    method ``t.numel()`` is their total); torch.numel without a tree."""
 
 def ones(*args, **kwargs):
     """``ones(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a tree of torch.ones leaves (DI-treetensor); plain torch.ones otherwise."""
