@@ -322,6 +322,8 @@ def test_overlapping_buffers_and_meta_models_are_refused():
         meta = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="parameter '(weight|bias)' is on the meta device"):
         tnn.consolidate_module(meta)
+    with pytest.raises(ValueError, match="parameter '0.weight' is not initialized yet"):
+        tnn.consolidate_module(torch.nn.Sequential(torch.nn.LazyLinear(3)))
     sparse = torch.nn.Linear(2, 2)
     sparse.s = torch.nn.Parameter(torch.eye(3).to_sparse())
     before = sparse.weight.data_ptr()

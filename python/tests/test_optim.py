@@ -296,7 +296,8 @@ def test_bad_state_dicts_are_refused_naming_the_parameter():
         other.load_state_dict(edited(lambda sd: sd["state"][1].update(step=torch.tensor(5.0))))
     with pytest.raises(ValueError, match="decoupled_weight_decay=True; load it into treetensor.optim.AdamW"):
         other.load_state_dict(topt.AdamW(ttorch.Tensor(params())).state_dict())
-    with pytest.raises(ValueError, match=r"parameter 2 \('fc.weight'\) has no 'step'"):
+    with pytest.raises(ValueError, match=r"parameter 2 \('fc.weight'\) has no 'step' \(its state "
+                                         r"has \['exp_avg', 'exp_avg_sq'\]: another optimizer's"):
         other.load_state_dict(edited(lambda sd: sd["state"][2].pop("step")))
     with pytest.raises(ValueError, match=r"'exp_avg' of parameter 0 \('conv'\) is a float, not a tensor"):
         other.load_state_dict(edited(lambda sd: sd["state"][0].update(exp_avg=0.5)))

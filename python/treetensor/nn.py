@@ -143,6 +143,9 @@ def _check_layout(tensors):
     what being "parameter" or "buffer"."""
     spans = {}
     for what, name, t in tensors:
+        if isinstance(t, _torch.nn.parameter.UninitializedTensorMixin):
+            raise ValueError(f"treetensor.nn.consolidate_module: {what} '{name}' is not "
+                             f"initialized yet (a lazy module): run a forward pass first")
         if t.is_meta:
             raise ValueError(f"treetensor.nn.consolidate_module: {what} '{name}' is on the meta "
                              f"device (no data to consolidate): materialize the model first "
@@ -440,7 +443,13 @@ class ModuleTree:
         if optimizer is None:
             self._buckets.step_with(None, None)
         else:
-            self._buckets.step_with(optimizer, old or Thread("step in backward"))
+            try:
+                worker = old or Thread("step in backward")
+            except RuntimeError as e:
+                raise RuntimeError(f"step_in_backward: {e}; each module stepping in backward "
+                                   f"holds one until its step_in_backward(None), close() or "
+                                   f"the module is collected") from e
+            self._buckets.step_with(optimizer, worker)
             self._hook_parameters()
         if old is not None and optimizer is None:
             old.close()

@@ -319,7 +319,8 @@ class _TreeOptimizer(torch.optim.Optimizer):
             at = f"parameter {i} ('{self._leaf_paths[i]}')"
             for k in self._scalar_keys + keys:
                 if k not in st:
-                    raise ValueError(f"{name}: {at} has no '{k}'")
+                    raise ValueError(f"{name}: {at} has no '{k}' (its state has "
+                                     f"{sorted(st)}: another optimizer's checkpoint?)")
             for k in keys:
                 moments[k].append(_moment(name, f"'{k}' of {at}", st[k], leaves[i], targets[k][i]))
             steps.add(self._whole_step(name, at, st))

@@ -619,8 +619,8 @@ Thread::Thread(std::string name, KernelThreads kernels) {
     if (free == rt.id_taken.end())
       throw ThreadPoolExhausted(
           "treetensor asyncs: all " + std::to_string(rt.id_taken.size()) +
-          " worker ids are taken (pool size from TREETENSOR_ASYNCS_THREADS); destroy a "
-          "asyncs::Thread first or raise the limit");
+          " worker ids are taken (pool size from TREETENSOR_ASYNCS_THREADS); destroy an "
+          "asyncs::Thread first (close() in Python) or raise the limit");
     *free = true;
     id = static_cast<int>(free - rt.id_taken.begin()) + 1;
   }
