@@ -680,18 +680,25 @@ released while leaf work runs.)");
   cls.def("__setitem__", [set_child](PyTree& self, py::handle key, py::handle value) {
     if (PyUnicode_Check(key.ptr())) return set_child(self, key.cast<std::string>(), value);
     // Leaf-wise assignment leaf[key] = value; a tree key (a mask, DI-treetensor's
-    // t[t > 0] = 0) or value is zipped by path, anything else broadcast. A leaf's error names
-    // its path; the leaves before it are assigned (as the per-leaf loop leaves them).
+    // t[t > 0] = 0) or value is zipped by path, its leaf facing a subtree broadcast into it
+    // (treevalue's inherit), anything else broadcast. A leaf's error names its path; the
+    // leaves before it are assigned (as the per-leaf loop leaves them).
     const TensorTree& n = self.node();
     const auto flat = tree::flatten_refs(n);
     const auto paths = flat.spec.paths();
     auto leaf_of = [&](py::handle tree_or_value, std::size_t i) -> py::object {
       if (!is_tree(tree_or_value)) return py::reinterpret_borrow<py::object>(tree_or_value);
-      const TensorTree* c = as_tree(tree_or_value).node().find(paths[i]);
-      if (!c || !c->is_leaf())
-        throw py::key_error("treetensor: __setitem__: the tree index or value has no leaf at '" +
-                            paths[i].describe() + "'");
-      return wrap_tensor(c->leaf());
+      const TensorTree& root = as_tree(tree_or_value).node();
+      const tree::Path& p = paths[i];
+      for (std::size_t d = p.size() + 1; d-- > 0;) {  // the leaf at p, or at a prefix of p
+        const TensorTree* c = root.find(
+            d == p.size() ? p : tree::Path(std::vector<std::string>(p.begin(), p.begin() + d)));
+        if (c == nullptr) continue;
+        if (c->is_leaf()) return wrap_tensor(c->leaf());
+        break;  // a subtree, without p
+      }
+      throw py::key_error("treetensor: __setitem__: the tree index or value has no leaf at '" +
+                          p.describe() + "'");
     };
     for (std::size_t i = 0; i < paths.size(); ++i) {
       py::object k = leaf_of(key, i), v = leaf_of(value, i);

@@ -360,6 +360,34 @@ def test_functions_taking_trees_broadcast_a_leaf_into_a_subtree():
     dicts_equal(t.clamp(-0.5, 0.5), dmap(lambda x: x.clamp(-0.5, 0.5), d))  # numbers: C++
 
 
+def test_indexing_and_joins_broadcast_a_leaf_into_a_subtree():
+    """A mask or index tree's leaf facing a subtree indexes (and assigns) every leaf there; a
+    tensor among the trees of stack/cat, or a leaf facing a subtree, joins every leaf there."""
+    d = sample()
+    t = ttorch.Tensor(d)
+    rows = torch.tensor([0, 2])
+    key = ttorch.Tensor({"a": d["a"] > 0, "b": rows})  # a mask, and rows of b.x and b.y
+    dicts_equal(t[key], {"a": d["a"][d["a"] > 0], "b": {k: d["b"][k][rows] for k in ("x", "y")}})
+    u = ttorch.Tensor(dmap(torch.clone, d))
+    u[key] = 0.0
+    want = dmap(torch.clone, d)
+    want["a"][d["a"] > 0] = 0.0
+    for k in ("x", "y"):
+        want["b"][k][rows] = 0.0
+    dicts_equal(u, want)
+    with pytest.raises(ValueError, match="argument 1 has keys"):
+        t[ttorch.Tensor({"a": torch.tensor([0]), "c": torch.tensor([0])})]
+    row = torch.randn(3)
+    flat = ttorch.Tensor({"a": torch.randn(3), "b": torch.randn(3)})
+    for join in (ttorch.stack, ttorch.cat):
+        dicts_equal(join([flat, row]), {k: join([flat[k], row]) for k in ("a", "b")})
+        dicts_equal(join([row, flat]), {k: join([row, flat[k]]) for k in ("a", "b")})
+    e = {"a": d["a"], "b": {"x": torch.randn(3), "y": torch.randn(3)}}
+    leafy = ttorch.Tensor({"a": d["a"], "b": torch.randn(3)})  # b: a leaf facing e's subtree b
+    dicts_equal(ttorch.stack([ttorch.Tensor(e), leafy]), {
+        "a": torch.stack([d["a"], d["a"]]), "b": {k: torch.stack([e["b"][k], leafy.b]) for k in ("x", "y")}})
+
+
 def test_clamp_in_place_with_tree_bounds():
     d, hi = sample(), sample(1)
     t = ttorch.Tensor(d)

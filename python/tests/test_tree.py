@@ -79,9 +79,10 @@ def test_errors_name_the_call_and_the_leaf_a_user_wrote():
         with pytest.raises(TypeError, match=rf"^{fn.__name__}: expects a list or tuple of trees or tensors"):
             fn(t, t)  # the list forgotten: a tree iterates its keys
     assert ttorch.cat((t, t)).a.shape == (6,) and ttorch.stack([t, t]).b.c.shape == (2, 2)
-    with pytest.raises(ValueError, match=r"argument 1 is a leaf but argument 0 is a subtree with "
-                                         r"keys \{a, b\}$"):  # no C++ remedy (inherit) named
-        ttorch.cat([t, torch.ones(1)])
+    assert torch.equal(ttorch.cat([t, torch.ones(1)]).b.c, torch.ones(3))  # joins every leaf
+    with pytest.raises(ValueError, match=r"at 'b' argument 0 is a leaf but argument 1 is a subtree "
+                                         r"with keys \{c\}$"):  # no C++ remedy (inherit) named
+        ttorch.Tensor({"a": torch.ones(3), "b": torch.ones(2)}).add_(t)
 
 
 def test_printing_layout():

@@ -441,6 +441,7 @@ for _name, _fn in [("add", _operator.add), ("sub", _operator.sub), ("mul", _oper
     setattr(Tensor, f"__{_name}__", _inheriting(getattr(Tensor, f"__{_name}__"), _fn, f"__{_name}__"))
     setattr(Tensor, f"__r{_name}__",
             _inheriting(getattr(Tensor, f"__r{_name}__"), _reflected(_fn), f"__r{_name}__"))
+Tensor.__getitem__ = _inheriting(Tensor.__getitem__, _operator.getitem, "__getitem__")
 for _name, _fn in [("eq", _operator.eq), ("ne", _operator.ne), ("lt", _operator.lt),
                    ("le", _operator.le), ("gt", _operator.gt), ("ge", _operator.ge)]:
     setattr(Tensor, f"__{_name}__", _inheriting(getattr(Tensor, f"__{_name}__"), _fn, f"__{_name}__"))
@@ -711,20 +712,29 @@ def _sequence_of_trees(tensors, name):
     return list(tensors)
 
 
+def _join(name, cpp, fn, tensors, dim):
+    tensors = _sequence_of_trees(tensors, name)
+    if not _builtins.any(_is_tree(x) for x in tensors):
+        return fn(tensors, dim)
+    try:
+        return cpp(tensors, dim)
+    except ValueError as e:  # a tensor, or a leaf facing a subtree: broadcast into it (inherit)
+        if "is a leaf but" not in str(e):
+            raise
+    args = [_tree_arg(x) for x in tensors]
+    return _leafwise.wrap(_leafwise.call(lambda *xs: fn(list(xs), dim), args, {}, name)[0])
+
+
 def cat(tensors, dim=0):
-    """Leaf p of the result is torch.cat of leaf p of every tree (same structures)."""
-    tensors = _sequence_of_trees(tensors, "cat")
-    if tensors and _is_tree(tensors[0]):
-        return _C._cat(tensors, dim)
-    return _torch.cat(tensors, dim)
+    """Leaf p of the result is torch.cat of leaf p of every tree; a tensor among them, or a
+    leaf facing another's subtree, joins every leaf there (DI-treetensor's inherit)."""
+    return _join("cat", _C._cat, _torch.cat, tensors, dim)
 
 
 def stack(tensors, dim=0):
-    """Leaf p of the result is torch.stack of leaf p of every tree (same structures)."""
-    tensors = _sequence_of_trees(tensors, "stack")
-    if tensors and _is_tree(tensors[0]):
-        return _C._stack(tensors, dim)
-    return _torch.stack(tensors, dim)
+    """Leaf p of the result is torch.stack of leaf p of every tree; a tensor among them, or a
+    leaf facing another's subtree, joins every leaf there (DI-treetensor's inherit)."""
+    return _join("stack", _C._stack, _torch.stack, tensors, dim)
 
 
 __all__ += ["equal", "allclose", "cat", "stack"]

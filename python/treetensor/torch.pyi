@@ -458,7 +458,8 @@ def bitwise_xor(*args, **kwargs):
     bitwise_xor(a, b): a ^ b on integer and bool tensors, leaf-wise (torch.bitwise_xor without a tree)."""
 
 def cat(tensors, dim=...):
-    """Leaf p of the result is torch.cat of leaf p of every tree (same structures)."""
+    """Leaf p of the result is torch.cat of leaf p of every tree; a tensor among them, or a
+    leaf facing another's subtree, joins every leaf there (DI-treetensor's inherit)."""
 
 def ceil_(*args, **kwargs):
     """``ceil_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.ceil_ on every leaf; without a tree argument, the function itself."""
@@ -748,7 +749,8 @@ def squeeze(input, *args, **kwargs):
     """Leaf-wise / tree-level ``squeeze`` (see Tensor.squeeze); torch.squeeze without a tree."""
 
 def stack(tensors, dim=...):
-    """Leaf p of the result is torch.stack of leaf p of every tree (same structures)."""
+    """Leaf p of the result is torch.stack of leaf p of every tree; a tensor among them, or a
+    leaf facing another's subtree, joins every leaf there (DI-treetensor's inherit)."""
 
 def std(input, *args, **kwargs):
     """Leaf-wise / tree-level ``std`` (see Tensor.std); torch.std without a tree."""
