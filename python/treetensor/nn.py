@@ -235,6 +235,8 @@ _live = weakref.WeakKeyDictionary()
 
 
 class ModuleTree:
+    _closed = False  # close() ran (consolidate_module of its module again runs it)
+
     """A module's parameters, gradients and buffers as consolidated trees (made by
     :func:`consolidate_module`).
 
@@ -483,6 +485,7 @@ class ModuleTree:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self._closed = True
         self._buckets.settle()
         self._step_in_backward(None)  # a step not acknowledged stays for step() to acknowledge
         self._group = None
@@ -515,6 +518,12 @@ class ModuleTree:
         if p.untyped_storage()._cdata == self._storages[i]:
             self._ptrs[i] = p.data_ptr()  # the same storage, its memory moved (share_memory_)
             return
+        if self._closed:
+            raise RuntimeError(
+                f"treetensor.nn: parameter '{self._order[i]}' no longer lies in this closed "
+                f"tree's buffer (consolidate_module of its module made a new tree since, or the "
+                f"module moved): use the tree the last consolidate_module returned, and an "
+                f"optimizer over its params")
         raise RuntimeError(
             f"treetensor.nn: parameter '{self._order[i]}' no longer lies in its consolidated "
             f"buffer (the module was moved or converted, e.g. .to()/.cuda()/.half(), after "

@@ -49,52 +49,26 @@ const std::unordered_map<std::string, Allowed>& allowlist() {
       (*t)[std::string(b) + ".complex"] = {Global::complex};
       (*t)[std::string(b) + ".bytes"] = {Global::bytes};
     }
-    const std::pair<const char*, c10::ScalarType> storages[] = {
-        {"Float", c10::kFloat},
-        {"Double", c10::kDouble},
-        {"Half", c10::kHalf},
-        {"BFloat16", c10::kBFloat16},
-        {"Long", c10::kLong},
-        {"Int", c10::kInt},
-        {"Short", c10::kShort},
-        {"Char", c10::kChar},
-        {"Byte", c10::kByte},
-        {"Bool", c10::kBool},
-        {"ComplexFloat", c10::kComplexFloat},
-        {"ComplexDouble", c10::kComplexDouble}};
-    for (const auto& [name, dtype] : storages)
-      (*t)[std::string("torch.") + name + "Storage"] = {Global::storage_class, dtype};
-    const std::pair<const char*, c10::ScalarType> dtypes[] = {
-        {"float32", c10::kFloat},
-        {"float", c10::kFloat},
-        {"float64", c10::kDouble},
-        {"double", c10::kDouble},
-        {"float16", c10::kHalf},
-        {"half", c10::kHalf},
-        {"bfloat16", c10::kBFloat16},
-        {"int64", c10::kLong},
-        {"long", c10::kLong},
-        {"int32", c10::kInt},
-        {"int", c10::kInt},
-        {"int16", c10::kShort},
-        {"short", c10::kShort},
-        {"int8", c10::kChar},
-        {"uint8", c10::kByte},
-        {"bool", c10::kBool},
-        {"complex64", c10::kComplexFloat},
-        {"cfloat", c10::kComplexFloat},
-        {"complex128", c10::kComplexDouble},
-        {"cdouble", c10::kComplexDouble},
-        {"complex32", c10::kComplexHalf},
-        {"uint16", c10::kUInt16},
-        {"uint32", c10::kUInt32},
-        {"uint64", c10::kUInt64},
-        {"float8_e4m3fn", c10::kFloat8_e4m3fn},
-        {"float8_e5m2", c10::kFloat8_e5m2},
-        {"float8_e4m3fnuz", c10::kFloat8_e4m3fnuz},
-        {"float8_e5m2fnuz", c10::kFloat8_e5m2fnuz},
-        {"float8_e8m0fnu", c10::kFloat8_e8m0fnu}};
-    for (const auto& [name, dtype] : dtypes)
+    // The dtypes and typed storage classes torch.save names: the writer's own tables
+    // (torch_dtype_name, typed_storage_class), so reading and writing agree, and torch's
+    // aliases of the dtypes (torch.float is torch.float32).
+    for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
+      const auto dtype = static_cast<c10::ScalarType>(i);
+      if (const auto name = torch_dtype_name(dtype))
+        (*t)["torch." + *name] = {Global::dtype, dtype};
+      if (const auto name = typed_storage_class(dtype))
+        (*t)["torch." + *name] = {Global::storage_class, dtype};
+    }
+    const std::pair<const char*, c10::ScalarType> aliases[] = {{"float", c10::kFloat},
+                                                               {"double", c10::kDouble},
+                                                               {"half", c10::kHalf},
+                                                               {"long", c10::kLong},
+                                                               {"int", c10::kInt},
+                                                               {"short", c10::kShort},
+                                                               {"cfloat", c10::kComplexFloat},
+                                                               {"cdouble", c10::kComplexDouble},
+                                                               {"chalf", c10::kComplexHalf}};
+    for (const auto& [name, dtype] : aliases)
       (*t)[std::string("torch.") + name] = {Global::dtype, dtype};
     return t;
   }();
