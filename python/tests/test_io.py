@@ -291,6 +291,18 @@ def test_values_the_format_cannot_hold_are_refused_naming_their_path(tmp_path):
         ttorch.save({"big": 2**64}, target)
     with pytest.raises(TypeError, match="read alike.* at '<root>'"):
         ttorch.save({1: 1, "1": 2}, target)
+    # Tensors a file of dense tensors cannot hold: refused naming the path (the io layer's
+    # writer, so C++ io::save says the same), nothing written; and read back refused too.
+    for tensor, kind in [(torch.eye(2).to_sparse(), "sparse_coo"), (torch.eye(2).to_sparse_csr(), "sparse_csr"),
+                         (torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8), "quantized")]:
+        with pytest.raises(ValueError, match=rf"the tensor at 'w\.s' is a {kind} tensor; these files "
+                                             r"hold dense tensors \(\.to_dense\(\) it, or use torch\.save\)"):
+            ttorch.save({"w": {"s": tensor}}, target)
+        assert not target.exists()
+    torch.save({"s": torch.eye(2).to_sparse()}, tmp_path / "sparse.pt")
+    with pytest.raises(RuntimeError, match=r"_rebuild_sparse_tensor' is not allowed \(this reader builds "
+                                           r"dense tensors.*torch\.load\(weights_only=True\) also reads"):
+        ttorch.load(tmp_path / "sparse.pt")
     loop = []
     loop.append(loop)
     with pytest.raises(ValueError, match=r"container at '0' is the one at '<root>' again \(a cycle\)"):

@@ -199,8 +199,9 @@ class Reader {
     auto it = allowlist().find(full);
     if (it == allowlist().end())
       in_.fail_at(op_at_, "global '" + full +
-                              "' is not allowed (only what torch.save writes; as "
-                              "torch.load(weights_only=True))");
+                              "' is not allowed (this reader builds dense tensors, containers "
+                              "and numbers and runs no pickle code; torch.load(weights_only="
+                              "True) also reads sparse, quantized and nested tensors)");
     Node n;
     n.kind = it->second.global == Global::dtype ? Kind::dtype : Kind::global;
     n.global = it->second.global;
@@ -1060,6 +1061,10 @@ class Writer {
   void tensor(const at::Tensor& t, const tree::Path& path) {
     if (!t.defined())
       throw std::invalid_argument("save: the tensor at '" + path.describe() + "' is undefined");
+    if (const std::string kind = non_dense_kind(t); !kind.empty())
+      throw std::invalid_argument("save: the tensor at '" + path.describe() + "' is " + kind +
+                                  "; these files hold dense tensors (.to_dense() it, or use "
+                                  "torch.save)");
     // A conjugate or negative view's storage holds the values before the view: its values go
     // to the file instead (torch.save writes the bit as metadata; torch.load reads either).
     if (t.is_conj() || t.is_neg()) return tensor(t.resolve_conj().resolve_neg(), path);
@@ -1135,6 +1140,27 @@ Unpickled unpickle(const Input& bytes, std::uint64_t start, std::uint64_t& end) 
 
 std::string pickle(const Object& object, std::vector<at::Tensor>& storages) {
   return Writer(object, storages).run();
+}
+
+std::string non_dense_kind(const at::Tensor& t) {
+  if (t.is_nested()) return "a nested tensor";
+  if (t.is_quantized()) return "a quantized tensor";
+  switch (t.layout()) {
+    case at::kStrided:
+      return "";
+    case at::kSparse:
+      return "a sparse_coo tensor";
+    case at::kSparseCsr:
+      return "a sparse_csr tensor";
+    case at::kSparseCsc:
+      return "a sparse_csc tensor";
+    case at::kSparseBsr:
+      return "a sparse_bsr tensor";
+    case at::kSparseBsc:
+      return "a sparse_bsc tensor";
+    default:
+      return "a tensor of layout " + c10::str(t.layout());
+  }
 }
 
 std::optional<std::string> typed_storage_class(c10::ScalarType dtype) {

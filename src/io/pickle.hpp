@@ -127,4 +127,8 @@ std::string pickle(const Object& object, std::vector<at::Tensor>& storages);
 /// saves in a torch.storage.UntypedStorage (uint16, float8_*, complex32, ...).
 std::optional<std::string> typed_storage_class(c10::ScalarType dtype);
 
+/// What makes `t` other than a dense strided tensor ("a sparse_coo tensor", "a quantized
+/// tensor", "a nested tensor"), or "" for a dense one: the files here hold dense tensors only.
+std::string non_dense_kind(const at::Tensor& t);
+
 }  // namespace treetensor::io::detail
