@@ -353,6 +353,7 @@ def test_a_tensor_or_submodule_changed_by_hand_is_refused_at_grads():
         yield "submodule 'out' was replaced", lambda m: setattr(m, "out", torch.nn.Linear(24, 24))
         yield "parameters of 'fc' were added", lambda m: m.fc.register_parameter(
             "extra", torch.nn.Parameter(torch.zeros(2)))
+        yield "submodules of '<root>' were added", lambda m: setattr(m, "extra", torch.nn.Linear(2, 2))
         yield "parameter 'fc.bias' was frozen", lambda m: m.fc.bias.requires_grad_(False)
     for message, change in changes():
         _, m = pair()
@@ -366,6 +367,39 @@ def test_a_tensor_or_submodule_changed_by_hand_is_refused_at_grads():
         if "frozen" in message:
             assert ("fc", "bias") in [tuple(q) for q in ttorch.tree_flatten(tree.frozen)[1].paths()]
         tree.grads
+
+
+def test_a_parameter_unfrozen_after_consolidation_is_refused_at_grads():
+    _, m = pair(frozen=True)
+    tree = tnn.consolidate_module(m)
+    m.conv.weight.requires_grad_(True)  # the tree's params lack it: no step would move it
+    with pytest.raises(RuntimeError, match="parameter 'conv.weight' was unfrozen"):
+        tree.grads
+    assert "conv.weight" in topt.Adam(tnn.consolidate_module(m).params)._leaf_paths
+
+
+def test_a_replaced_buffer_is_taken_into_its_view_at_the_end_of_backward():
+    """With a process group the module's buffers are broadcast after every backward; one the
+    module holds anew is copied into its view first (the same collectives on every rank), or
+    refused when it no longer fits the view. Here a group of one rank (Gloo)."""
+    import tempfile
+    import torch.distributed as dist
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group("gloo", init_method=f"file://{d}/init", rank=0, world_size=1)
+        try:
+            _, m = pair()
+            tree = tnn.consolidate_module(m, process_group=dist.group.WORLD)
+            view = m.bn.running_mean
+            m.bn.running_mean = torch.full((4,), 3.0)
+            m(batch()).sum().backward()
+            assert m.bn.running_mean is view and tree.buffers.bn.running_mean is view
+            m.bn.num_batches_tracked = None  # BatchNorm then counts nothing
+            with pytest.raises(RuntimeError, match=r"buffer 'bn.num_batches_tracked' was replaced "
+                                                   r"by None after consolidate_module"):
+                m(batch()).sum().backward()
+            tree.close()
+        finally:
+            dist.destroy_process_group()
 
 
 def test_a_gradient_tree_read_once_follows_torch_optims_zero_grad():
@@ -420,6 +454,10 @@ def test_consolidating_under_inference_mode_still_trains():
         tree = tnn.consolidate_module(m)
     assert not any(t.is_inference() for t in leaves(tree.params) + leaves(tree.grads))
     train(ref, m, tree, steps=2)
+    with torch.inference_mode():  # a model made under inference mode keeps running there
+        built = Net()
+        tnn.consolidate_module(built)
+        assert built(batch()).shape == (8, 24)
 
 
 def test_bad_arguments():

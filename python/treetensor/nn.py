@@ -73,11 +73,13 @@ at the next backward that reaches it where the hooks are installed, else at the 
 ``grads`` or ``zero_grad()``; parameters replaced by
 ``load_state_dict(assign=True)`` on the module or a submodule, by that call; a parameter or
 submodule replaced by hand (``model.fc.weight = nn.Parameter(...)``, ``model.fc =
-nn.Linear(...)``), parameters registered or deleted, and a parameter frozen
-(``requires_grad_(False)``) after consolidation, at the next ``grads`` (the tree would train
-the old tensors, or move the frozen one). Consolidate after moving or changing the model. A
-buffer the module replaces (a new tensor assigned, as some forwards do) is broadcast as the
-module holds it, as DDP does, but ``buffers`` keeps the consolidated one. Under
+nn.Linear(...)``), parameters or submodules added or deleted, and a parameter frozen
+(``requires_grad_(False)``) or unfrozen after consolidation, at the next ``grads`` (the tree
+would train the old tensors, move the frozen one or never the unfrozen one). Consolidate after
+moving or changing the model. With a process group, a buffer the module replaces (a new tensor
+assigned, as some forwards do) is copied into its view at the end of backward and the module
+holds the view again, so the broadcast carries it (DDP looks its buffers up anew); one of
+another shape, dtype or device, or None, is a RuntimeError there. Under
 ``torch.inference_mode()`` the trees are made outside it (inference tensors cannot train).
 Sparse gradients (``Embedding(sparse=True)``) become dense.
 """
@@ -97,6 +99,7 @@ if _torch.distributed.is_available():
     # those threads.
     import torch.distributed.nn  # noqa: F401
 
+from . import optim
 from .distributed import bucket_plan, buffers_of, start_all_reduce
 from .torch import Tensor, tree_flatten, zeros_like
 
@@ -190,18 +193,21 @@ def _noop_factory():
 
 class _Places:
     """Where a module's tensors sit when it is consolidated: each submodule in its parent, each
-    parameter (or buffer) in its submodule's dict, and how many parameters each submodule has,
-    so that one replaced or added after consolidation (``model.fc = nn.Linear(...)``,
-    ``model.fc.weight = nn.Parameter(...)``, ``register_parameter``) is found by identity checks
-    (DDP rebuilds its buffer list before each broadcast for the same reason)."""
+    parameter (or buffer) in its submodule's dict, and how many parameters and submodules each
+    submodule has, so that one replaced or added after consolidation (``model.fc =
+    nn.Linear(...)``, ``model.fc.weight = nn.Parameter(...)``, ``register_parameter``, a new
+    submodule) is found by identity checks. Modules are held weakly: the tree is held by hooks
+    on them."""
 
     def __init__(self, module):
         self.module = weakref.ref(module)
         self.children, self.counts = [], []
         for path, sub in module.named_modules(remove_duplicate=False):
+            parent = weakref.ref(sub)
             for key, child in sub._modules.items():
-                self.children.append((sub._modules, key, child, f"{path}.{key}" if path else key))
-            self.counts.append((sub._parameters, len(sub._parameters), path))
+                self.children.append((parent, key, None if child is None else weakref.ref(child),
+                                      f"{path}.{key}" if path else key))
+            self.counts.append((parent, len(sub._parameters), len(sub._modules), path))
 
     def slot(self, name, kind="_parameters"):
         """The dict of the submodule holding tensor `name`, and its key there."""
@@ -211,12 +217,16 @@ class _Places:
     def changed(self):
         """The path of a submodule replaced or removed, or of one whose parameters were added
         or removed, since; None when there is none."""
-        for modules, key, child, path in self.children:
-            if modules.get(key) is not child:
+        for parent, key, child, path in self.children:
+            p = parent()
+            if p is not None and p._modules.get(key) is not (None if child is None else child()):
                 return f"submodule '{path}' was replaced or removed"
-        for params, count, path in self.counts:
-            if len(params) != count:
+        for sub, params, modules, path in self.counts:
+            s = sub()
+            if s is not None and len(s._parameters) != params:
                 return f"the parameters of '{path or '<root>'}' were added or removed"
+            if s is not None and len(s._modules) != modules:
+                return f"the submodules of '{path or '<root>'}' were added or removed"
         return None
 
 
@@ -229,14 +239,14 @@ def _tree_of(attr, tree):
     return None
 
 
+optim._module_tree_lookup = _tree_of
+
 # module -> its open ModuleTree: the tree lives as long as its module (the parameters' hooks
 # hold it weakly), and holds the module weakly, so neither keeps the other alive.
 _live = weakref.WeakKeyDictionary()
 
 
 class ModuleTree:
-    _closed = False  # close() ran (consolidate_module of its module again runs it)
-
     """A module's parameters, gradients and buffers as consolidated trees (made by
     :func:`consolidate_module`).
 
@@ -246,6 +256,8 @@ class ModuleTree:
     ``.grad``. ``frozen``: the other parameters. ``buffers``: the module's buffers. ``aliases``:
     tied names -> the leaf's name. ``param_buffers`` / ``grad_buffers``: the 1-D buffers (one
     per dtype and device; the padding between leaves is zero)."""
+
+    _closed = False  # close() ran (consolidate_module of its module again runs it)
 
     def __init__(self, module, process_group, bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers):
         self._module = weakref.ref(module)
@@ -263,13 +275,14 @@ class ModuleTree:
         trainable = {n: p for n, p in named.items() if p.requires_grad}
         frozen = {n: p for n, p in named.items() if not p.requires_grad}
         self.params, self._order = _consolidate_in_place(trainable)
-        self.frozen, _ = _consolidate_in_place(frozen)
+        self.frozen, frozen_order = _consolidate_in_place(frozen)
+        self._frozen_leaves = [(n, frozen[n]) for n in frozen_order]
         self.buffers, _ = _consolidate_in_place(buffers)
         self._leaves = [trainable[n] for n in self._order]
         self._module_order = list(trainable)  # named_parameters()'s: torch.optim's positions
         self._places = _Places(module)
         self._param_slots = [self._places.slot(n) for n in self._order]
-        self._buffer_slots = [(*self._places.slot(n, "_buffers"), t) for n, t in buffers.items()]
+        self._buffer_slots = [(*self._places.slot(n, "_buffers"), n, t) for n, t in buffers.items()]
         self.param_buffers = buffers_of(self._leaves)
         self._grads = zeros_like(self.params).consolidate() if self._leaves else Tensor({})
         self._grad_leaves = tree_flatten(self._grads)[0]
@@ -316,11 +329,24 @@ class ModuleTree:
         return hooks
 
     def _broadcast_module_buffers(self):
-        # A buffer the module replaced (assigned a new tensor, as some forwards do) is
-        # broadcast as the module now holds it: DDP looks its buffers up before each broadcast.
+        # A buffer the module replaced (assigned a new tensor, as some forwards do) is copied
+        # into its view, which the module holds again: the broadcast of the consolidated
+        # buffers then carries it, the same calls on every rank (DDP looks its buffers up anew).
+        for d, key, name, view in self._buffer_slots:
+            now = d.get(key)
+            if now is view:
+                continue
+            if now is None or now.shape != view.shape or now.dtype != view.dtype or \
+                    now.device != view.device:
+                raise RuntimeError(
+                    f"treetensor.nn: buffer '{name}' was replaced by "
+                    f"{'None' if now is None else f'a {now.dtype} {list(now.shape)} tensor'} "
+                    f"after consolidate_module (it was {view.dtype} {list(view.shape)}): "
+                    f"call consolidate_module again")
+            with _torch.no_grad():
+                view.copy_(now)
+            d[key] = view
         self._broadcast(self._module_buffers)
-        replaced = [d.get(k) for d, k, t in self._buffer_slots if d.get(k) is not t]
-        self._broadcast([b for b in replaced if b is not None])
 
     def _broadcast(self, buffers):
         import torch.distributed as dist
@@ -351,6 +377,12 @@ class ModuleTree:
                     f"(requires_grad=False) after consolidate_module: a step over the tree "
                     f"would still move it (torch.optim skips it); unfreeze it before the step, "
                     f"or call consolidate_module again (and make the optimizer over its params)")
+        for name, p in self._frozen_leaves:
+            if p.requires_grad:
+                raise RuntimeError(
+                    f"treetensor.nn: parameter '{name}' was unfrozen (requires_grad=True) after "
+                    f"consolidate_module: it is not in the tree's params, so no step would move "
+                    f"it; call consolidate_module again (and make the optimizer over its params)")
         return self._grads
 
     def _check_places(self):
@@ -424,9 +456,8 @@ class ModuleTree:
         backward that raised half way, the buckets it launched are stepped and the step
         counted, with a RuntimeWarning at the next ``step()``, ``zero_grad()``, ``grads`` or
         backward."""
-        from .optim import _TreeOptimizer
         if optimizer is not None:
-            if not isinstance(optimizer, _TreeOptimizer):
+            if not isinstance(optimizer, optim._TreeOptimizer):
                 raise TypeError(f"step_in_backward: expected a treetensor.optim optimizer, got "
                                 f"{type(optimizer).__name__}")
             if optimizer.params is not self.params:
@@ -846,8 +877,12 @@ def consolidate_module(module, *, process_group=None, bucket_cap_mb=25, first_bu
     previous = _live.get(module)
     if previous is not None:
         previous.close()
-    # Outside inference mode: its views would be inference tensors, which cannot train.
-    with _torch.inference_mode(False):
+    # Outside inference mode, whose views would be inference tensors that cannot train, unless
+    # the model itself was made under it (its tensors are inference tensors already).
+    made_in_inference = _torch.is_inference_mode_enabled() and any(
+        t.is_inference() for t in module.parameters()
+        if not isinstance(t, _torch.nn.parameter.UninitializedTensorMixin))
+    with _torch.inference_mode(made_in_inference):
         tree = ModuleTree(module, process_group, bucket_cap_mb, first_bucket_cap_mb,
                           broadcast_buffers)
     _live[module] = tree

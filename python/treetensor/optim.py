@@ -40,7 +40,6 @@ ours by position too: build it over
 import contextlib
 import functools
 import re
-import sys
 
 import torch
 import torch.optim.optimizer as _torch_optimizer
@@ -392,9 +391,11 @@ class _TreeOptimizer(torch.optim.Optimizer):
             self._taken, self._taken_partial = None, False
             return
         owner = _module_tree("_grads", grads) if grads is not None else None
-        # A module's gradient tree read before torch.optim's zero_grad() cleared the .grad
-        # fields: its `grads` copies the new gradients into it first.
-        grads = owner.grads if owner is not None else self._grads(grads)
+        if owner is not None:
+            # A module's gradient tree read before torch.optim's zero_grad() cleared the .grad
+            # fields: the new gradients are copied into it first.
+            owner._restore_grads()
+        grads = self._grads(grads)
         with _errors_named(f"{type(self).__name__}.step"):
             self._kernel(self.params, grads, self._moments(), self.state["step"] + 1)
         self.state["step"] += 1
@@ -436,11 +437,14 @@ class _TreeOptimizer(torch.optim.Optimizer):
                 p.grad.detach_().zero_()
 
 
+# Installed by treetensor.nn (the layer above, which this one does not import): fn(attr, tree)
+# -> the open ModuleTree whose `attr` ("params" or "_grads") is `tree`, or None. Without it no
+# module is consolidated.
+_module_tree_lookup = None
+
+
 def _module_tree(attr, tree):
-    """treetensor.nn's open ModuleTree whose ``attr`` is ``tree``; None when there is none (or
-    treetensor.nn was never imported: then no module is consolidated)."""
-    nn = sys.modules.get(__package__ + ".nn")
-    return nn._tree_of(attr, tree) if nn is not None else None
+    return _module_tree_lookup(attr, tree) if _module_tree_lookup is not None else None
 
 
 class Adam(_TreeOptimizer):
