@@ -85,7 +85,7 @@ def test_fallback_results_of_other_kinds():
     assert isinstance(n, tnp.ndarray) and np.shares_memory(n.a, d["a"].numpy())
     assert t.numel() == 16  # the method: the total; the function: each leaf's (DI-treetensor's)
     assert isinstance(ttorch.numel(t), tc.Object) and ttorch.numel(t) == dmap(torch.numel, d)
-    assert ttorch.numel(d["a"]) == d["a"].numel()
+    assert ttorch.numel(d["a"]) == d["a"].numel() and ttorch.numel(d) == dmap(torch.numel, d)
 
 
 def test_missing_names_are_attribute_errors():
@@ -199,6 +199,8 @@ def test_size_and_object():
     words = tc.Object({"a": "ab", "b": {"x": "cd"}})
     assert words[1:] == {"a": "b", "b": {"x": "d"}} and words[0] == {"a": "a", "b": {"x": "c"}}
     assert tc.Object({0: "x", 1: "yz"})[1] == "yz"
+    with pytest.raises(KeyError):
+        tc.Object({0: "x", 1: "yz"})[2]  # a missing int key of an int-keyed Object
     o = tc.Object({"a": True, "b": {"c": False}})
     assert not o.all() and o.any() and tc.Object(1) == 1
     assert o.get("a") is True and o.get("z", 3) == 3 and "b" in o

@@ -296,7 +296,7 @@ def test_values_the_format_cannot_hold_are_refused_naming_their_path(tmp_path):
     for tensor, kind in [(torch.eye(2).to_sparse(), "sparse_coo"), (torch.eye(2).to_sparse_csr(), "sparse_csr"),
                          (torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8), "quantized")]:
         with pytest.raises(ValueError, match=rf"the tensor at 'w\.s' is a {kind} tensor; these files "
-                                             r"hold dense tensors \(\.to_dense\(\) it, or use torch\.save\)"):
+                                             r"hold dense tensors \(make it one: \.to_dense\(\), \.dequantize\(\)"):
             ttorch.save({"w": {"s": tensor}}, target)
         assert not target.exists()
     torch.save({"s": torch.eye(2).to_sparse()}, tmp_path / "sparse.pt")

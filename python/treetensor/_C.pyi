@@ -32,8 +32,7 @@ class Tensor:
     def __ge__(*args, **kwargs):
         """__ge__(self: treetensor._C.Tensor, arg0: object) -> object"""
     def __getattr__(self, arg0: builtins.str) -> Any: ...
-    def __getitem__(*args, **kwargs):
-        """__getitem__(self: treetensor._C.Tensor, arg0: object) -> object"""
+    def __getitem__(self, key): ...
     def __getstate__(self, /) -> Any: ...
     def __gt__(*args, **kwargs):
         """__gt__(self: treetensor._C.Tensor, arg0: object) -> object"""

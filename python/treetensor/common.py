@@ -104,9 +104,11 @@ class Object:
 
     def __getitem__(self, k):
         """``o[key]``: the child ``key``; an index that is no key (``o[0]``, ``o[1:]``) indexes
-        every leaf, an Object of the results (DI-treetensor)."""
+        every leaf, an Object of the results (DI-treetensor). An Object with int keys (an
+        optimizer's state) takes an int as a key: a missing one is a KeyError."""
         try:
-            if isinstance(k, str) or k in self._d:
+            if isinstance(k, str) or k in self._d or (
+                    isinstance(k, int) and _builtins.any(isinstance(x, int) for x in self._d)):
                 return self._child(k)
         except TypeError:  # unhashable: a slice (Python < 3.12), a list
             pass

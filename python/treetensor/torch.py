@@ -163,8 +163,8 @@ Tensor.numel = _numel
 def numel(input):
     """Each leaf's number of elements, an ``Object`` tree (DI-treetensor's function; the
     method ``t.numel()`` is their total); torch.numel without a tree."""
-    if isinstance(input, Tensor):
-        return Object(input._numel())
+    if isinstance(input, (Tensor, dict)):
+        return Object(_tree_arg(input)._numel())
     return _torch.numel(input)
 
 
@@ -441,7 +441,15 @@ for _name, _fn in [("add", _operator.add), ("sub", _operator.sub), ("mul", _oper
     setattr(Tensor, f"__{_name}__", _inheriting(getattr(Tensor, f"__{_name}__"), _fn, f"__{_name}__"))
     setattr(Tensor, f"__r{_name}__",
             _inheriting(getattr(Tensor, f"__r{_name}__"), _reflected(_fn), f"__r{_name}__"))
-Tensor.__getitem__ = _inheriting(Tensor.__getitem__, _operator.getitem, "__getitem__")
+def _getitem(get):
+    inheriting = _inheriting(get, _operator.getitem, "__getitem__")
+
+    def __getitem__(self, key):  # a key (str) goes straight to C++: no broadcast to redo
+        return get(self, key) if type(key) is str else inheriting(self, key)
+    return __getitem__
+
+
+Tensor.__getitem__ = _getitem(Tensor.__getitem__)
 for _name, _fn in [("eq", _operator.eq), ("ne", _operator.ne), ("lt", _operator.lt),
                    ("le", _operator.le), ("gt", _operator.gt), ("ge", _operator.ge)]:
     setattr(Tensor, f"__{_name}__", _inheriting(getattr(Tensor, f"__{_name}__"), _fn, f"__{_name}__"))

@@ -620,7 +620,8 @@ Thread::Thread(std::string name, KernelThreads kernels) {
       throw ThreadPoolExhausted(
           "treetensor asyncs: all " + std::to_string(rt.id_taken.size()) +
           " worker ids are taken (pool size from TREETENSOR_ASYNCS_THREADS); destroy an "
-          "asyncs::Thread first (close() in Python) or raise the limit");
+          "asyncs::Thread first (close() in Python; int-named Python workers stay) or raise the "
+          "limit");
     *free = true;
     id = static_cast<int>(free - rt.id_taken.begin()) + 1;
   }

@@ -198,10 +198,13 @@ class Reader {
     const std::string full = module + "." + name;
     auto it = allowlist().find(full);
     if (it == allowlist().end())
-      in_.fail_at(op_at_, "global '" + full +
-                              "' is not allowed (this reader builds dense tensors, containers "
-                              "and numbers and runs no pickle code; torch.load(weights_only="
-                              "True) also reads sparse, quantized and nested tensors)");
+      in_.fail_at(op_at_, "global '" + full + "' is not allowed" +
+                              (full.rfind("torch.", 0) == 0
+                                   ? " (this reader builds dense tensors, containers and numbers "
+                                     "and runs no pickle code; torch.load(weights_only=True) also "
+                                     "reads sparse, quantized and nested tensors)"
+                                   : " (only what torch.save writes; as "
+                                     "torch.load(weights_only=True))"));
     Node n;
     n.kind = it->second.global == Global::dtype ? Kind::dtype : Kind::global;
     n.global = it->second.global;
@@ -1063,8 +1066,8 @@ class Writer {
       throw std::invalid_argument("save: the tensor at '" + path.describe() + "' is undefined");
     if (const std::string kind = non_dense_kind(t); !kind.empty())
       throw std::invalid_argument("save: the tensor at '" + path.describe() + "' is " + kind +
-                                  "; these files hold dense tensors (.to_dense() it, or use "
-                                  "torch.save)");
+                                  "; these files hold dense tensors (make it one: .to_dense(), "
+                                  ".dequantize(), .to_padded_tensor(0); or use torch.save)");
     // A conjugate or negative view's storage holds the values before the view: its values go
     // to the file instead (torch.save writes the bit as metadata; torch.load reads either).
     if (t.is_conj() || t.is_neg()) return tensor(t.resolve_conj().resolve_neg(), path);
