@@ -328,28 +328,12 @@ py::object wrap(TreeTensor t) {
 }
 
 namespace {
-// treetensor.common's attribute `name` (a function or class), looked up once.
-const py::object& common_function(const char* name,
-                                  py::gil_safe_call_once_and_store<py::object>& slot) {
-  return slot
-      .call_once_and_store_result(
-          [name] { return py::module_::import("treetensor.common").attr(name); })
-      .get_stored();
-}
-
-bool instance_of(py::handle h, const py::object& cls) {
-  const int is = PyObject_IsInstance(h.ptr(), cls.ptr());
-  if (is < 0) throw py::error_already_set();
-  return is != 0;
-}
-
 // The nested dict of a treetensor.common.Object (a treetensor.numpy tree among them: DI-treetensor
 // builds tensor trees from its numpy trees), else None.
 py::object object_dict(py::handle h) {
   if (PyDict_GetItemString(PyImport_GetModuleDict(), "treetensor.common") == nullptr)
     return py::none();  // nothing can be an Object yet
-  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> cls;
-  return instance_of(h, common_function("Object", cls)) ? py::object(h.attr("_d")) : py::none();
+  return py::isinstance(h, object_class()) ? py::object(h.attr("_d")) : py::none();
 }
 
 // An index for every leaf: a flat list of ints (or of bools) as the tensor torch makes of it,
@@ -433,6 +417,15 @@ struct DictWalk {
 }  // namespace
 
 namespace {
+// treetensor.common's function `name`, looked up once.
+const py::object& common_function(const char* name,
+                                  py::gil_safe_call_once_and_store<py::object>& slot) {
+  return slot
+      .call_once_and_store_result(
+          [name] { return py::module_::import("treetensor.common").attr(name); })
+      .get_stored();
+}
+
 bool treevalue_imported() {
   return PyDict_GetItemString(PyImport_GetModuleDict(), "treevalue") != nullptr;
 }
@@ -475,18 +468,17 @@ const std::pair<py::object, py::object>* numpy_types() {
               })
               .get_stored();
 }
-
 }  // namespace
 
 py::object numpy_scalar_item(py::handle h) {
   const auto* types = numpy_types();
-  if (types == nullptr || !instance_of(h, types->first)) return py::object();
+  if (types == nullptr || !py::isinstance(h, types->first)) return py::object();
   return h.attr("item")();
 }
 
 bool is_ndarray(py::handle h) {
   const auto* types = numpy_types();
-  return types != nullptr && instance_of(h, types->second);
+  return types != nullptr && py::isinstance(h, types->second);
 }
 
 Operand operand(py::handle h, Args& keep) {

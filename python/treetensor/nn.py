@@ -387,10 +387,10 @@ class ModuleTree:
 
     def _check_places(self):
         # A tensor or submodule replaced by hand: the trees would train the old one.
-        changed = self._places.changed()
-        for i, (params, key) in enumerate(self._param_slots):
-            if changed is None and params.get(key) is not self._leaves[i]:
-                changed = f"parameter '{self._order[i]}' was replaced (or deleted)"
+        changed = self._places.changed() or next(
+            (f"parameter '{self._order[i]}' was replaced (or deleted)"
+             for i, (params, key) in enumerate(self._param_slots)
+             if params.get(key) is not self._leaves[i]), None)
         if changed is not None:
             raise RuntimeError(f"treetensor.nn: {changed} after consolidate_module: the "
                                f"optimizer would train the old tensors, not the module's; call "
