@@ -85,6 +85,11 @@ def check_sums(rank):
     big = torch.ones(tdist.EXCHANGE_MAX_BYTES // 4 // (WORLD - 1) + 1)
     got, kind = reduced(big, dist.ReduceOp.SUM)
     check(kind != "_ExchangeWork" and bool((got == WORLD).all()), f"a tensor over the limit went by {kind}")
+    small = torch.full((4,), float(rank + 1))
+    work = tdist.start_all_reduce(small, dist.ReduceOp.SUM, None, exchange=False)  # treetensor.nn's
+    work.wait()
+    check(type(work).__name__ != "_ExchangeWork" and torch.equal(small, torch.full((4,), 6.0)),
+          f"start_all_reduce(exchange=False) went by {type(work).__name__}")
 
 
 def check_layouts_and_nan(rank):

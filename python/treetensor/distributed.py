@@ -25,7 +25,10 @@ every peer (``ProcessGroup.send`` / ``recv`` with the tag ``EXCHANGE_TAG``), the
 locally in rank order, rank 0's copy first, so every rank holds the same bits; on 2 ranks the
 values are Gloo's (a + b is b + a; NaN payloads may differ). Gloo's all_reduce of 2 local
 ranks took 0.5 to 2 ms from 64 B to 512 KiB on the 2-core Xeon, the exchange 0.1 to 0.5 ms;
-from 1 MiB up Gloo's pipelined ring is as fast or faster. ``EXCHANGE_MAX_BYTES`` must be the
+from 1 MiB up Gloo's pipelined ring is as fast or faster. It pays most with many tensors in
+flight (a tree reduced leaf by leaf); beside a training step one bucket's exchange cost more
+than Gloo's all_reduce (``treetensor.nn`` says by how much), so ``start_all_reduce`` can be
+told not to. ``EXCHANGE_MAX_BYTES`` must be the
 same on every rank (``0``: always Gloo's). A program's own ``isend`` / ``irecv`` on the group
 must not use ``EXCHANGE_TAG``. The works ``all_reduce(async_op=True)`` returns for exchanged
 leaves reduce in ``wait()`` (``_ExchangeWork``: no ``get_future()``).
@@ -119,15 +122,15 @@ class _ExchangeWork:
         return self._done
 
 
-def start_all_reduce(tensor, op, group):
+def start_all_reduce(tensor, op, group, exchange=True):
     """Starts an all_reduce of ``tensor`` in place, without the agreement: by direct exchange
-    where it applies (module docstring), else ``torch.distributed.all_reduce(async_op=True)``.
-    Returns the work to ``wait()`` for before the tensor is read or written. Every rank must
-    call it with a tensor of the same dtype and shape, the same op and the same
-    ``EXCHANGE_MAX_BYTES``."""
+    where it applies (module docstring) and ``exchange`` is true, else
+    ``torch.distributed.all_reduce(async_op=True)``. Returns the work to ``wait()`` for before
+    the tensor is read or written. Every rank must call it with a tensor of the same dtype and
+    shape, the same op, the same ``exchange`` and the same ``EXCHANGE_MAX_BYTES``."""
     import torch.distributed as dist
     pg = dist.group.WORLD if group is None else group
-    reduce = _exchange_op(tensor, op, pg)
+    reduce = _exchange_op(tensor, op, pg) if exchange else None
     if reduce is None:
         return dist.all_reduce(tensor, op=op, group=group, async_op=True)
     return _ExchangeWork(tensor, reduce, pg)
