@@ -310,9 +310,7 @@ def sides(model, ranks):
     if model == "resnet50":
         one.append("ours -inbackward" if OURS_STEP_IN_BACKWARD[(model, ranks)] else "ours +inbackward")
     if ranks == 1:
-        one.append("torch 2 threads")
-    if ranks == 1:
-        return one
+        return one + ["torch 2 threads"]
     # ResNet-50's buckets are all past the exchange's limit: its +exchange would be `ours`.
     return one + ["ours -overlap"] + (["ours +exchange"] if model == "policy" else [])
 
@@ -373,7 +371,7 @@ class Run:
             return self._step(x, target)
         import treetensor.nn as tnn
         saved = tnn.start_all_reduce
-        tnn.start_all_reduce = lambda tensor, op, group, exchange: saved(tensor, op, group)
+        tnn.start_all_reduce = lambda tensor, op, group, exchange=False: saved(tensor, op, group, exchange=True)
         try:
             return self._step(x, target)
         finally:

@@ -24,8 +24,9 @@ did not use (and, to keep the order, every bucket after it) is launched when bac
 ``backward()`` returns once every bucket is averaged. Buckets go by the backend's all_reduce,
 also the small ones ``treetensor.distributed`` reduces by direct exchange: beside a training
 step the exchange was slower (the policy of the ``train`` workload, one 188 KB bucket on 2
-Gloo ranks: 3.4 ms a step against 1.9 ms). With ``broadcast_buffers`` (DDP's, on by default)
-the module's buffers are broadcast from rank 0 at the end of every backward.
+Gloo ranks: 3.6 ms a step against 2.1 ms, the README's ``train`` table). With
+``broadcast_buffers`` (DDP's, on by default) the module's buffers are broadcast from rank 0 at
+the end of every backward.
 
 ``ModuleTree.step_in_backward(opt)`` (PyTorch's optimizer-in-backward recipe) takes ``opt``'s
 step during backward: each bucket, once its gradients are complete (with a group: once its
@@ -740,8 +741,8 @@ class _Buckets:
             import torch.distributed as dist
             view = self.ranges[b]
             view.div_(dist.get_world_size(group))
-            # Not by direct exchange: with the rest of the step running beside it, Gloo's
-            # device thread spun and the step slowed by 1.5 ms (module docstring).
+            # Not by direct exchange: beside the rest of the step, Gloo's device thread then
+            # woke 2.7x as often per read and used twice the CPU (module docstring: the cost).
             work = start_all_reduce(view, dist.ReduceOp.SUM, group, exchange=False)
             self.works.append(work)
         if self.steps is not None:
