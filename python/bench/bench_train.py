@@ -12,8 +12,9 @@ Sides (each starts from one saved state dict):
                  thread beside the optimizer step and the next forward (zero_grad to None, so
                  nothing waits for the thread before backward: faster than keeping the
                  gradients: ResNet-50, 1 process, 217 -> 189 ms; 2 ranks 1.06-1.11x torch)
-  ours           treetensor.nn.consolidate_module (gradient buckets averaged during backward on
-                 2 ranks), treetensor.optim.Adam (one single-pass kernel per buffer),
+  ours           treetensor.nn.consolidate_module (on 2 ranks the gradient buffers averaged
+                 after backward: OURS_OVERLAP says why), treetensor.optim.Adam (one
+                 single-pass kernel per buffer),
                  zero_grad (one fill per buffer; on ResNet-50 set_to_none=True: the
                  gradients copied into the buffer during backward), metrics on an asyncs
                  thread beside the optimizer step on ResNet-50, inline on the policy
@@ -24,12 +25,13 @@ Sides (each starts from one saved state dict):
   ours -async    ablation (ResNet-50): metrics inline
   ours +async    ablation (the policy): metrics on an asyncs thread
   ours -inbackward  ablation (ResNet-50, 1 process): the step after backward
-  ours +inbackward  ablation (ResNet-50, 2 ranks): the step during backward
-  ours -overlap  ablation (2 ranks): each gradient buffer averaged after backward (by Gloo's
-                 all_reduce), the step after it
-  ours +exchange the policy on 2 ranks with its gradient bucket (188 KB) averaged by
+  ours +inbackward  ablation (ResNet-50, 2 ranks): each bucket averaged and stepped during
+                 backward (the step follows the bucket's average, so it needs the overlap)
+  ours +overlap  ablation (2 ranks): the gradient buckets averaged during backward
+                 (consolidate_module's process_group: DDP's reducer), the step after it
+  ours +exchange the policy on 2 ranks with its gradient buffer (188 KB) averaged by
                  treetensor.distributed's direct exchange instead of Gloo's all_reduce (what
-                 treetensor.nn did before it measured this row slower: why it no longer does)
+                 treetensor.nn did before this row measured it slower: why it no longer does)
 Metrics each step: the loss, the gradient norm (over per-parameter norms, as
 clip_grad_norm_) and a histogram of log10 per-parameter gradient norms, a JSON line written to
 a file (where each side computes them: class Metrics).
@@ -301,6 +303,12 @@ OURS_ASYNC_METRICS = {"policy": False, "resnet50": True}
 # 2-core Xeon.
 OURS_STEP_IN_BACKWARD = {("policy", 1): False, ("policy", 2): False,
                          ("resnet50", 1): True, ("resnet50", 2): False}
+# Whether our gradient buckets are averaged during backward on 2 ranks (consolidate_module's
+# process_group) or the buffers after it: after. 2 ranks on 2 cores leave no core for Gloo's
+# threads beside backward, so the overlap only adds work (the policy's 28 Python hooks) and
+# contention: ResNet-50 at batch 1 1.00-1.04x torch overlapped, 1.05-1.07x after; the policy
+# 1.09-1.12x overlapped, 1.15-1.18x after (4 runs each, 2-core Xeon).
+OURS_OVERLAP = False
 
 
 def sides(model, ranks):
@@ -311,8 +319,9 @@ def sides(model, ranks):
         one.append("ours -inbackward" if OURS_STEP_IN_BACKWARD[(model, ranks)] else "ours +inbackward")
     if ranks == 1:
         return one + ["torch 2 threads"]
-    # ResNet-50's buckets are all past the exchange's limit: its +exchange would be `ours`.
-    return one + ["ours -overlap"] + (["ours +exchange"] if model == "policy" else [])
+    # ResNet-50's buffers are all past the exchange's limit: its +exchange would be `ours`.
+    return one + ["ours -overlap" if OURS_OVERLAP else "ours +overlap"] + \
+        (["ours +exchange"] if model == "policy" else [])
 
 
 class Run:
@@ -332,7 +341,12 @@ class Run:
             mode = "thread" if side == "torch best" else "inline"
         self.metrics = Metrics(mode, tmp + ".metrics.jsonl")
         if ours:
-            overlap = group is not None and side != "ours -overlap"
+            toggled = side in ("ours -inbackward", "ours +inbackward")
+            in_backward = step_in_backward != toggled and side != "ours -flat"
+            # The step during backward follows each bucket's average there: it needs the overlap.
+            overlap = group is not None and (
+                OURS_OVERLAP != (side in ("ours -overlap", "ours +overlap")) or in_backward)
+            self.exchange = side == "ours +exchange"
             self.tree = tnn.consolidate_module(self.model, process_group=group if overlap else None)
             self.params = [p for p in self.model.parameters()]
             self.after_backward = self._reduce_buffers if group is not None and not overlap else None
@@ -342,9 +356,7 @@ class Run:
             else:
                 self.opt = topt.Adam(self.tree.params, lr=LR)
                 self.opt_step = self.opt.step
-                toggled = side in ("ours -inbackward", "ours +inbackward")
-                # -overlap averages after backward: a step during it would use unaveraged grads
-                if step_in_backward != toggled and side != "ours -overlap":
+                if in_backward:
                     self.tree.step_in_backward(self.opt)
             self.set_to_none = set_to_none
             self.zero_grad = lambda: self.tree.zero_grad(set_to_none=set_to_none)
@@ -364,20 +376,9 @@ class Run:
         import treetensor.distributed as tdist
         for b in self.tree.grad_buffers:
             b.div_(dist.get_world_size(self.group))
-            tdist.start_all_reduce(b, dist.ReduceOp.SUM, self.group, exchange=False).wait()
+            tdist.start_all_reduce(b, dist.ReduceOp.SUM, self.group, exchange=self.exchange).wait()
 
     def step(self, x, target):
-        if self.side != "ours +exchange":
-            return self._step(x, target)
-        import treetensor.nn as tnn
-        saved = tnn.start_all_reduce
-        tnn.start_all_reduce = lambda tensor, op, group, exchange=False: saved(tensor, op, group, exchange=True)
-        try:
-            return self._step(x, target)
-        finally:
-            tnn.start_all_reduce = saved
-
-    def _step(self, x, target):
         # The metrics job reads the last step's gradients until wait_read(): wait before the
         # first write to them, zero_grad's fill, or backward where zero_grad sets them to None
         # (writes nothing), so the forward runs beside the job.

@@ -528,7 +528,7 @@ def test_train_bench_verifies_every_row(tmp_path):
     rows = json.load(open(out))["rows"]
     one = ["torch", "torch best", "ours", "ours -flat", "ours +async"]  # the policy's metrics: inline
     assert [(r["ranks"], r["side"]) for r in rows] == [(1, s) for s in one + ["torch 2 threads"]] + \
-        [(2, s) for s in one + ["ours -overlap", "ours +exchange"]]
+        [(2, s) for s in one + ["ours +overlap", "ours +exchange"]]
     assert all(r["verified"] and r["ms"] > 0 for r in rows)
 
 
