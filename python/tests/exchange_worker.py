@@ -43,15 +43,38 @@ def values(rank, dtype, n=64):
     return torch.randint(-1000, 1000, (n,), generator=g, dtype=dtype)
 
 
-def reduced(tensor, op):
+def with_others(x):
+    """A tree of `x` at 'x' (its first path) and as many small leaves more as make all_reduce
+    exchange (EXCHANGE_MIN_CALLS calls)."""
     import treetensor.distributed as tdist
     import treetensor.torch as ttorch
-    t = ttorch.Tensor({"x": tensor.clone()})
+    return ttorch.Tensor({"x": x, **{f"y{i}": torch.ones(2) for i in range(tdist.EXCHANGE_MIN_CALLS - 1)}})
+
+
+def reduced(tensor, op):
+    import treetensor.distributed as tdist
+    t = with_others(tensor.clone())
     works = tdist.all_reduce(t, op=op, async_op=True)
-    check(len(works) == 1, f"{len(works)} works for one leaf")
+    check(len(works) == tdist.EXCHANGE_MIN_CALLS, f"{len(works)} works for {tdist.EXCHANGE_MIN_CALLS} leaves")
     works[0].wait()
     works[0].wait()  # idempotent: reduced once
+    for w in works[1:]:
+        w.wait()
     return t.x, type(works[0]).__name__
+
+
+def check_few_calls(rank):
+    """Fewer than EXCHANGE_MIN_CALLS reductions in a call go by Gloo's all_reduce, every one."""
+    import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
+    few = tdist.EXCHANGE_MIN_CALLS - 1
+    t = ttorch.Tensor({f"y{i}": torch.full((4,), float(rank + 1)) for i in range(few)})
+    works = tdist.all_reduce(t, async_op=True)
+    kinds = [type(w).__name__ for w in works]
+    for w in works:
+        w.wait()
+    check(len(works) == few and "_ExchangeWork" not in kinds, f"{few} leaves went by {kinds}")
+    check(all(torch.equal(t[f"y{i}"], torch.full((4,), 6.0)) for i in range(few)), f"{few} leaves' SUM")
 
 
 def check_sums(rank):
@@ -78,9 +101,9 @@ def check_sums(rank):
     bound = 2 * torch.finfo(torch.float32).eps * (p[0].abs() + p[1].abs() + p[2].abs())
     check(bool(((got - want).abs() <= bound).all()), "Gloo's SUM is not the sum within 2 roundings")
     weight = torch.nn.Parameter(torch.full((3,), float(rank + 1)))  # written outside autograd, as c10d does
-    t = ttorch.Tensor({"w": weight})
+    t = with_others(weight)
     tdist.all_reduce(t)
-    check(t.w is weight and torch.equal(weight.detach(), torch.full((3,), 6.0)) and weight.grad_fn is None,
+    check(t.x is weight and torch.equal(weight.detach(), torch.full((3,), 6.0)) and weight.grad_fn is None,
           "a parameter's SUM by exchange")
     big = torch.ones(tdist.EXCHANGE_MAX_BYTES // 4 // (WORLD - 1) + 1)
     got, kind = reduced(big, dist.ReduceOp.SUM)
@@ -102,10 +125,11 @@ def check_layouts_and_nan(rank):
     x = torch.full((1, 3, 4, 4), float(rank + 1))
     if rank == 0:
         x = x.to(memory_format=torch.channels_last)
-    t = ttorch.Tensor({"x": x})
+    t = with_others(x)
     works = tdist.all_reduce(t, async_op=True)
     check(type(works[0]).__name__ == "_ExchangeWork", f"a channels_last leaf went by {type(works[0]).__name__}")
-    works[0].wait(datetime.timedelta(seconds=30))
+    for w in works:
+        w.wait(datetime.timedelta(seconds=30))
     check(t.x is x and torch.equal(x, torch.full((1, 3, 4, 4), 6.0)), "channels_last SUM by exchange")
     # Ranks 0 and 1 hold NaNs of opposite signs, rank 2 a number: adding in another order
     # than rank 0's (a1 + a0 on rank 1) keeps the other NaN (x86 keeps one operand's).
@@ -136,6 +160,7 @@ def run(rank, init_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
     check_sums(rank)
+    check_few_calls(rank)
     check_layouts_and_nan(rank)
     check_max_min(rank)
     dist.barrier()
@@ -149,18 +174,17 @@ def run(rank, init_file):
 
 def run_dead(rank, init_file):
     import treetensor.distributed as tdist  # before the group exists (treetensor.nn says why)
-    import treetensor.torch as ttorch
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=20))
     dist.barrier()
     if rank == 1:
         os._exit(0)  # gone without a word: no destroy_process_group, no reduction
-    try:
-        tdist.all_reduce(ttorch.Tensor({"x": torch.ones(8)}))
+    try:  # the exchange itself (all_reduce's agreement, one all_reduce, is Gloo's)
+        tdist.start_all_reduce(torch.ones(8), dist.ReduceOp.SUM, None).wait()
     except RuntimeError as e:
         print(f"rank 0 raised: {str(e).splitlines()[0]}", flush=True)
         os._exit(0)
-    raise AssertionError("rank 0: all_reduce with a dead peer returned")
+    raise AssertionError("rank 0: an exchange with a dead peer returned")
 
 
 if __name__ == "__main__":
