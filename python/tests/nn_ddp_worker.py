@@ -105,6 +105,18 @@ def check_mismatches_are_refused(rank):
         check(want in str(e), f"bucket_cap_mb=0 on rank 1: {e}")
     else:
         raise AssertionError(f"rank {rank}: no error for bucket_cap_mb=0 on rank 1")
+    saved = tdist.EXCHANGE_MIN_CALLS
+    if rank == 1:
+        tdist.EXCHANGE_MIN_CALLS = 100
+    try:  # settings that would pair an exchange with Gloo's all_reduce: refused, not a hang
+        tdist.all_reduce(ttorch.Tensor(rank_tree(rank)))
+    except ValueError as e:
+        check(f"rank {rank} has EXCHANGE_MAX_BYTES {tdist.EXCHANGE_MAX_BYTES} and EXCHANGE_MIN_CALLS "
+              f"{tdist.EXCHANGE_MIN_CALLS}, rank {other} " in str(e), f"EXCHANGE_MIN_CALLS differs: {e}")
+    else:
+        raise AssertionError(f"rank {rank}: no error for EXCHANGE_MIN_CALLS differing")
+    finally:
+        tdist.EXCHANGE_MIN_CALLS = saved
     t = ttorch.Tensor(rank_tree(rank))
     tdist.all_reduce(t)  # the group is still usable
     check(bool((t == ttorch.Tensor(rank_tree(0)) + ttorch.Tensor(rank_tree(1))).all()),

@@ -33,7 +33,8 @@ buffer: 3.2, 3.6, 3.8, 4.1 ms a step by exchange, 2.1, 2.6, 4.1, 6.4 ms by Gloo;
 5.2-5.7 ms against 8.7-9.0). So ``all_reduce`` exchanges only when it makes at least
 ``EXCHANGE_MIN_CALLS`` (4) reductions in one call, and its agreement's single all_reduce goes
 by Gloo's. ``EXCHANGE_MAX_BYTES`` and ``EXCHANGE_MIN_CALLS`` must be the same on every rank
-(``EXCHANGE_MAX_BYTES = 0``: always Gloo's). A program's own ``isend`` / ``irecv`` on the group
+(``EXCHANGE_MAX_BYTES = 0``: always Gloo's): ``all_reduce``'s agreement compares them and
+raises ValueError on every rank where they differ. A program's own ``isend`` / ``irecv`` on the group
 must not use ``EXCHANGE_TAG``. The works ``all_reduce(async_op=True)`` returns for exchanged
 leaves reduce in ``wait()`` (``_ExchangeWork``: no ``get_future()``).
 """
@@ -212,7 +213,12 @@ def _fingerprint(op, spec, leaves, views):
     element count of each call (consolidation and buckets)."""
     shapes = hash(tuple((_dtype_code(x.dtype), x.shape) for x in leaves))
     calls = hash(tuple(v.numel() for v in views))
-    return _digest(f"{_op_name(op)}|{_paths_digest(spec)}|{shapes}|{calls}")
+    return _digest(f"{_op_name(op)}|{_paths_digest(spec)}|{shapes}|{calls}|{_exchange_settings()}")
+
+
+def _exchange_settings():
+    # Ranks that chose the exchange differently would never pair: each waits out the timeout.
+    return [EXCHANGE_MAX_BYTES, EXCHANGE_MIN_CALLS]
 
 
 def _describe(path):  # a key with a dot in it is bracketed: 'a.b' is not ['a.b']
@@ -223,7 +229,7 @@ def _signature(op, spec, leaves, views):
     """The fingerprint's contents in words, exchanged only when fingerprints differ."""
     return {"op": _op_name(op), "leaves": [(_describe(p), str(x.dtype).replace("torch.", ""),
                                             list(x.shape)) for p, x in zip(spec.paths(), leaves)],
-            "calls": [v.numel() for v in views]}
+            "calls": [v.numel() for v in views], "exchange": _exchange_settings()}
 
 
 def _difference(mine, theirs, rank, other):
@@ -232,6 +238,10 @@ def _difference(mine, theirs, rank, other):
         return f"rank {other} refused the call ({theirs['refused']})"
     if mine["op"] != theirs["op"]:
         return f"rank {rank} reduces by {mine['op']}, rank {other} by {theirs['op']}"
+    if mine["exchange"] != theirs["exchange"]:
+        (b0, c0), (b1, c1) = mine["exchange"], theirs["exchange"]
+        return (f"rank {rank} has EXCHANGE_MAX_BYTES {b0} and EXCHANGE_MIN_CALLS {c0}, rank "
+                f"{other} {b1} and {c1} (they must be the same on every rank)")
     ours = {p: (d, s) for p, d, s in mine["leaves"]}
     peer = {p: (d, s) for p, d, s in theirs["leaves"]}
     for path in sorted(set(ours) | set(peer)):
