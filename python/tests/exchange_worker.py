@@ -19,6 +19,7 @@ import gc
 import os
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -75,6 +76,69 @@ def check_few_calls(rank):
         w.wait()
     check(len(works) == few and "_ExchangeWork" not in kinds, f"{few} leaves went by {kinds}")
     check(all(torch.equal(t[f"y{i}"], torch.full((4,), 6.0)) for i in range(few)), f"{few} leaves' SUM")
+
+
+def check_dropped_and_failed_calls(rank):
+    """Works dropped unwaited (as torch's may be) still reduce, and the group goes on; a call
+    whose leaf fails to start (uint16: Gloo's all_reduce refuses it) raises on every rank and
+    leaves nothing in flight: the next collective answers at once."""
+    import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
+    t = with_others(torch.full((8,), float(rank + 1)))
+    works = tdist.all_reduce(t, async_op=True)
+    check(type(works[0]).__name__ == "_ExchangeWork", f"went by {type(works[0]).__name__}")
+    del works
+    gc.collect()
+    check(torch.equal(t.x, torch.full((8,), 6.0)), f"a dropped work did not reduce: {t.x}")
+    mixed = ttorch.Tensor({"a": torch.ones(4, dtype=torch.uint16),
+                           **{f"f{i}": torch.ones(8192) for i in range(tdist.EXCHANGE_MIN_CALLS)}})
+    try:
+        tdist.all_reduce(mixed)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError(f"rank {rank}: a uint16 leaf was reduced")
+    x = torch.ones(1)
+    start = time.monotonic()
+    dist.all_reduce(x)
+    check(x.item() == WORLD and time.monotonic() - start < 10, "the group after a failed call")
+
+
+def check_other_leaves(rank):
+    """By exchange as by Gloo: inference tensors, a sparse leaf (Gloo's, beside exchanged
+    ones), an op given as a ReduceOp instance."""
+    import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
+    with torch.inference_mode():
+        t = with_others(torch.full((4,), float(rank + 1)))
+    tdist.all_reduce(t)
+    check(torch.equal(t.x, torch.full((4,), 6.0)), "inference tensors by exchange")
+    sparse = torch.sparse_coo_tensor([[rank]], [float(rank + 1)], (WORLD,))
+    t = with_others(sparse)
+    works = tdist.all_reduce(t, async_op=True)
+    check(type(works[0]).__name__ != "_ExchangeWork" and type(works[1]).__name__ == "_ExchangeWork",
+          f"a sparse leaf beside dense ones: {[type(w).__name__ for w in works]}")
+    for w in works:
+        w.wait()
+    t = with_others(torch.full((4,), float(rank + 1)))
+    tdist.all_reduce(t, op=dist.ReduceOp(dist.ReduceOp.SUM))
+    check(torch.equal(t.x, torch.full((4,), 6.0)), "op=ReduceOp(ReduceOp.SUM)")
+
+
+def check_outside_the_group(rank):
+    """A rank outside the group: torch's warning, nothing done."""
+    import warnings
+    import treetensor.distributed as tdist
+    import treetensor.torch as ttorch
+    group = dist.new_group([0, 2])
+    t = ttorch.Tensor({"x": torch.full((4,), float(rank + 1))})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = tdist.all_reduce(t, group=group)
+    want = torch.full((4,), 2.0 if rank == 1 else 4.0)
+    check(got is None and torch.equal(t.x, want), f"rank {rank} with group [0, 2]: {t.x}")
+    check((rank == 1) == any("not in the group" in str(w.message) for w in caught), f"warnings: {caught}")
+    dist.destroy_process_group(group)
 
 
 def check_sums(rank):
@@ -161,6 +225,9 @@ def run(rank, init_file):
                             timeout=datetime.timedelta(seconds=60))
     check_sums(rank)
     check_few_calls(rank)
+    check_dropped_and_failed_calls(rank)
+    check_other_leaves(rank)
+    check_outside_the_group(rank)
     check_layouts_and_nan(rank)
     check_max_min(rank)
     dist.barrier()

@@ -41,7 +41,9 @@ leaves reduce in ``wait()`` (``_ExchangeWork``: no ``get_future()``).
 import datetime as _datetime
 import functools as _functools
 import hashlib as _hashlib
+import sys as _sys
 import time as _time
+import warnings as _warnings
 
 import torch as _torch
 
@@ -55,6 +57,11 @@ EXCHANGE_MIN_CALLS = 4
 EXCHANGE_TAG = 0x74726565  # "tree"
 
 
+# What the local reduction can add, max and min on the CPU: decided before anything is posted.
+_EXCHANGE_DTYPES = frozenset((_torch.float16, _torch.bfloat16, _torch.float32, _torch.float64,
+                              _torch.int8, _torch.uint8, _torch.int16, _torch.int32, _torch.int64))
+
+
 def _exchange_op(tensor, op, pg):
     """The in-place local reduction (``Tensor.add_`` ...) to exchange ``tensor`` for under
     ``op`` on the process group ``pg``, or None where Gloo's all_reduce must do it (module
@@ -63,8 +70,8 @@ def _exchange_op(tensor, op, pg):
     import torch.distributed as dist
     if not isinstance(pg, dist.ProcessGroup):  # no group, or not a member: torch's error
         return None
-    if (tensor.device.type != "cpu" or tensor.dtype == _torch.bool or tensor.is_complex()
-            or tensor.numel() == 0):
+    if (tensor.device.type != "cpu" or tensor.dtype not in _EXCHANGE_DTYPES
+            or tensor.layout != _torch.strided or tensor.numel() == 0):
         return None
     world = pg.size()
     if world < 2 or (world - 1) * tensor.numel() * tensor.element_size() > EXCHANGE_MAX_BYTES:
@@ -87,14 +94,16 @@ class _ExchangeWork:
     and receive is posted on the process group ``pg`` (its own ranks); a non-contiguous tensor
     is sent as a contiguous copy. ``wait(timeout=None)`` waits for them (``timeout``, a
     timedelta, bounds the whole wait; otherwise the group's timeout applies to each; a lost
-    peer raises RuntimeError), then reduces into the tensor, once, and returns True. Unlike
-    torch's Work, the tensor is reduced only in ``wait()``: ``is_completed()`` is True only
-    after it, and there is no ``get_future()``."""
+    peer raises RuntimeError, and so does every later ``wait()``), then reduces into the
+    tensor, once, and returns True. Unlike torch's Work, the tensor is reduced only in
+    ``wait()``: ``is_completed()`` is True only after it, and there is no ``get_future()``. A
+    work dropped unwaited waits and reduces when it is collected (a transfer freed in flight
+    would break the group)."""
 
     def __init__(self, tensor, reduce, pg):
-        self._tensor, self._reduce, self._done = tensor, reduce, False
+        self._tensor, self._reduce, self._done, self._failed = tensor, reduce, False, None
         self._rank = pg.rank()
-        own = tensor if tensor.is_contiguous() else tensor.contiguous()
+        own = self._own = tensor if tensor.is_contiguous() else tensor.contiguous()
         self._parts = [own if k == self._rank else _torch.empty_like(own) for k in range(pg.size())]
         self._works = []
         for k, part in enumerate(self._parts):
@@ -105,24 +114,45 @@ class _ExchangeWork:
     def wait(self, timeout=None):
         if self._done:
             return True
+        if self._failed is not None:
+            raise self._failed
         deadline = None if timeout is None else _time.monotonic() + timeout.total_seconds()
-        for w in self._works:
-            if deadline is None:
-                w.wait()
-            else:
-                # At least 1 ms: c10d reads a zero timeout as none.
-                w.wait(_datetime.timedelta(seconds=max(1e-3, deadline - _time.monotonic())))
+        try:
+            while self._works:
+                if deadline is None:
+                    self._works[0].wait()
+                else:
+                    # At least 1 ms: c10d reads a zero timeout as none.
+                    self._works[0].wait(_datetime.timedelta(seconds=max(1e-3, deadline - _time.monotonic())))
+                self._works.pop(0)
+        except Exception as e:
+            # Gloo closed the pair (a lost peer, a timeout): nothing is in flight any more, and
+            # the parts never arrived, so every later wait() raises this too.
+            self._failed, self._works = e, []
+            raise
         # Every rank runs the same additions on the same operands, rank 0's copy first, so all
-        # hold the same bits (NaN payloads too: x86 keeps the first operand's).
+        # hold the same bits (NaN payloads too: x86 keeps the first operand's). As c10d writes
+        # a leaf: outside autograd, and an inference tensor in inference mode.
         parts, reduce = self._parts, self._reduce
         acc = parts[0]
-        with _torch.no_grad():  # as c10d writes a leaf that requires grad: outside autograd
+        inference = self._tensor.is_inference()
+        with _torch.inference_mode() if inference else _torch.no_grad():
             for p in parts[1:]:
                 reduce(acc, p)
             if acc is not self._tensor:
                 self._tensor.copy_(acc)
         self._done = True
         return True
+
+    def __del__(self):
+        # Dropped before its wait(), as torch's own works may be: a Gloo send or receive freed
+        # in flight leaves the group's pair broken (every later call times out), so it is
+        # waited for here, and the tensor reduced, as torch's work would have reduced it.
+        if getattr(self, "_works", None) and not _sys.is_finalizing():
+            try:
+                self.wait()
+            except Exception:  # noqa: BLE001  no caller to raise to: the group's next call reports it
+                pass
 
     def is_completed(self):
         return self._done
@@ -185,7 +215,13 @@ def bucket_plan(leaves, caps):
 
 
 def _op_name(op):
-    return getattr(op, "name", str(op))
+    # ReduceOp.SUM is a RedOpType (named); ReduceOp(ReduceOp.SUM) an instance that only compares.
+    import torch.distributed as dist
+    named = getattr(op, "name", None)
+    if named is None:
+        named = next((k for k in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR",
+                                  "PREMUL_SUM") if op == getattr(dist.ReduceOp, k)), None)
+    return str(op) if named is None else named
 
 
 def _digest(text):  # 56 bits: the agreement negates it in an int64
@@ -211,7 +247,7 @@ def _fingerprint(op, spec, leaves, views):
     """What every rank must have alike for its calls to pair, hashed the same in every process
     (ints and tuples of ints only): the op, the paths, each leaf's dtype and shape, and the
     element count of each call (consolidation and buckets)."""
-    shapes = hash(tuple((_dtype_code(x.dtype), x.shape) for x in leaves))
+    shapes = hash(tuple((_dtype_code(x.dtype), x.shape, x.layout == _torch.strided) for x in leaves))
     calls = hash(tuple(v.numel() for v in views))
     return _digest(f"{_op_name(op)}|{_paths_digest(spec)}|{shapes}|{calls}|{_exchange_settings()}")
 
@@ -227,9 +263,15 @@ def _describe(path):  # a key with a dot in it is bracketed: 'a.b' is not ['a.b'
 
 def _signature(op, spec, leaves, views):
     """The fingerprint's contents in words, exchanged only when fingerprints differ."""
-    return {"op": _op_name(op), "leaves": [(_describe(p), str(x.dtype).replace("torch.", ""),
-                                            list(x.shape)) for p, x in zip(spec.paths(), leaves)],
-            "calls": [v.numel() for v in views], "exchange": _exchange_settings()}
+    return {"op": _op_name(op), "leaves": [(_describe(p), _dtype_text(x), list(x.shape))
+                                           for p, x in zip(spec.paths(), leaves)],
+            "calls": [v.numel() for v in views],
+            "exchange": [repr(v) for v in _exchange_settings()]}  # 4.0 is not 4 here
+
+
+def _dtype_text(x):
+    text = str(x.dtype).replace("torch.", "")
+    return text if x.layout == _torch.strided else f"{text} ({str(x.layout).replace('torch.', '')})"
 
 
 def _difference(mine, theirs, rank, other):
@@ -322,6 +364,10 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     if not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
         _refuse(ValueError(f"treetensor.distributed.all_reduce: bucket_cap_mb must be a positive "
                            f"number, got {bucket_cap_mb!r}"), group)
+    if dist.is_initialized() and dist.get_rank(group) == -1:  # as torch.distributed.all_reduce
+        _warnings.warn("treetensor.distributed.all_reduce: this rank is not in the group: "
+                       "nothing to do", UserWarning, stacklevel=2)
+        return None
     leaves, spec = tree_flatten(tree)
     if tree.is_consolidated():
         cap = bucket_cap_mb * _MiB
@@ -332,9 +378,28 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     _agree(op, spec, leaves, views, group)
     # Exchanges pay only in numbers (module docstring); every rank has agreed on len(views).
     exchange = len(views) >= EXCHANGE_MIN_CALLS
-    works = [start_all_reduce(v, op, group, exchange=exchange) for v in views]
+    works = []
+    try:
+        for v in views:
+            works.append(start_all_reduce(v, op, group, exchange=exchange))
+    except BaseException:
+        _wait_all(works)  # the calls posted before it: each rank posted the same ones
+        raise
     if async_op:
         return works
-    for w in works:
-        w.wait()
+    errors = _wait_all(works)
+    if errors:
+        raise errors[0]
     return None
+
+
+def _wait_all(works):
+    """Waits for every work, also after one raised (a transfer left in flight would break the
+    group's pairs); the errors, in order."""
+    errors = []
+    for w in works:
+        try:
+            w.wait()
+        except Exception as e:  # noqa: BLE001  raised by the caller
+            errors.append(e)
+    return errors
