@@ -1,7 +1,11 @@
 """treetensor.distributed's direct exchange (its module docstring) on 3 Gloo ranks, spawned here;
 run by test_distributed.py under a timeout. Exit status 0 and "ok" when, on every rank:
-- small tensors go by exchange and large ones (or any, with EXCHANGE_MAX_BYTES = 0) by Gloo's
-  all_reduce, as the docstring says, seen from the Work objects all_reduce returns;
+- small tensors in calls of EXCHANGE_MIN_CALLS reductions or more go by exchange, and large
+  ones (or any, with EXCHANGE_MAX_BYTES = 0, or in calls of fewer reductions, or sparse) by
+  Gloo's all_reduce, as the docstring says, seen from the Work objects all_reduce returns;
+- works dropped unwaited still reduce and leave the group working; a call that fails part way
+  raises and leaves nothing in flight; inference tensors and ReduceOp instances are reduced;
+  a rank outside the group gets a warning and nothing is done;
 - a SUM by exchange is bitwise ((a0 + a1) + a2) on every rank, for float32 values whose sum
   depends on the order (so a rank adding in its own order would differ), float64, float16 and
   int64; Gloo's own SUM of the same tensors is that sum within the rounding of 2 additions; a
@@ -13,7 +17,7 @@ run by test_distributed.py under a timeout. Exit status 0 and "ok" when, on ever
 - no Gloo thread outlives destroy_process_group (nothing of an exchange holds the group).
 
 With the argument `dead`, 2 ranks: rank 1 leaves the group without reducing, and rank 0's
-all_reduce of a small tree must raise RuntimeError (the peer is gone) instead of hanging."""
+exchange must raise RuntimeError (the peer is gone) instead of hanging."""
 import datetime
 import gc
 import os

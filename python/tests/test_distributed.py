@@ -1,6 +1,7 @@
 """treetensor.distributed's direct exchange for small reductions on Gloo, on 3 spawned ranks
 (exchange_worker.py): the same bits on every rank, in rank order, Gloo's all_reduce where the
-exchange does not apply, and an error, not a hang, when a peer is gone. The 2-rank training
+exchange does not apply (and in calls of fewer than EXCHANGE_MIN_CALLS reductions), dropped
+and failed calls that leave the group working, and an error, not a hang, when a peer is gone. The 2-rank training
 path (buckets during backward, bitwise DDP's) is test_nn.py's."""
 import os
 import subprocess

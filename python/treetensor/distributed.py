@@ -34,9 +34,9 @@ buffer: 3.2, 3.6, 3.8, 4.1 ms a step by exchange, 2.1, 2.6, 4.1, 6.4 ms by Gloo;
 ``EXCHANGE_MIN_CALLS`` (4) reductions in one call, and its agreement's single all_reduce goes
 by Gloo's. ``EXCHANGE_MAX_BYTES`` and ``EXCHANGE_MIN_CALLS`` must be the same on every rank
 (``EXCHANGE_MAX_BYTES = 0``: always Gloo's): ``all_reduce``'s agreement compares them and
-raises ValueError on every rank where they differ. A program's own ``isend`` / ``irecv`` on the group
-must not use ``EXCHANGE_TAG``. The works ``all_reduce(async_op=True)`` returns for exchanged
-leaves reduce in ``wait()`` (``_ExchangeWork``: no ``get_future()``).
+raises ValueError on every rank where they differ. A program's own ``isend`` / ``irecv`` on
+the group must not use ``EXCHANGE_TAG``. The works ``all_reduce(async_op=True)`` returns for
+exchanged leaves reduce in ``wait()`` (``_ExchangeWork``: no ``get_future()``).
 """
 import datetime as _datetime
 import functools as _functools
@@ -245,8 +245,9 @@ def _paths_digest(spec):
 
 def _fingerprint(op, spec, leaves, views):
     """What every rank must have alike for its calls to pair, hashed the same in every process
-    (ints and tuples of ints only): the op, the paths, each leaf's dtype and shape, and the
-    element count of each call (consolidation and buckets)."""
+    (ints and tuples of ints only): the op, the paths, each leaf's dtype, shape and whether
+    it is strided (a sparse leaf goes by Gloo's, a dense one may be exchanged), the element
+    count of each call (consolidation and buckets) and the exchange's settings."""
     shapes = hash(tuple((_dtype_code(x.dtype), x.shape, x.layout == _torch.strided) for x in leaves))
     calls = hash(tuple(v.numel() for v in views))
     return _digest(f"{_op_name(op)}|{_paths_digest(spec)}|{shapes}|{calls}|{_exchange_settings()}")
