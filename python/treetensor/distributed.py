@@ -103,7 +103,7 @@ class _ExchangeWork:
     def __init__(self, tensor, reduce, pg):
         self._tensor, self._reduce, self._done, self._failed = tensor, reduce, False, None
         self._rank = pg.rank()
-        own = self._own = tensor if tensor.is_contiguous() else tensor.contiguous()
+        own = tensor if tensor.is_contiguous() else tensor.contiguous()  # kept in _parts
         self._parts = [own if k == self._rank else _torch.empty_like(own) for k in range(pg.size())]
         self._works = []
         for k, part in enumerate(self._parts):
@@ -217,10 +217,8 @@ def bucket_plan(leaves, caps):
 def _op_name(op):
     # ReduceOp.SUM is a RedOpType (named); ReduceOp(ReduceOp.SUM) an instance that only compares.
     import torch.distributed as dist
-    named = getattr(op, "name", None)
-    if named is None:
-        named = next((k for k in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR",
-                                  "PREMUL_SUM") if op == getattr(dist.ReduceOp, k)), None)
+    named = getattr(op, "name", None) or next(
+        (k for k, v in dist.ReduceOp.RedOpType.__members__.items() if op == v), None)
     return str(op) if named is None else named
 
 
@@ -395,12 +393,17 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
 
 
 def _wait_all(works):
-    """Waits for every work, also after one raised (a transfer left in flight would break the
-    group's pairs); the errors, in order."""
+    # A transfer left in flight would break the group's pairs: every work is waited for.
+    return wait_each(w.wait for w in works)
+
+
+def wait_each(waits):
+    """Calls every wait (a work's ``wait``, a future's ``result``), also after one raised; the
+    errors, in order (the caller raises them)."""
     errors = []
-    for w in works:
+    for wait in waits:
         try:
-            w.wait()
-        except Exception as e:  # noqa: BLE001  raised by the caller
+            wait()
+        except BaseException as e:  # noqa: B036  the caller raises it
             errors.append(e)
     return errors

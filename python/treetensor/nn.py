@@ -101,7 +101,7 @@ if _torch.distributed.is_available():
     import torch.distributed.nn  # noqa: F401
 
 from . import optim
-from .distributed import bucket_plan, buffers_of, start_all_reduce
+from .distributed import bucket_plan, buffers_of, start_all_reduce, wait_each
 from .torch import Tensor, tree_flatten, zeros_like
 
 __all__ = ["ModuleTree", "consolidate_module"]
@@ -832,13 +832,7 @@ class _EndOfBackward:
 
 def _outcomes(jobs):
     """Waits for every job; their errors, in order."""
-    errors = []
-    for job in jobs:
-        try:
-            job.result()
-        except BaseException as e:  # noqa: B036  the worker's error: the caller raises it
-            errors.append(e)
-    return errors
+    return wait_each(job.result for job in jobs)
 
 
 def _step_bucket(work, step, n, failed):
