@@ -24,7 +24,7 @@ did not use (and, to keep the order, every bucket after it) is launched when bac
 ``backward()`` returns once every bucket is averaged. Buckets go by the backend's all_reduce,
 also the small ones ``treetensor.distributed`` reduces by direct exchange: beside a training
 step the exchange was slower (the policy of the ``train`` workload, one 188 KB bucket on 2
-Gloo ranks: 3.6 ms a step against 2.2 ms, the README's ``train`` table). With
+Gloo ranks: 1.2-1.5 ms longer a step in four runs, the README's ``train`` table). With
 ``broadcast_buffers`` (DDP's, on by default) the module's buffers are broadcast from rank 0 at
 the end of every backward.
 
