@@ -342,6 +342,10 @@ inline at::Tensor unpack_tensor(py::handle h) {
   return THPVariable_Unpack(h.ptr());
 }
 
+/// ttorch.apply(fn, *args, **kwargs): fn on every leaf of the tree arguments through the
+/// runtime (its docstring in bind_runtime); Tensor.apply passes the tree first.
+py::object apply_leafwise(const py::function& fn, const py::args& args, const py::kwargs& kwargs);
+
 void bind_ops(py::module_& m, py::class_<PyTree>& cls);
 void bind_runtime(py::module_& m);
 void bind_io(py::module_& m);

@@ -125,10 +125,13 @@ PyObject* tree_getattro(PyObject* self, PyObject* name) {
 // chained.
 TensorTree map_py(const TensorTree& t, const py::function& fn, const char* op, tree::Path& where) {
   if (t.is_leaf()) {
-    py::object r;
-    try {
-      r = fn(wrap_tensor(t.leaf()));
-    } catch (py::error_already_set& e) {
+    // One vectorcall: pybind11's fn(x) makes an argument tuple per leaf, and those tuples
+    // (tracked by Python's GC) start a collection every few hundred leaves.
+    py::object leaf = wrap_tensor(t.leaf());
+    PyObject* argv[] = {leaf.ptr()};
+    auto r = py::reinterpret_steal<py::object>(PyObject_Vectorcall(fn.ptr(), argv, 1, nullptr));
+    if (!r) {
+      py::error_already_set e;
       py::object exc = e.value();
       reraise(exc, std::string(op) + " at leaf '" + where.describe() +
                        "': " + py::str(exc).cast<std::string>());
@@ -787,6 +790,19 @@ released while leaf work runs.)");
       py::arg("fn"),
       "fn(leaf) on every leaf, on the calling thread with the GIL held (see ttorch.apply for "
       "the leaf-parallel form).");
+  cls.def(
+      "apply",
+      [](py::handle self, const py::function& fn, const py::args& args, const py::kwargs& kwargs) {
+        // Bound here rather than as a Python lambda over ttorch.apply: one call frame less
+        // (0.7 us of a 3-leaf call).
+        py::tuple all(args.size() + 1);
+        all[0] = self;
+        for (std::size_t i = 0; i < args.size(); ++i) all[i + 1] = args[i];
+        return apply_leafwise(fn, py::reinterpret_borrow<py::args>(all), kwargs);
+      },
+      py::arg("fn"),
+      "ttorch.apply(fn, self, *args, **kwargs): fn on every leaf of this tree (and of the other "
+      "tree arguments, zipped strictly), through the runtime.");
   cls.def("_leaf_call", &leaf_call, py::arg("fn"), py::arg("args"), py::arg("kwargs"),
           py::arg("op"),
           "fn(leaf, *args, **kwargs) on every leaf, with the GIL held: a tree when every result "

@@ -2,6 +2,7 @@
 // callbacks: the leaf jobs run on the runtime's lanes with the GIL released by the caller and
 // re-acquired around each callback, so lanes never deadlock on the GIL.
 
+#include <c10/util/SmallVector.h>
 #include <pthread.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -331,6 +332,92 @@ void wait_interruptibly(const std::function<bool(std::chrono::milliseconds)>& do
   }
 }
 
+py::object apply_leafwise(const py::function& fn, const py::args& args, const py::kwargs& kwargs) {
+  Args keep;
+  std::vector<Operand> ops;
+  std::vector<int> slot;  // per Python argument: operand index, or -1 (passed as is)
+  for (auto a : args) {
+    if (is_tree(a) || PyDict_Check(a.ptr()) || (!is_tensor(a) && is_foreign_tree(a))) {
+      slot.push_back(static_cast<int>(ops.size()));
+      ops.push_back(keep.add(a));
+    } else {
+      slot.push_back(-1);
+    }
+  }
+  if (ops.empty()) return fn(*args, **kwargs);
+  CallbackError err;
+  std::atomic<int> single{-1};  // 1: fn returned a tensor, 0: a tuple of tensors
+  auto leaf = [&](const detail::LeafArgs& x) -> std::vector<at::Tensor> {
+    Gil gil;
+    try {
+      // One vectorcall: pybind11's fn(*call, **kwargs) copies both into new containers on
+      // every leaf, and argument tuples (tracked by Python's GC) start collections.
+      c10::SmallVector<py::object, 4> call(slot.size());
+      c10::SmallVector<PyObject*, 4> argv(slot.size());
+      for (std::size_t i = 0; i < slot.size(); ++i) {
+        call[i] =
+            slot[i] < 0 ? py::reinterpret_borrow<py::object>(args[i]) : wrap_tensor(x.t(slot[i]));
+        argv[i] = call[i].ptr();
+      }
+      auto r = py::reinterpret_steal<py::object>(PyObject_VectorcallDict(
+          fn.ptr(), argv.data(), argv.size(), kwargs.empty() ? nullptr : kwargs.ptr()));
+      if (!r) throw py::error_already_set();
+      std::vector<at::Tensor> out;
+      int kind = 1;
+      if (is_tensor(r)) {
+        out.push_back(unpack_tensor(r));
+      } else if (PyTuple_Check(r.ptr()) || PyList_Check(r.ptr())) {
+        kind = 0;
+        for (auto v : r) {
+          if (!is_tensor(v))
+            throw py::type_error("apply: fn returned a sequence holding a " +
+                                 std::string(Py_TYPE(v.ptr())->tp_name) + ", not only tensors");
+          out.push_back(unpack_tensor(v));
+        }
+      } else {
+        throw py::type_error(
+            std::string("apply: fn must return a torch.Tensor or a tuple of them, not ") +
+            Py_TYPE(r.ptr())->tp_name);
+      }
+      int expected = -1;
+      if (!single.compare_exchange_strong(expected, kind) && expected != kind)
+        throw py::type_error("apply: fn returned a tensor for some leaves and a tuple for others");
+      return out;
+    } catch (py::error_already_set& e) {
+      {
+        std::lock_guard<std::mutex> lock(err.m);
+        if (!err.value) err.value = e.value();
+      }
+      // "ZeroDivisionError: division by zero" (no Python traceback in the message)
+      throw std::runtime_error(std::string(Py_TYPE(e.value().ptr())->tp_name) + ": " +
+                               py::str(e.value()).cast<std::string>());
+    } catch (py::builtin_exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(err.m);
+        if (!err.value) {
+          e.set_error();
+          py::error_already_set s;
+          err.value = s.value();
+        }
+      }
+      throw std::runtime_error(e.what());
+    }
+  };
+  detail::CallOptions o{"apply"};
+  o.wrap_scalars = true;
+  std::vector<TreeTensor> out;
+  try {
+    out = nogil([&] { return detail::map_leaves_multi(o, ops, leaf); });
+  } catch (const std::runtime_error& e) {
+    if (err.value) reraise(err.value, e.what());
+    throw;
+  }
+  if (single.load() == 1) return wrap(std::move(out.at(0)));
+  py::tuple t(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i) t[i] = wrap(std::move(out[i]));
+  return t;
+}
+
 void bind_runtime(py::module_& m) {
   // Unread::m (taken by submit with the GIL released) and thread_state_mutex are held over
   // fork(): a child forked meanwhile must not inherit them locked (DESIGN.md §10, fork()).
@@ -467,95 +554,7 @@ void bind_runtime(py::module_& m) {
   m.def("_current_thread_id", [] { return asyncs::current_thread_id(); });
 
   m.def(
-      "apply",
-      [](py::function fn, py::args args, py::kwargs kwargs) -> py::object {
-        Args keep;
-        std::vector<Operand> ops;
-        std::vector<int> slot;  // per Python argument: operand index, or -1 (passed as is)
-        for (auto a : args) {
-          if (is_tree(a) || PyDict_Check(a.ptr()) || (!is_tensor(a) && is_foreign_tree(a))) {
-            slot.push_back(static_cast<int>(ops.size()));
-            ops.push_back(keep.add(a));
-          } else {
-            slot.push_back(-1);
-          }
-        }
-        if (ops.empty()) return fn(*args, **kwargs);
-        CallbackError err;
-        std::atomic<int> single{-1};  // 1: fn returned a tensor, 0: a tuple of tensors
-        auto leaf = [&](const detail::LeafArgs& x) -> std::vector<at::Tensor> {
-          Gil gil;
-          try {
-            // The C API call: pybind11's fn(*call, **kwargs) copies both into new containers
-            // on every leaf.
-            py::tuple call(slot.size());
-            for (std::size_t i = 0; i < slot.size(); ++i)
-              PyTuple_SET_ITEM(call.ptr(), static_cast<Py_ssize_t>(i),
-                               (slot[i] < 0 ? py::reinterpret_borrow<py::object>(args[i])
-                                            : wrap_tensor(x.t(slot[i])))
-                                   .release()
-                                   .ptr());
-            auto r = py::reinterpret_steal<py::object>(
-                PyObject_Call(fn.ptr(), call.ptr(), kwargs.empty() ? nullptr : kwargs.ptr()));
-            if (!r) throw py::error_already_set();
-            std::vector<at::Tensor> out;
-            int kind = 1;
-            if (is_tensor(r)) {
-              out.push_back(unpack_tensor(r));
-            } else if (PyTuple_Check(r.ptr()) || PyList_Check(r.ptr())) {
-              kind = 0;
-              for (auto v : r) {
-                if (!is_tensor(v))
-                  throw py::type_error("apply: fn returned a sequence holding a " +
-                                       std::string(Py_TYPE(v.ptr())->tp_name) +
-                                       ", not only tensors");
-                out.push_back(unpack_tensor(v));
-              }
-            } else {
-              throw py::type_error(
-                  std::string("apply: fn must return a torch.Tensor or a tuple of them, not ") +
-                  Py_TYPE(r.ptr())->tp_name);
-            }
-            int expected = -1;
-            if (!single.compare_exchange_strong(expected, kind) && expected != kind)
-              throw py::type_error(
-                  "apply: fn returned a tensor for some leaves and a tuple for others");
-            return out;
-          } catch (py::error_already_set& e) {
-            {
-              std::lock_guard<std::mutex> lock(err.m);
-              if (!err.value) err.value = e.value();
-            }
-            // "ZeroDivisionError: division by zero" (no Python traceback in the message)
-            throw std::runtime_error(std::string(Py_TYPE(e.value().ptr())->tp_name) + ": " +
-                                     py::str(e.value()).cast<std::string>());
-          } catch (py::builtin_exception& e) {
-            {
-              std::lock_guard<std::mutex> lock(err.m);
-              if (!err.value) {
-                e.set_error();
-                py::error_already_set s;
-                err.value = s.value();
-              }
-            }
-            throw std::runtime_error(e.what());
-          }
-        };
-        detail::CallOptions o{"apply"};
-        o.wrap_scalars = true;
-        std::vector<TreeTensor> out;
-        try {
-          out = nogil([&] { return detail::map_leaves_multi(o, ops, leaf); });
-        } catch (const std::runtime_error& e) {
-          if (err.value) reraise(err.value, e.what());
-          throw;
-        }
-        if (single.load() == 1) return wrap(std::move(out.at(0)));
-        py::tuple t(out.size());
-        for (std::size_t i = 0; i < out.size(); ++i) t[i] = wrap(std::move(out[i]));
-        return t;
-      },
-      py::arg("fn"),
+      "apply", &apply_leafwise, py::arg("fn"),
       "fn(leaf_a, leaf_b, ...) on every leaf of the tree arguments (zipped strictly; other "
       "arguments and keywords passed as they are), through the runtime: under stream(n) the leaves "
       "run on "

@@ -183,7 +183,8 @@ class Tensor:
     def allclose(self, other, rtol=..., atol=..., equal_nan=...): ...
     def any(self, *args, reduce=..., **kwargs):
         """``any(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.any of each leaf, a tree); with arguments (``dim=``...), torch.any of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
-    def apply(self, fn, *args, **kwargs): ...
+    def apply(self, fn: collections.abc.Callable, *args, **kwargs) -> Any:
+        """ttorch.apply(fn, self, *args, **kwargs): fn on every leaf of this tree (and of the other tree arguments, zipped strictly), through the runtime."""
     def asin(self) -> Any:
         """asin(): arcsine, on every leaf."""
     def asin_(self) -> Any:

@@ -216,7 +216,6 @@ def _allclose(self, other, rtol=1e-5, atol=1e-8, equal_nan=False):
 
 Tensor.equal = _equal
 Tensor.allclose = _allclose
-Tensor.apply = lambda self, fn, *args, **kwargs: apply(fn, self, *args, **kwargs)
 
 
 # ---- module functions ---------------------------------------------------------------------------
