@@ -123,6 +123,39 @@ def check_mismatches_are_refused(rank):
           "all_reduce after refused ones")
 
 
+def check_models_must_agree(rank):
+    """Models or settings that differ across ranks: ValueError on both ranks naming the first
+    difference before anything is broadcast (Gloo aborts the process on calls of other sizes),
+    one rank's bad argument named by its peer, and the group still works."""
+    import treetensor.nn as tnn
+    other = 1 - rank
+    rows = {0: 8, 1: 7}
+    meta = torch.nn.Linear(2, 2, device="meta" if rank == 1 else "cpu")
+    cases = [
+        (torch.nn.Linear(4, rows[rank]), {},
+         f"parameter 'weight': rank {rank} has float32 [{rows[rank]}, 4] on cpu, "
+         f"rank {other} has float32 [{rows[other]}, 4] on cpu"),
+        (torch.nn.Sequential(torch.nn.Linear(2, 2), *([torch.nn.Linear(2, 2)] if rank == 0 else [])), {},
+         "has parameter '1.weight', rank 1 has none"),
+        (torch.nn.Linear(2, 2), {"bucket_cap_mb": 25 if rank == 0 else 10},
+         f"setting 'bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers': rank {rank} has "
+         f"{25 if rank == 0 else 10}, 1, True"),
+        (meta, {}, "meta" if rank == 1 else "rank 1 refused it (ValueError"),
+        (torch.nn.Linear(2, 2), {"first_bucket_cap_mb": 0 if rank == 1 else 1},
+         "bucket sizes must be positive" if rank == 1 else "rank 1 refused it (ValueError"),
+    ]
+    for module, kwargs, message in cases:
+        try:
+            tnn.consolidate_module(module, process_group=dist.group.WORLD, **kwargs)
+        except ValueError as e:
+            check(message in str(e), f"models differ: {e}")
+        else:
+            raise AssertionError(f"rank {rank}: no error for {message}")
+    ones = torch.ones(3)
+    dist.all_reduce(ones)  # the group is still usable
+    check(torch.equal(ones, torch.full((3,), 2.0)), "all_reduce after refused consolidations")
+
+
 class AB(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -270,6 +303,7 @@ def run(rank, init_file):
     check_rank_dependent_use(rank)
     check_buffers_follow_rank_0(rank)
     check_step_in_backward(rank)
+    check_models_must_agree(rank)
     # Nothing may hold the group when the interpreter exits: a Gloo group torn down during
     # finalization joins threads that Python then ends in a way C++ turns into an abort.
     tree.close()

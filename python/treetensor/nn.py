@@ -101,7 +101,7 @@ if _torch.distributed.is_available():
     import torch.distributed.nn  # noqa: F401
 
 from . import optim
-from .distributed import bucket_plan, buffers_of, start_all_reduce, wait_each
+from .distributed import _digest, _exchange, _refuse, bucket_plan, buffers_of, start_all_reduce, wait_each
 from .torch import Tensor, tree_flatten, zeros_like
 
 __all__ = ["ModuleTree", "consolidate_module"]
@@ -247,6 +247,52 @@ optim._module_tree_lookup = _tree_of
 _live = weakref.WeakKeyDictionary()
 
 
+def _model_entries(named, aliases, buffers, settings):
+    """What every rank's model must have alike for their broadcasts and buckets to pair: (kind,
+    name, its description in words)."""
+    def tensor(t):
+        return f"{str(t.dtype).replace('torch.', '')} {list(t.shape)} on {t.device.type}"
+    return ([("parameter", n, tensor(p) + ("" if p.requires_grad else ", frozen"))
+             for n, p in named.items()] +
+            [("parameter", n, f"tied to '{first}'") for n, first in aliases.items()] +
+            [("buffer", n, tensor(b)) for n, b in buffers.items()] +
+            [("setting", "bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers",
+              ", ".join(repr(x) for x in settings))])
+
+
+def _agree_model(entries, group, device):
+    """Every rank consolidating the same model with the same settings (DDP's constructor checks
+    its parameters' shapes across ranks too), or ValueError on every rank naming the first
+    difference before anything moves: calls of other sizes would not pair (Gloo aborts the
+    process on a size mismatch)."""
+    import torch.distributed as dist
+    signatures = _exchange(_digest(repr(entries)), lambda: {"entries": entries}, device, group)
+    if signatures is None:
+        return
+    rank = dist.get_rank(group)
+    other = next((r for r, s in enumerate(signatures) if s != signatures[rank]), None)
+    what = ("their fingerprints differ" if other is None else
+            _model_difference(signatures[rank], signatures[other], rank, other))
+    raise ValueError(f"treetensor.nn.consolidate_module: the ranks' models differ: {what}")
+
+
+def _model_difference(mine, theirs, rank, other):
+    """The first entry rank `other` has otherwise than ours, in words."""
+    if "refused" in theirs:
+        return f"rank {other} refused it ({theirs['refused']})"
+    ours = {e[:2]: e[2] for e in mine["entries"]}
+    peer = {e[:2]: e[2] for e in theirs["entries"]}
+    for key in list(ours) + [k for k in peer if k not in ours]:
+        kind, name = key
+        if key not in peer:
+            return f"rank {rank} has {kind} '{name}', rank {other} has none"
+        if key not in ours:
+            return f"rank {other} has {kind} '{name}', rank {rank} has none"
+        if ours[key] != peer[key]:
+            return f"{kind} '{name}': rank {rank} has {ours[key]}, rank {other} has {peer[key]}"
+    return "their orders of parameters differ"
+
+
 class ModuleTree:
     """A module's parameters, gradients and buffers as consolidated trees (made by
     :func:`consolidate_module`).
@@ -271,8 +317,17 @@ class ModuleTree:
                 first[id(p)] = name
                 named[name] = p
         buffers = dict(module.named_buffers())
-        _check_layout([("parameter", n, t) for n, t in named.items()] +
-                      [("buffer", n, t) for n, t in buffers.items()])
+        try:
+            _check_layout([("parameter", n, t) for n, t in named.items()] +
+                          [("buffer", n, t) for n, t in buffers.items()])
+        except ValueError as e:
+            if process_group is None:
+                raise
+            _refuse(e, process_group)  # the peers raise too, naming it
+        if process_group is not None:
+            _agree_model(_model_entries(named, self.aliases, buffers, (
+                bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers)), process_group,
+                next(iter(named.values())).device if named else _torch.device("cpu"))
         trainable = {n: p for n, p in named.items() if p.requires_grad}
         frozen = {n: p for n, p in named.items() if not p.requires_grad}
         self.params, self._order = _consolidate_in_place(trainable)
@@ -865,12 +920,22 @@ def consolidate_module(module, *, process_group=None, bucket_cap_mb=25, first_bu
 
     Raises TypeError for a non-Module, ValueError for non-positive bucket sizes, for a
     parameter or buffer on the meta device, and for two parameters (or buffers) whose memory
-    overlaps, naming them."""
+    overlaps, naming them. With a group the ranks first agree (one all_reduce of a digest, as
+    DDP's constructor checks its parameters' shapes): ValueError on every rank, before
+    anything is broadcast, when their models differ (names, dtypes, shapes, device types,
+    ties, frozen parameters, buffers) or their bucket sizes or ``broadcast_buffers`` do,
+    naming the first difference; a rank's own error above is raised there and named by its
+    peers ("rank 1 refused it ...")."""
+    problem = None
     if not isinstance(module, _torch.nn.Module):
-        raise TypeError(f"consolidate_module: expected a torch.nn.Module, got {type(module).__name__}")
-    if bucket_cap_mb <= 0 or first_bucket_cap_mb <= 0:
-        raise ValueError(f"consolidate_module: bucket sizes must be positive, got "
-                         f"bucket_cap_mb={bucket_cap_mb}, first_bucket_cap_mb={first_bucket_cap_mb}")
+        problem = TypeError(f"consolidate_module: expected a torch.nn.Module, got {type(module).__name__}")
+    elif bucket_cap_mb <= 0 or first_bucket_cap_mb <= 0:
+        problem = ValueError(f"consolidate_module: bucket sizes must be positive, got "
+                             f"bucket_cap_mb={bucket_cap_mb}, first_bucket_cap_mb={first_bucket_cap_mb}")
+    if problem is not None:
+        if process_group is not None:
+            _refuse(problem, process_group)  # the peers raise too, instead of waiting for us
+        raise problem
     previous = _live.get(module)
     if previous is not None:
         previous.close()
