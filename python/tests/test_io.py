@@ -234,6 +234,19 @@ def test_a_tree_round_trips(tmp_path):
     assert back.x.b.dtype == torch.int64
 
 
+def test_a_tree_given_to_torch_save_loads_as_a_tree_by_both(tmp_path):
+    """torch.save pickles a tree as treetensor._C.Tensor.__new__ and its nested dict: torch.load's
+    weights-only default and ttorch.load both give the tree back, inside containers too."""
+    t = ttorch.Tensor({"w": torch.randn(3, 4), "x": {"b": torch.arange(5)}})
+    torch.save({"params": t, "again": t, "step": 3}, tmp_path / "t.pt")
+    for back in (torch.load(tmp_path / "t.pt"), ttorch.load(tmp_path / "t.pt")):
+        assert isinstance(back["params"], ttorch.Tensor) and back["step"] == 3
+        assert back["params"].x.b.dtype == torch.int64 and torch.equal(back["params"].w, t.w)
+        assert (back["again"] == t).all()
+    plain = ttorch.load(tmp_path / "t.pt", tree=False)
+    assert isinstance(plain["params"], dict) and torch.equal(plain["params"]["x"]["b"], t.x.b)
+
+
 def test_file_objects_and_path_like(tmp_path):
     obj = {"a": torch.randn(4), 0: [1, 2]}
     buf = io.BytesIO()

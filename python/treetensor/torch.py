@@ -27,7 +27,9 @@ core.
   calling thread inside the block only.
 - ``ttorch.load(f)`` / ``ttorch.save(obj, f)``: torch.save files through treetensor's own
   allowlisted reader and writer (no pickle code runs); dicts of tensors load as trees, other
-  dicts (int keys: an optimizer's state) as ``Object`` s keeping the file's key order.
+  dicts (int keys: an optimizer's state) as ``Object`` s keeping the file's key order. A tree
+  given to torch.save loads as a tree by either (torch.load's weights-only default allows
+  treetensor's tree class once this module is imported).
 - Every call doing leaf work releases the GIL. Errors are Python exceptions naming the op and
   the leaf path (structure mismatches: ValueError naming the path, argument positions and key
   sets; missing keys: KeyError/AttributeError).
@@ -45,6 +47,9 @@ from .common import Object, _foreign_dict, _is_foreign_tree
 
 Tensor = _C.Tensor
 _leafwise.register_kind(_torch.Tensor, Tensor)
+# A tree pickles as Tensor.__new__ and its nested dict of tensors: torch.load's default
+# (weights_only=True) reads torch.save(tree, f) once this module is imported.
+_torch.serialization.add_safe_globals([Tensor])
 
 __all__ = ["Tensor", "Size", "Object", "stream", "apply", "synchronize"]
 
