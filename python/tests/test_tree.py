@@ -97,6 +97,16 @@ def test_printing_layout():
     assert "torch.Size([2])" in repr(t.shape)
 
 
+def test_meta_leaves_print_as_torch_prints_them():
+    """A tree loaded with map_location='meta' prints: each leaf as torch's repr of it."""
+    leaves = {"a": torch.ones(2, device="meta"), "b": torch.ones(2, 3, device="meta", dtype=torch.int64),
+              "c": torch.ones((), device="meta"), "d": torch.ones(0, device="meta", requires_grad=True)}
+    leaves["e"] = leaves["d"] * 2
+    t = ttorch.Tensor(leaves)
+    for k, v in leaves.items():
+        assert f"{k} --> {v!r}" in str(t)
+
+
 def test_dict_round_trip_keeps_objects():
     d = sample()
     t = ttorch.Tensor(d)

@@ -225,6 +225,24 @@ bool default_dtype(at::ScalarType t) {
 
 }  // namespace
 
+namespace {
+// A meta tensor has no values: torch prints "tensor(..., device='meta', size=(2,))".
+std::string format_meta(const at::Tensor& t) {
+  std::ostringstream os;
+  os << "tensor(..., device='meta', size=(";
+  for (int64_t d = 0; d < t.dim(); ++d) os << (d ? ", " : "") << t.size(d);
+  os << (t.dim() == 1 ? ",)" : ")");
+  if (t.scalar_type() != at::typeMetaToScalarType(at::get_default_dtype()))
+    os << ", dtype=" << dtype_name(t.scalar_type());
+  if (t.grad_fn())
+    os << ", grad_fn=<" << t.grad_fn()->name() << ">";
+  else if (t.requires_grad())
+    os << ", requires_grad=True";
+  os << ')';
+  return os.str();
+}
+}  // namespace
+
 std::string format_tensor(const at::Tensor& t) {
   if (!t.defined()) return "None";
   if (t.is_sparse() || at::isComplexType(t.scalar_type())) {
@@ -232,6 +250,7 @@ std::string format_tensor(const at::Tensor& t) {
     os << t;
     return os.str();
   }
+  if (t.is_meta()) return format_meta(t);
   const at::Tensor v = t.detach().cpu();
   std::ostringstream os;
   os << "tensor(";
