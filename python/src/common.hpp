@@ -231,11 +231,12 @@ struct PyTree {
   /// inside a pending scope): a pending root is not waited for. @throws as node_mut().
   void replace(TensorTree t) {
     if (!path.empty()) {
-      node_mut() = std::move(t);
+      const TensorTree old = std::exchange(node_mut(), std::move(t));
       return;
     }
     begin_change(*root, path);
-    static_cast<TensorTree&>(*root) = std::move(t);
+    // The old root dies after the change (see outlive_change in module.cpp).
+    const TensorTree old = std::exchange(static_cast<TensorTree&>(*root), std::move(t));
   }
 };
 

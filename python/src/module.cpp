@@ -151,6 +151,7 @@ TensorTree map_py(const TensorTree& t, const py::function& fn, const char* op, t
   return TensorTree::from_children(std::move(ch));
 }
 TensorTree map_py(const PyTree& self, const py::function& fn, const char* op) {
+  const RootUse use(*self.root);  // fn is Python code: the keys stay while map walks them
   tree::Path where = self.path;
   return map_py(self.node(), fn, op, where);
 }
@@ -237,6 +238,15 @@ py::object leaf_call(const PyTree& self, py::handle fn, const py::tuple& args,
     d[py::str(p[p.size() - 1])] = out[i];
   }
   return root;
+}
+
+// A copy of child `key` of `n` (empty without one), kept by the caller until its change of `n`
+// is done: the child's tensors then die after it. A tensor whose Python object the tree owned
+// dies through torch's dealloc, which releases the GIL (THPVariable_clear), and another Python
+// thread could then start a call on the tree half changed.
+TensorTree outlive_change(const TensorTree& n, const std::string& key) {
+  const TensorTree* child = n.is_leaf() ? nullptr : n.find(tree::Path{key});
+  return child ? *child : TensorTree();
 }
 
 std::string print(const TensorTree& t) {
@@ -669,6 +679,7 @@ released while leaf work runs.)");
     TensorTree sub(to_tree(value, self.path / key));
     TensorTree& n = self.node_mut();
     if (n.is_leaf()) throw py::type_error("treetensor: '" + self.path.describe() + "' is a leaf");
+    const TensorTree replaced = outlive_change(n, key);
     n.insert(tree::Path{key}, std::move(sub));
   };
   cls.def("__setattr__", set_child);
@@ -679,6 +690,7 @@ released while leaf work runs.)");
     // (treevalue's inherit), anything else broadcast. A leaf's error names its path; the
     // leaves before it are assigned (as the per-leaf loop leaves them).
     const TensorTree& n = self.node();
+    const RootUse use(*self.root);  // torch's __setitem__ may run Python code: the keys stay
     const auto flat = tree::flatten_refs(n);
     const auto paths = flat.spec.paths();
     auto leaf_of = [&](py::handle tree_or_value, std::size_t i) -> py::object {
@@ -707,6 +719,7 @@ released while leaf work runs.)");
   });
   auto del_child = [](PyTree& self, const std::string& key) {
     TensorTree& n = self.node_mut();
+    const TensorTree removed = outlive_change(n, key);
     if (n.is_leaf() || !n.erase(tree::Path{key}))
       throw py::key_error("treetensor: no key '" + key + "' at '" + self.path.describe() + "'");
   };

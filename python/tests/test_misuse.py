@@ -114,6 +114,12 @@ def test_callback_deleting_keys_of_its_own_tree_raises():
                 assert "cannot change the keys at '<root>'" in str(e), str(e)
             else:
                 raise AssertionError("no error")
+        try:  # map's callback runs with the GIL held, on the caller: the same refusal
+            t.map(cb)
+        except RuntimeError as e:
+            assert "map at leaf 'k0': treetensor: cannot change the keys" in str(e), str(e)
+        else:
+            raise AssertionError("no error from map")
         assert len(t) == 64 and "k1" in t
         del t.k1  # once the call is over
         assert len(t) == 63
@@ -124,7 +130,10 @@ def test_callback_deleting_keys_of_its_own_tree_raises():
 
 def test_keys_changed_by_another_thread_during_calls_never_crash():
     out = run_script("""
-        import threading, time, torch, treetensor.torch as ttorch
+        import sys, threading, time, torch, treetensor.torch as ttorch
+        # A switch at almost every bytecode, and inside torch's dealloc of a replaced or removed
+        # leaf (it releases the GIL): a change must be whole before another thread reads.
+        sys.setswitchinterval(1e-6)
         s = ttorch.Tensor({f"k{i}": torch.ones(64) for i in range(256)})
         stop, refused, changed = time.monotonic() + 3, [0], [0]
         def mutate():
@@ -132,6 +141,7 @@ def test_keys_changed_by_another_thread_during_calls_never_crash():
             while time.monotonic() < stop:
                 try:
                     setattr(s, f"n{i % 8}", torch.ones(64))
+                    setattr(s, f"n{i % 8}", {"q": torch.ones(64)})  # replaces a leaf
                     delattr(s, f"n{i % 8}")
                     changed[0] += 1
                 except RuntimeError as e:
@@ -144,8 +154,8 @@ def test_keys_changed_by_another_thread_during_calls_never_crash():
         m.start()
         with ttorch.stream(2):
             while time.monotonic() < stop:
-                r = s + 1
-                assert all(torch.equal(v, torch.full((64,), 2.0)) for v in r.values())
+                for r in (s + 1, ttorch.apply(lambda x: x + 1, s), s.map(lambda x: x + 1)):
+                    assert all(torch.equal(r[f"k{i}"], torch.full((64,), 2.0)) for i in range(256))
         m.join()
         assert changed[0] > 0
         print("ok", refused[0], changed[0])
