@@ -270,13 +270,19 @@ struct CallbackError {
     PyErr_SetObject(type.ptr(), exc.ptr());
     throw py::error_already_set();
   }
+  py::object e;
   try {
-    py::object e = type(message);
-    PyException_SetCause(e.ptr(), exc.inc_ref().ptr());
-    PyErr_SetObject(type.ptr(), e.ptr());
-  } catch (py::error_already_set&) {
-    PyErr_SetObject(type.ptr(), exc.ptr());
+    e = type(message);
+  } catch (py::error_already_set&) {  // NOLINT(bugprone-empty-catch): the original, below
   }
+  // A type not built from one string, or whose __new__ returns something else: the original.
+  if (!e || PyObject_IsInstance(e.ptr(), type.ptr()) != 1) {
+    PyErr_Clear();
+    PyErr_SetObject(type.ptr(), exc.ptr());
+    throw py::error_already_set();
+  }
+  PyException_SetCause(e.ptr(), exc.inc_ref().ptr());
+  PyErr_SetObject(type.ptr(), e.ptr());
   throw py::error_already_set();
 }
 

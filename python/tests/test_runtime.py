@@ -97,6 +97,18 @@ def test_apply_errors_keep_type_and_path():
     with pytest.raises(KeyboardInterrupt):  # Ctrl-C is never swallowed or rewrapped
         ttorch.apply(interrupt, t)
 
+    class Odd(Exception):  # built from the message, __new__ returns no Odd: raised unchanged
+        def __new__(cls, *args):
+            return (1,) if args and "at leaf" in str(args[0]) else super().__new__(cls, *args)
+
+    def odd(x):
+        raise Odd("x")
+
+    for call in (lambda: ttorch.apply(odd, t), lambda: t.map(odd)):
+        for _ in range(200):
+            with pytest.raises(Odd, match="^x$"):
+                call()
+
 
 def test_four_python_threads_at_once():
     a, b = seed_trees(n=24, s=6)
