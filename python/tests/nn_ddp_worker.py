@@ -105,6 +105,28 @@ def check_mismatches_are_refused(rank):
         check(want in str(e), f"bucket_cap_mb=0 on rank 1: {e}")
     else:
         raise AssertionError(f"rank {rank}: no error for bucket_cap_mb=0 on rank 1")
+    # Leaves that share memory (tied weights, overlapping slices, an expanded view): refused
+    # on every rank before anything moves, by exchange (4 leaves) and by Gloo's (2) alike.
+    w, base = torch.full((4,), float(rank + 1)), torch.arange(8.0)
+    others = {"b1": torch.ones(2), "b2": torch.ones(2)}
+    for tree, message in (
+            ({"emb": w, "head": w, **others}, "paths 'emb' and 'head' share memory"),
+            ({"emb": w, "head": w}, "paths 'emb' and 'head' share memory"),
+            ({"lo": base[0:5], "hi": base[3:8], **others}, "paths 'hi' and 'lo' share memory"),
+            ({"x": torch.ones(1).expand(3), **others}, "path 'x': elements of the leaf share memory")):
+        t = ttorch.Tensor(tree)
+        before = [x.clone() for x in ttorch.tree_flatten(t)[0]]
+        try:
+            tdist.all_reduce(t)
+        except ValueError as e:
+            check(message in str(e), f"shared memory: {e}")
+        else:
+            raise AssertionError(f"rank {rank}: no error for {message}")
+        check(all(torch.equal(a, b) for a, b in zip(ttorch.tree_flatten(t)[0], before)),
+              f"{message}: a refused all_reduce changed the tree")
+    halves = ttorch.Tensor({"even": base[0::2], "odd": base[1::2], **others})  # interleaved: disjoint
+    tdist.all_reduce(halves)
+    check(torch.equal(base, 2 * torch.arange(8.0)), f"interleaved leaves: {base}")
     saved = tdist.EXCHANGE_MIN_CALLS
     if rank == 1:
         tdist.EXCHANGE_MIN_CALLS = 100

@@ -352,8 +352,9 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     before reading the tree.
 
     Raises TypeError if ``tree`` is not a ``treetensor.torch.Tensor``, ValueError for a
-    non-positive ``bucket_cap_mb`` (after the agreement, so every peer raises ValueError
-    naming this rank's refusal) and, on every rank, when the ranks' trees or ops differ
+    non-positive ``bucket_cap_mb`` or for leaves that share memory (tied weights given twice,
+    overlapping slices, an expanded view: named; each such refusal after the agreement, so
+    every peer raises ValueError naming it) and, on every rank, when the ranks' trees or ops differ
     (module docstring: the agreement is one blocking all_reduce, also with ``async_op``);
     ``torch.distributed``'s errors (no process group, a timeout) pass through."""
     import torch.distributed as dist
@@ -368,11 +369,14 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
                        "nothing to do", UserWarning, stacklevel=2)
         return None
     leaves, spec = tree_flatten(tree)
-    if tree.is_consolidated():
+    if tree.is_consolidated():  # its leaves are disjoint views of its buffers
         cap = bucket_cap_mb * _MiB
         views = [v for v, _ in bucket_plan(leaves, lambda k: cap)]
     else:
         views = leaves
+        conflict = _write_conflict(spec, leaves)
+        if conflict is not None:
+            _refuse(ValueError(f"treetensor.distributed.all_reduce: {conflict}"), group)
     op = dist.ReduceOp.SUM if op is None else op
     _agree(op, spec, leaves, views, group)
     # Exchanges pay only in numbers (module docstring); every rank has agreed on len(views).
@@ -390,6 +394,39 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     if errors:
         raise errors[0]
     return None
+
+
+def _write_conflict(spec, leaves):
+    """Why the leaves cannot be written in place (None when they can), as the C++ layer checks:
+    a leaf whose elements share memory (an expanded view), or two leaves that share memory
+    (tied weights: reduced twice, and by exchange to other values on each rank). Two
+    non-contiguous leaves whose extents meet are taken as disjoint unless they are the same
+    view (interleaved columns are), as ATen's get_overlap_status leaves that case."""
+    spans = []
+    for i, x in enumerate(leaves):
+        if x.layout != _torch.strided or x.numel() == 0:
+            continue
+        if any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
+            return (f"path '{_describe(spec.paths()[i])}': elements of the leaf share memory (an "
+                    f"expanded or stride-0 view); a collective cannot write it")
+        last = sum((n - 1) * st for n, st in zip(x.shape, x.stride())) * x.element_size()
+        spans.append((x.data_ptr(), x.data_ptr() + last + x.element_size(), i))
+    spans.sort()
+    reach = None
+    for span in spans:
+        if reach is not None and span[0] < reach[1] and _same_memory(leaves[reach[2]], leaves[span[2]]):
+            a, b = sorted((reach[2], span[2]))
+            return (f"paths '{_describe(spec.paths()[a])}' and '{_describe(spec.paths()[b])}' share "
+                    f"memory; a collective that writes both would write it twice (pass one)")
+        if reach is None or span[1] > reach[1]:
+            reach = span
+    return None
+
+
+def _same_memory(x, y):  # of two leaves whose extents meet
+    if x.is_contiguous() and y.is_contiguous():
+        return True
+    return x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
 
 
 def _wait_all(works):
