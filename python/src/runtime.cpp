@@ -419,6 +419,8 @@ py::object apply_leafwise(const py::function& fn, const py::args& args, const py
     throw;
   }
   if (single.load() == 1) return wrap(std::move(out.at(0)));
+  // No leaf, so fn never ran: the structure (DI-treetensor keeps {'a': {}}), not a tuple.
+  if (single.load() == -1) return wrap(TreeTensor(ops.at(0).tree()));
   py::tuple t(out.size());
   for (std::size_t i = 0; i < out.size(); ++i) t[i] = wrap(std::move(out[i]));
   return t;

@@ -76,6 +76,13 @@ def test_apply_python_callback_under_lanes(mode):
     assert ttorch.apply(lambda x: x + 1, torch.ones(1)).item() == 2  # no tree: a plain call
 
 
+def test_apply_over_no_leaves_keeps_the_structure():
+    for d in ({}, {"a": {}}, {"a": {}, "b": {"c": {}}}):
+        r = ttorch.apply(lambda x: x + 1, ttorch.Tensor(d))
+        assert isinstance(r, ttorch.Tensor) and r.to_dict() == d  # DI-treetensor's too
+        assert ttorch.Tensor(d).apply(lambda x: x).to_dict() == d
+
+
 def test_apply_errors_keep_type_and_path():
     t = ttorch.Tensor({"a": torch.ones(2), "b": {"c": torch.zeros(3)}})
 
