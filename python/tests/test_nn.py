@@ -131,6 +131,17 @@ def test_tied_parameter_is_one_leaf_with_an_alias():
     assert "out.weight" in m.state_dict() and "weight" not in tree.params.out.keys()
 
 
+def test_a_submodule_named_like_a_module_method():
+    """nn.Module allows a child called `half` or `to` (its __getattr__ is not reached for them):
+    consolidation finds it in _modules, where get_submodule's getattr finds the method."""
+    m = torch.nn.Module()
+    m.half = torch.nn.Linear(3, 2)
+    tree = tnn.consolidate_module(m)
+    assert m._modules["half"].weight is tree.params["half"].weight
+    m._modules["half"](torch.ones(1, 3)).sum().backward()
+    assert torch.equal(tree.grads["half"].bias, torch.ones(2))
+
+
 def test_frozen_parameters_stay_out_of_the_gradient_buffer():
     ref, m = pair(frozen=True)
     tree = tnn.consolidate_module(m)

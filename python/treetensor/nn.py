@@ -213,7 +213,10 @@ class _Places:
     def slot(self, name, kind="_parameters"):
         """The dict of the submodule holding tensor `name`, and its key there."""
         prefix, _, key = name.rpartition(".")
-        return getattr(self.module().get_submodule(prefix), kind), key
+        sub = self.module()
+        for part in prefix.split(".") if prefix else ():  # not get_submodule: its getattr
+            sub = sub._modules[part]                       # finds a method named like a child
+        return getattr(sub, kind), key
 
     def changed(self):
         """The path of a submodule replaced or removed, or of one whose parameters were added
