@@ -30,6 +30,31 @@ decltype(auto) with_tree(py::handle x, F&& f) {
   return f(static_cast<const TensorTree&>(t));
 }
 
+/// torch.autograd.backward of ops[0]'s leaves with ops[1]'s (if given) as their gradients,
+/// checked leaf by leaf first so that an error names the path (autograd's own names an index).
+void tree_backward(const std::vector<Operand>& ops, c10::optional<bool> retain_graph,
+                   bool create_graph) {
+  detail::CallOptions o{"backward"};
+  const std::size_t n = ops[0].tree().leaf_count();  // a strict zip has its leaves, in order
+  std::vector<at::Tensor> outs(n), grads(ops.size() > 1 ? n : 0);
+  detail::map_leaves_multi(o, ops, [&](const detail::LeafArgs& x) -> std::vector<at::Tensor> {
+    const at::Tensor& out = x.t(0);
+    if (ops.size() == 1) {
+      if (out.numel() != 1)
+        throw std::runtime_error("the leaf has " + std::to_string(out.numel()) +
+                                 " elements: a gradient can be implied only for one element "
+                                 "(pass gradient, a tree of the leaves' structure)");
+    } else if (!x.t(1).sizes().equals(out.sizes())) {
+      throw std::runtime_error("the gradient has shape " + c10::str(x.t(1).sizes()) +
+                               ", the leaf " + c10::str(out.sizes()));
+    }
+    outs[x.leaf()] = out;  // leaves may run on lanes: each writes its own slot
+    if (ops.size() > 1) grads[x.leaf()] = x.t(1);
+    return {};
+  });
+  torch::autograd::backward(outs, grads, retain_graph, create_graph);
+}
+
 /// An in-place call on self's leaves: the same leaf tensors change, so a view updates its root.
 /// Inside a pending scope the copy comes back pending (asyncs, DESIGN.md §10). A root then
 /// stands for it, so that reading it waits for the job; a view waits for the job here instead
@@ -626,25 +651,24 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       "The tree of leaf gradients (None leaves where a leaf has none).");
   cls.def(
       "backward",
-      [](const PyTree& s, py::handle gradient, c10::optional<bool> retain_graph,
+      [](py::object self, py::handle gradient, c10::optional<bool> retain_graph,
          bool create_graph) {
-        const auto flat = tree::flatten_refs(s.node());
-        std::vector<at::Tensor> outs, grads;
-        const auto paths = flat.spec.paths();
-        for (std::size_t i = 0; i < flat.leaves.size(); ++i) {
-          outs.push_back(*flat.leaves[i]);
-          if (!gradient.is_none()) {
-            if (!is_tree(gradient))
-              throw py::type_error("treetensor: backward: gradient must be a tree");
-            grads.push_back(as_tree(gradient).node().at(paths[i]).leaf());
-          }
+        Args keep;
+        std::vector<Operand> ops{keep.add(self)};
+        if (!gradient.is_none()) {
+          if (!is_tree(gradient) && !PyDict_Check(gradient.ptr()))
+            throw py::type_error(std::string("treetensor: backward: gradient must be a tree of the "
+                                             "leaves' structure or None, not ") +
+                                 Py_TYPE(gradient.ptr())->tp_name);
+          ops.push_back(keep.add(gradient));
         }
-        nogil([&] { torch::autograd::backward(outs, grads, retain_graph, create_graph); });
+        nogil([&] { tree_backward(ops, retain_graph, create_graph); });
       },
       py::arg("gradient") = py::none(), py::arg("retain_graph") = py::none(),
       py::arg("create_graph") = false,
-      "torch.autograd.backward over every leaf (gradient: a tree of the same structure, or None "
-      "for scalar leaves).");
+      "torch.autograd.backward over every leaf. gradient: a tree of the same structure (zipped "
+      "strictly: ValueError naming the path where keys differ), each leaf of its leaf's shape "
+      "(RuntimeError naming the path otherwise), or None when every leaf holds one element.");
 
   // ---- construction ---------------------------------------------------------------------------
   auto shaped = [&](const char* name, TreeTensor (*fn)(const ShapeTree&, at::TensorOptions)) {

@@ -374,6 +374,24 @@ def test_autograd():
     dicts_equal(u.grad, dmap(lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)), u.detach().to_dict()))
 
 
+def test_backward_errors_name_the_path():
+    t = ttorch.Tensor({"a": torch.ones(2, requires_grad=True), "b": {"x": torch.ones(3, requires_grad=True)}})
+    y = t * 2
+    for extra in ({"c": torch.ones(1)}, {}):
+        g = {"a": torch.ones(2), "b": {"x": torch.ones(3)} if extra else {"y": torch.ones(3)}, **extra}
+        with pytest.raises(ValueError, match="backward: key mismatch at '(<root>|b)': argument 0 has keys"):
+            y.backward(ttorch.Tensor(g), retain_graph=True)
+    with pytest.raises(RuntimeError, match=r"backward at leaf 'b\.x': the gradient has shape \[2\], the leaf \[3\]"):
+        y.backward({"a": torch.ones(2), "b": {"x": torch.ones(2)}}, retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward at leaf 'a': the leaf has 2 elements"):
+        y.backward(retain_graph=True)
+    with pytest.raises(TypeError, match="gradient must be a tree"):
+        y.backward(5, retain_graph=True)
+    assert t.grad.a is None  # nothing ran
+    y.backward({"a": torch.ones(2), "b": {"x": torch.full((3,), 2.0)}})  # a dict is a tree here
+    assert torch.equal(t.grad.a, torch.full((2,), 2.0)) and torch.equal(t.grad.b.x, torch.full((3,), 4.0))
+
+
 def test_structure_mismatch_names_the_path():
     a = ttorch.Tensor({"a": torch.ones(2), "b": {"x": torch.ones(2)}})
     b = ttorch.Tensor({"a": torch.ones(2), "b": {"y": torch.ones(2)}})

@@ -204,7 +204,7 @@ class Tensor:
     def atanh_(self) -> Any:
         """atanh_(): inverse hyperbolic tangent (|x| < 1), in place on every leaf (the same tensors); returns self."""
     def backward(self, gradient: Any = ..., retain_graph: builtins.bool | None = ..., create_graph: builtins.bool = ...) -> None:
-        """torch.autograd.backward over every leaf (gradient: a tree of the same structure, or None for scalar leaves)."""
+        """torch.autograd.backward over every leaf. gradient: a tree of the same structure (zipped strictly: ValueError naming the path where keys differ), each leaf of its leaf's shape (RuntimeError naming the path otherwise), or None when every leaf holds one element."""
     def bfloat16(self): ...
     def bitwise_and(self, other: Any) -> Any:
         """bitwise_and(b): a & b on integer and bool tensors, leaf-wise (b: a tree, tensor or number)."""
