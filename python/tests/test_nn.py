@@ -235,8 +235,11 @@ def test_a_moved_model_is_refused_naming_the_path(move):
         with pytest.raises(RuntimeError, match=r"parameter '(out|fc|bn|conv)\.(bias|weight)' no longer lies"):
             tree.zero_grad()
     else:
-        with pytest.raises(RuntimeError, match=r"parameter '(conv|bn|fc|out)\.(weight|bias)' was replaced by load_state_dict"):
-            m.load_state_dict({k: v.clone() for k, v in ref.state_dict().items()}, assign=True)
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        with pytest.raises(RuntimeError, match=r"assign=True\) would replace parameter '(conv|bn|fc|out)\.(weight|bias)'.*nothing was loaded"):
+            m.load_state_dict({k: v.clone() + 1 for k, v in ref.state_dict().items()}, assign=True)
+        assert {id(p) for p in m.parameters()} == {id(p) for p in leaves(tree.params)}  # none replaced
+        assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
 
 
 def test_load_after_model_zero_grad_and_a_failed_backward():

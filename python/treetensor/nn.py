@@ -383,9 +383,24 @@ class ModuleTree:
             own = [(k, index[f"{prefix}.{k}" if prefix else k]) for k in sub._parameters
                    if (f"{prefix}.{k}" if prefix else k) in index]
             if own:
+                hooks.append(sub.register_load_state_dict_pre_hook(
+                    _Hook(lambda m, sd, pre, meta, *rest, own=own: self._before_load(sd, pre, meta, own))))
                 hooks.append(sub.register_load_state_dict_post_hook(
                     _Hook(lambda m, keys, own=own: self._after_load(m, own))))
         return hooks
+
+    def _before_load(self, state_dict, prefix, metadata, own):
+        # load_state_dict(assign=True) would put new Parameter objects in the module, which the
+        # trees would not train: refused before the first module of the call assigns any.
+        if metadata.get("assign_to_params_buffers", False):
+            for key, i in own:
+                if prefix + key in state_dict:
+                    raise RuntimeError(
+                        f"treetensor.nn: load_state_dict(assign=True) would replace parameter "
+                        f"'{self._order[i]}' of a consolidated module, and the optimizer would "
+                        f"train the old tensor: nothing was loaded; load without assign=True (it "
+                        f"copies into the consolidated views) or call consolidate_module again "
+                        f"after loading")
 
     def _broadcast_module_buffers(self):
         # A buffer the module replaced (assigned a new tensor, as some forwards do) is copied
@@ -584,8 +599,8 @@ class ModuleTree:
             del _live[module]
 
     def _after_load(self, module, own):
-        # load_state_dict(assign=True) puts new Parameter objects in the module: the trees
-        # would train the old ones.
+        # A module whose own _load_from_state_dict puts new Parameter objects in it (the pre
+        # hook refuses assign=True): the trees would train the old ones.
         for key, i in own:
             if module._parameters.get(key) is not self._leaves[i]:
                 raise RuntimeError(
