@@ -46,6 +46,7 @@ CASES = [
     ("Adam", {"lr": 1e-2, "amsgrad": True, "maximize": True}),
     ("AdamW", {"lr": 1e-2}),
     ("AdamW", {"lr": 1e-2, "weight_decay": 0.3, "amsgrad": True}),
+    ("Adam", {"lr": 1e-2, "weight_decay": 0.3, "decoupled_weight_decay": True}),  # torch >= 2.6
     ("SGD", {"lr": 0.1}),
     ("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 1e-2}),
     ("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "maximize": True}),
@@ -197,7 +198,10 @@ def test_state_dict_through_a_file_resumes_bitwise(name, options, consolidated):
     checkpoint = saved_and_loaded({"params": [p.clone() for p in ttorch.tree_flatten(first)[0]],
                                    "opt": first_opt.state_dict()})
     t = tree_of(checkpoint["params"], consolidated)
-    opt = getattr(topt, name)(t, lr=123.0)  # the loaded group's options replace these
+    # The loaded group's options replace these; its decoupled_weight_decay must match (the
+    # optimizer's kind: refused otherwise: test_bad_state_dicts_are_refused_naming_the_parameter).
+    kind = {k: v for k, v in options.items() if k == "decoupled_weight_decay"}
+    opt = getattr(topt, name)(t, lr=123.0, **kind)
     opt.load_state_dict(checkpoint["opt"])
     assert opt.param_groups[0]["lr"] == options.get("lr", 1e-3)
     run_steps(opt, range(STEPS // 2, STEPS))

@@ -448,14 +448,16 @@ def _module_tree(attr, tree):
 
 
 class Adam(_TreeOptimizer):
-    """torch.optim.Adam over a tree of parameters (L2 weight decay added to the gradient)."""
+    """torch.optim.Adam over a tree of parameters (L2 weight decay added to the gradient;
+    ``decoupled_weight_decay=True``, as torch's: AdamW's decay)."""
 
     _decoupled = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
-                 differentiable=False, fused=None):
+                 differentiable=False, fused=None, decoupled_weight_decay=False):
         _torch_flags(type(self).__name__, capturable, differentiable)
+        self._decoupled = bool(decoupled_weight_decay)
         _check(lr >= 0, "learning rate", lr)
         _check(eps >= 0, "epsilon value", eps)
         _check(0 <= betas[0] < 1, "beta parameter at index 0", betas[0])
@@ -476,7 +478,8 @@ class Adam(_TreeOptimizer):
 
     def _refusal(self, key):
         if key == "decoupled_weight_decay":
-            return f"load it into treetensor.optim.{'Adam' if self._decoupled else 'AdamW'}"
+            return ("load it into treetensor.optim.Adam" if self._decoupled else
+                    "load it into treetensor.optim.AdamW or Adam(decoupled_weight_decay=True)")
         return super()._refusal(key)
 
     def _state_keys(self, options=None):
@@ -500,13 +503,12 @@ class Adam(_TreeOptimizer):
 class AdamW(Adam):
     """torch.optim.AdamW over a tree of parameters (decoupled weight decay, default 1e-2)."""
 
-    _decoupled = True
-
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         capturable=capturable, differentiable=differentiable)
+                         capturable=capturable, differentiable=differentiable,
+                         decoupled_weight_decay=True)
 
 
 class SGD(_TreeOptimizer):
