@@ -50,9 +50,11 @@ def write_metrics(out, step, loss, grads):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--out", default="train_ddp_out")
+    ap = argparse.ArgumentParser(description="Data-parallel training on treetensor's pieces "
+                                 "(run under torchrun for several ranks; see the module docstring).")
+    ap.add_argument("--epochs", type=int, default=2, help="passes over the data (default 2)")
+    ap.add_argument("--out", default="train_ddp_out",
+                    help="folder for the metrics (JSON lines) and the checkpoint (default train_ddp_out)")
     args = ap.parse_args()
     distributed = "WORLD_SIZE" in os.environ  # launched by torchrun
     if distributed:

@@ -6,17 +6,21 @@ N=200, S=512 on a GPU; only the device ('cpu') and S changed here.
 
     python python/examples/seed_stream.py [S] [M] [N] [T]   # the Python treetensor is installed in
 """
-import sys
+import argparse
 import time
 
 import torch
 
 import treetensor.torch as ttorch
 
-S = int(sys.argv[1]) if len(sys.argv) > 1 else 32
-M = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-N = int(sys.argv[3]) if len(sys.argv) > 3 else 200
-T = int(sys.argv[4]) if len(sys.argv) > 4 else 20
+ap = argparse.ArgumentParser(description="The seed experiment on the CPU: N matmuls "
+                             "S x 2S @ 2S x 4S as a Python loop, one tree call, and stream(M).")
+ap.add_argument("S", nargs="?", type=int, default=32, help="the matmuls' size (default 32)")
+ap.add_argument("M", nargs="?", type=int, default=2, help="lanes of the stream(M) row (default 2)")
+ap.add_argument("N", nargs="?", type=int, default=200, help="leaves, i.e. matmuls (default 200)")
+ap.add_argument("T", nargs="?", type=int, default=20, help="timed repetitions, best kept (default 20)")
+args = ap.parse_args()
+S, M, N, T = args.S, args.M, args.N, args.T
 S1, S2, S3 = S, 2 * S, 4 * S
 device = "cpu"
 
