@@ -124,6 +124,12 @@ def check_mismatches_are_refused(rank):
             raise AssertionError(f"rank {rank}: no error for {message}")
         check(all(torch.equal(a, b) for a, b in zip(ttorch.tree_flatten(t)[0], before)),
               f"{message}: a refused all_reduce changed the tree")
+    try:  # a dtype Gloo cannot reduce: its error names the leaf, the group stays usable
+        tdist.all_reduce(ttorch.Tensor({"a": torch.ones(2), "u": torch.ones(3, dtype=torch.uint16)}))
+    except RuntimeError as e:
+        check("all_reduce: leaf 'u' (uint16, by SUM): " in str(e), f"uint16: {e}")
+    else:
+        raise AssertionError(f"rank {rank}: no error for a uint16 leaf")
     halves = ttorch.Tensor({"even": base[0::2], "odd": base[1::2], **others})  # interleaved: disjoint
     tdist.all_reduce(halves)
     check(torch.equal(base, 2 * torch.arange(8.0)), f"interleaved leaves: {base}")

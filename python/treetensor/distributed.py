@@ -385,15 +385,34 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
     try:
         for v in views:
             works.append(start_all_reduce(v, op, group, exchange=exchange))
-    except BaseException:
+    except BaseException as e:
         _wait_all(works)  # the calls posted before it: each rank posted the same ones
-        raise
+        raise _naming(e, len(works), spec, views is leaves, views, op) from e
     if async_op:
         return works
-    errors = _wait_all(works)
-    if errors:
-        raise errors[0]
+    first = None
+    for i, w in enumerate(works):  # every one, also after one raised (as _wait_all)
+        try:
+            w.wait()
+        except BaseException as e:  # noqa: B036  the first is raised below, named
+            first = first or (i, e)
+    if first is not None:
+        raise _naming(first[1], first[0], spec, views is leaves, views, op) from first[1]
     return None
+
+
+def _naming(e, i, spec, per_leaf, views, op):
+    """The error of call `i` (a leaf, or a bucket of a consolidated tree) as its type with the
+    leaf path, dtype and op in the message (Gloo says only "Invalid scalar type")."""
+    if not isinstance(e, Exception):  # KeyboardInterrupt and the like: unchanged
+        return e
+    where = (f"leaf '{_describe(spec.paths()[i])}'" if per_leaf else
+             f"bucket {i} of the consolidated buffers")
+    try:
+        return type(e)(f"treetensor.distributed.all_reduce: {where} ({_dtype_text(views[i])}, "
+                       f"by {_op_name(op)}): {e}")
+    except Exception:  # noqa: BLE001  a type not built from one string: the original
+        return e
 
 
 def _write_conflict(spec, leaves):
