@@ -36,7 +36,7 @@ py::handle ordered_dict_class() {
 
 class ToPython {
  public:
-  explicit ToPython(const io::Object& object) : object_(object) {}
+  ToPython(const io::Object& object, std::string file) : object_(object), file_(std::move(file)) {}
 
   py::object value(const ValueTree& node) {
     if (node.is_leaf()) return leaf(node.leaf());
@@ -75,7 +75,7 @@ class ToPython {
             if (!object_.parameters.count(path_)) return wrap_tensor(x);
             return parameter_class()(wrap_tensor(x), x.requires_grad());
           } else if constexpr (std::is_same_v<X, std::string>) {
-            return text(x);
+            return text(x, "the str");
           } else {
             return py::cast(x);
           }
@@ -85,12 +85,28 @@ class ToPython {
 
   // A pickled str as pickle decodes it (BINUNICODE: UTF-8 with "surrogatepass", so a lone
   // surrogate reads as torch.load gives it; other invalid UTF-8 is torch.load's
-  // UnicodeDecodeError too).
-  static py::object text(const std::string& s) {
+  // UnicodeDecodeError too, its reason naming the file and where in the object it is).
+  py::object text(const std::string& s, const char* what) const {
     PyObject* o =
         PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogatepass");
-    if (!o) throw py::error_already_set();
-    return py::reinterpret_steal<py::object>(o);
+    if (o) return py::reinterpret_steal<py::object>(o);
+    py::error_already_set e;
+    Py_ssize_t start = 0, end = 0;
+    if (!e.matches(PyExc_UnicodeDecodeError) ||
+        PyUnicodeDecodeError_GetStart(e.value().ptr(), &start) != 0 ||
+        PyUnicodeDecodeError_GetEnd(e.value().ptr(), &end) != 0)
+      throw e;
+    py::object why =
+        py::reinterpret_steal<py::object>(PyUnicodeDecodeError_GetReason(e.value().ptr()));
+    const std::string reason = file_ + ": " + what + " at '" + path_.describe() +
+                               "' is not UTF-8 (" +
+                               (why ? why.cast<std::string>() : std::string("invalid")) + ")";
+    PyObject* named = PyUnicodeDecodeError_Create(
+        "utf-8", s.data(), static_cast<Py_ssize_t>(s.size()), start, end, reason.c_str());
+    if (!named) throw py::error_already_set();
+    PyErr_SetObject(PyExc_UnicodeDecodeError, named);
+    Py_DECREF(named);
+    throw py::error_already_set();
   }
 
   // A list's items sit under "0".."n-1", which the tree sorts as strings ("10" < "2").
@@ -105,9 +121,10 @@ class ToPython {
   py::object dict(const ValueTree& node, py::object out) {
     for (const std::string& key : file_order(node)) {
       path_.push_back(key);
-      py::object k =
-          object_.int_keys.count(path_) ? py::object(py::int_(std::stoll(key))) : text(key);
+      const bool int_key = object_.int_keys.count(path_) != 0;
       path_.pop_back();
+      py::object k =
+          int_key ? py::object(py::int_(std::stoll(key))) : text(key, "a key of the dict");
       out[k] = at_key(key, node[key]);
     }
     return out;
@@ -129,6 +146,7 @@ class ToPython {
   }
 
   const io::Object& object_;
+  std::string file_;  // for errors
   tree::Path path_;
 };
 
@@ -297,7 +315,7 @@ void bind_io(py::module_& m) {
         if (!map_location.is_none()) options.device(to_device(map_location));
         options.mapped(mmap);
         io::Object object = nogil([&] { return io::load(path, options); });
-        return ToPython(object).value(object.tree);
+        return ToPython(object, path).value(object.tree);
       },
       py::arg("path"), py::arg("map_location") = py::none(), py::arg("mmap") = false,
       "The object of a torch.save file as torch.load(weights_only=True) gives it (io layer).");

@@ -384,6 +384,17 @@ class _Evil:
         return (os.system, (f"touch {self.marker}",))
 
 
+def test_a_str_that_is_not_utf8_names_the_file_and_where(tmp_path):
+    """torch.load's UnicodeDecodeError, its reason naming the file and the key or value."""
+    torch.save({"abc": {"xyz": "hello"}}, tmp_path / "s.pt")
+    data = (tmp_path / "s.pt").read_bytes()
+    for needle, where in ((b"xyz", "a key of the dict at 'abc'"), (b"hello", "the str at 'abc.xyz'")):
+        at = data.index(needle)
+        (tmp_path / "bad.pt").write_bytes(data[:at] + b"\xff" + data[at + 1:])
+        with pytest.raises(UnicodeDecodeError, match=f"bad.pt: {where} is not UTF-8 \\(invalid start byte\\)"):
+            ttorch.load(tmp_path / "bad.pt", tree=False)
+
+
 def test_a_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
     marker = tmp_path / "ran"
     torch.save({"x": _Evil(marker)}, tmp_path / "evil.pt")
