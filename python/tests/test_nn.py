@@ -265,6 +265,9 @@ def test_load_after_model_zero_grad_and_a_failed_backward():
     m(x).sum().backward()
     m.zero_grad()
     m.out(torch.ones(2, 24)).sum().backward()  # reaches out.* only
+    with pytest.raises(RuntimeError, match=r"parameter at '(bn|conv|fc)\.(bias|weight)' has no \.grad .*"
+                                           r"for a consolidated module pass tree\.grads"):
+        topt.SGD(tree.params, lr=0.1).step()  # .grad None: torch.optim would skip it
     assert torch.count_nonzero(tree.grads.fc.weight) == 0 and m.fc.weight.grad is tree.grads.fc.weight
     assert torch.equal(m.out.bias.grad, torch.full((24,), 2.0))
 

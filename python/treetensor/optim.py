@@ -350,8 +350,12 @@ class _TreeOptimizer(torch.optim.Optimizer):
         for i, g in enumerate(leaves):
             if g is None:
                 where = ".".join(spec.paths()[i]) if spec is not None else "<root>"
+                hint = ("; for a consolidated module pass tree.grads, in which a parameter "
+                        "backward did not reach has a zero gradient: torch.optim skips it"
+                        if _module_tree("params", self.params) is not None else "")
                 raise RuntimeError(f"{type(self).__name__}.step: the parameter at '{where or '<root>'}' "
-                                   f"has no .grad (call backward() first, or pass a tree of grads)")
+                                   f"has no .grad (call backward() first, or pass a tree of grads"
+                                   f"{hint})")
         return grads
 
     def _kernel(self, params, grads, moments, step):  # step `step` (1, 2, ...) in place
