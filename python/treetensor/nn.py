@@ -101,7 +101,8 @@ if _torch.distributed.is_available():
     import torch.distributed.nn  # noqa: F401
 
 from . import optim
-from .distributed import _digest, _exchange, _refuse, bucket_plan, buffers_of, start_all_reduce, wait_each
+from .distributed import (_digest, _exchange, _refuse, bucket_plan, buffers_of, start_all_reduce,
+                          wait_each)
 from .torch import Tensor, tree_flatten, zeros_like
 
 __all__ = ["ModuleTree", "consolidate_module"]
@@ -383,8 +384,8 @@ class ModuleTree:
             own = [(k, index[f"{prefix}.{k}" if prefix else k]) for k in sub._parameters
                    if (f"{prefix}.{k}" if prefix else k) in index]
             if own:
-                hooks.append(sub.register_load_state_dict_pre_hook(
-                    _Hook(lambda m, sd, pre, meta, *rest, own=own: self._before_load(sd, pre, meta, own))))
+                hooks.append(sub.register_load_state_dict_pre_hook(_Hook(
+                    lambda m, sd, pre, meta, *rest, own=own: self._before_load(sd, pre, meta, own))))
                 hooks.append(sub.register_load_state_dict_post_hook(
                     _Hook(lambda m, keys, own=own: self._after_load(m, own))))
         return hooks
