@@ -314,17 +314,22 @@ def _exchange(fingerprint, signature, device, group):
 def _agree(op, spec, leaves, views, group):
     """Every rank about to make the same calls, or ValueError on every rank naming the first
     difference (nothing has moved yet)."""
-    import torch.distributed as dist
     device = leaves[0].device if leaves else _torch.device("cpu")
     signatures = _exchange(_fingerprint(op, spec, leaves, views),
                            lambda: _signature(op, spec, leaves, views), device, group)
-    if signatures is None:
-        return
+    if signatures is not None:
+        raise ValueError(f"treetensor.distributed.all_reduce: the ranks' trees differ: "
+                         f"{_disagreement(signatures, _difference, group)}")
+
+
+def _disagreement(signatures, difference, group):
+    """What the first rank whose signature is not ours has otherwise, in words
+    (``difference(mine, theirs, rank, other)``)."""
+    import torch.distributed as dist
     rank = dist.get_rank(group)
     other = next((r for r, s in enumerate(signatures) if s != signatures[rank]), None)
-    what = ("their fingerprints differ" if other is None else
-            _difference(signatures[rank], signatures[other], rank, other))
-    raise ValueError(f"treetensor.distributed.all_reduce: the ranks' trees differ: {what}")
+    return ("their fingerprints differ" if other is None else
+            difference(signatures[rank], signatures[other], rank, other))
 
 
 def _refuse(problem, group):

@@ -101,8 +101,8 @@ if _torch.distributed.is_available():
     import torch.distributed.nn  # noqa: F401
 
 from . import optim
-from .distributed import (_digest, _exchange, _refuse, bucket_plan, buffers_of, start_all_reduce,
-                          wait_each)
+from .distributed import (_digest, _disagreement, _exchange, _refuse, bucket_plan, buffers_of,
+                          start_all_reduce, wait_each)
 from .torch import Tensor, tree_flatten, zeros_like
 
 __all__ = ["ModuleTree", "consolidate_module"]
@@ -269,15 +269,10 @@ def _agree_model(entries, group, device):
     its parameters' shapes across ranks too), or ValueError on every rank naming the first
     difference before anything moves: calls of other sizes would not pair (Gloo aborts the
     process on a size mismatch)."""
-    import torch.distributed as dist
     signatures = _exchange(_digest(repr(entries)), lambda: {"entries": entries}, device, group)
-    if signatures is None:
-        return
-    rank = dist.get_rank(group)
-    other = next((r for r, s in enumerate(signatures) if s != signatures[rank]), None)
-    what = ("their fingerprints differ" if other is None else
-            _model_difference(signatures[rank], signatures[other], rank, other))
-    raise ValueError(f"treetensor.nn.consolidate_module: the ranks' models differ: {what}")
+    if signatures is not None:
+        raise ValueError(f"treetensor.nn.consolidate_module: the ranks' models differ: "
+                         f"{_disagreement(signatures, _model_difference, group)}")
 
 
 def _model_difference(mine, theirs, rank, other):

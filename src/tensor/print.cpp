@@ -226,18 +226,28 @@ bool default_dtype(at::ScalarType t) {
 }  // namespace
 
 namespace {
-// A meta tensor has no values: torch prints "tensor(..., device='meta', size=(2,))".
-std::string format_meta(const at::Tensor& t) {
-  std::ostringstream os;
-  os << "tensor(..., device='meta', size=(";
+// ", size=(2, 3)" as torch writes it (a 1-d size with its trailing comma).
+void write_size(std::ostream& os, const at::Tensor& t) {
+  os << ", size=(";
   for (int64_t d = 0; d < t.dim(); ++d) os << (d ? ", " : "") << t.size(d);
   os << (t.dim() == 1 ? ",)" : ")");
-  if (t.scalar_type() != at::typeMetaToScalarType(at::get_default_dtype()))
-    os << ", dtype=" << dtype_name(t.scalar_type());
+}
+
+void write_autograd(std::ostream& os, const at::Tensor& t) {
   if (t.grad_fn())
     os << ", grad_fn=<" << t.grad_fn()->name() << ">";
   else if (t.requires_grad())
     os << ", requires_grad=True";
+}
+
+// A meta tensor has no values: torch prints "tensor(..., device='meta', size=(2,))".
+std::string format_meta(const at::Tensor& t) {
+  std::ostringstream os;
+  os << "tensor(..., device='meta'";
+  write_size(os, t);
+  if (t.scalar_type() != at::typeMetaToScalarType(at::get_default_dtype()))
+    os << ", dtype=" << dtype_name(t.scalar_type());
+  write_autograd(os, t);
   os << ')';
   return os.str();
 }
@@ -261,18 +271,11 @@ std::string format_tensor(const at::Tensor& t) {
     const Formatter fmt(v);
     Writer(v, summarise, fmt).write(os, 7);
   }
-  if (v.numel() == 0 && v.dim() != 1) {
-    os << ", size=(";
-    for (int64_t d = 0; d < t.dim(); ++d) os << (d ? ", " : "") << t.size(d);
-    os << (t.dim() == 1 ? ",)" : ")");
-  }
+  if (v.numel() == 0 && v.dim() != 1) write_size(os, t);
   if (t.device().type() != at::kCPU) os << ", device='" << t.device() << "'";
   if (!default_dtype(t.scalar_type()) || (v.numel() == 0 && t.scalar_type() != at::kFloat))
     os << ", dtype=" << dtype_name(t.scalar_type());
-  if (t.grad_fn())
-    os << ", grad_fn=<" << t.grad_fn()->name() << ">";
-  else if (t.requires_grad())
-    os << ", requires_grad=True";
+  write_autograd(os, t);
   os << ')';
   return os.str();
 }
