@@ -128,19 +128,15 @@ TEST_F(Malformed, PickleOpcodesAndGlobals) {
              "global 'builtins.eval' is not allowed");
   EXPECT_HAS(load_error(archive("inst.pt", "\x80\x02(i__main__\nX\n.")),
              "opcode 0x69 ('i') is not allowed");
-  // NEWOBJ and BUILD only as torch.save writes a tree: treetensor._C.Tensor(), then its dict.
-  const std::string tree_class = "ctreetensor._C\nTensor\n";
+  // A tree as torch.save writes it, treetensor.torch._tree(dict); never the class by NEWOBJ.
+  EXPECT_HAS(load_error(archive("tree_none.pt",
+                                "\x80\x02"
+                                "ctreetensor.torch\n_tree\nN\x85R.")),
+             "treetensor.torch._tree of a value that is not a dict");
   EXPECT_HAS(load_error(archive("newobj.pt",
                                 "\x80\x02"
-                                "ccollections\nOrderedDict\n)\x81.")),
-             "NEWOBJ of 'collections.OrderedDict' (only treetensor._C.Tensor is made so)");
-  EXPECT_HAS(
-      load_error(archive("newobj_args.pt", "\x80\x02" + tree_class + str("x") + "\x85\x81.")),
-      "NEWOBJ of treetensor._C.Tensor with arguments");
-  EXPECT_HAS(load_error(archive("build_none.pt", "\x80\x02" + tree_class + ")\x81Nb.")),
-             "BUILD of a treetensor tree with a state that is not a dict");
-  EXPECT_HAS(load_error(archive("build_twice.pt", "\x80\x02" + tree_class + ")\x81}b}b.")),
-             "BUILD on a value that is not an OrderedDict, a Parameter or a new tree");
+                                "ctreetensor._C\nTensor\n)\x81.")),
+             "global 'treetensor._C.Tensor' is not allowed");
   EXPECT_HAS(load_error(archive("memo.pt", "\x80\x02h\x05.")), "memo key 5 was never stored");
   EXPECT_HAS(load_error(archive("mark.pt", "\x80\x02N\x88t.")), "TUPLE without a MARK");
   EXPECT_HAS(load_error(archive("under.pt", "\x80\x02s.")), "stack underflow at SETITEM");

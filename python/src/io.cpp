@@ -98,9 +98,14 @@ class ToPython {
       throw e;
     py::object why =
         py::reinterpret_steal<py::object>(PyUnicodeDecodeError_GetReason(e.value().ptr()));
-    const std::string reason = file_ + ": " + what + " at '" + path_.describe() +
-                               "' is not UTF-8 (" +
-                               (why ? why.cast<std::string>() : std::string("invalid")) + ")";
+    const std::string raw = file_ + ": " + what + " at '" + path_.describe() + "' is not UTF-8 (" +
+                            (why ? why.cast<std::string>() : std::string("invalid")) + ")";
+    // The path's keys are surrogatepass UTF-8 (a lone surrogate is not UTF-8): escaped.
+    const std::string reason =
+        py::reinterpret_steal<py::str>(PyUnicode_DecodeUTF8(raw.data(),
+                                                            static_cast<Py_ssize_t>(raw.size()),
+                                                            "backslashreplace"))
+            .cast<std::string>();
     PyObject* named = PyUnicodeDecodeError_Create(
         "utf-8", s.data(), static_cast<Py_ssize_t>(s.size()), start, end, reason.c_str());
     if (!named) throw py::error_already_set();
@@ -310,15 +315,17 @@ py::handle object_class() {
 void bind_io(py::module_& m) {
   m.def(
       "_load",
-      [](const std::string& path, py::handle map_location, bool mmap) {
+      [](const std::string& path, py::handle map_location, bool mmap, const std::string& name) {
         io::LoadOptions options;
         if (!map_location.is_none()) options.device(to_device(map_location));
         options.mapped(mmap);
         io::Object object = nogil([&] { return io::load(path, options); });
-        return ToPython(object, path).value(object.tree);
+        return ToPython(object, name.empty() ? path : name).value(object.tree);
       },
       py::arg("path"), py::arg("map_location") = py::none(), py::arg("mmap") = false,
-      "The object of a torch.save file as torch.load(weights_only=True) gives it (io layer).");
+      py::arg("name") = "",
+      "The object of a torch.save file as torch.load(weights_only=True) gives it (io layer); name: "
+      "what its errors call the file (default: path).");
   m.def(
       "_save",
       [](py::handle obj, const std::string& path) {

@@ -824,11 +824,8 @@ released while leaf work runs.)");
   cls.def("_same_root",
           [](const PyTree& self, const PyTree& other) { return self.root == other.root; });
 
-  // pickle / copy / deepcopy: the state is the nested dict of tensors (torch pickles those).
-  cls.def(py::pickle([](const PyTree& self) { return to_dict(self.node()); },
-                     [](py::object d) {
-                       return PyTree{std::make_shared<Root>(to_tree(d)), {}, {}};
-                     }));
+  // pickle / copy / deepcopy: treetensor.torch's __reduce__ (a builder function and the nested
+  // dict of tensors; never cls.__new__ and a state, which leaves an object unmade until then).
 
   // C++ interop (python/include/treetensor/python.hpp): a capsule holding a heap TreeTensor.
   cls.def(

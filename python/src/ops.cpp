@@ -653,6 +653,9 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
       "backward",
       [](py::object self, py::handle gradient, c10::optional<bool> retain_graph,
          bool create_graph) {
+        if (!is_tree(self))  // Tensor.backward(x) unbound
+          throw py::type_error(std::string("treetensor: backward: self must be a tree, not ") +
+                               Py_TYPE(self.ptr())->tp_name);
         Args keep;
         std::vector<Operand> ops{keep.add(self)};
         if (!gradient.is_none()) {

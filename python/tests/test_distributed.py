@@ -37,3 +37,18 @@ def test_without_a_process_group_torch_s_error_passes_through():
     assert not dist.is_initialized()
     with pytest.raises(ValueError, match="Default process group has not been initialized"):
         tdist.all_reduce(ttorch.Tensor({"x": torch.ones(2)}))
+
+
+def test_leaves_that_share_memory_are_found_whatever_lies_between():
+    """all_reduce's check before any call (no group needed): a non-contiguous leaf reaching
+    over others hides no overlap among them; interleaved views do not overlap."""
+    import treetensor.torch as ttorch
+    from treetensor.distributed import _write_conflict
+    w = torch.zeros(10, 10)
+    for tree, want in (({"a": w[0:5], "b": w[:, 0], "c": w[2]}, "paths 'a' and 'c' share memory"),
+                       ({"a": w[0], "b": w[0]}, "paths 'a' and 'b' share memory"),
+                       ({"a": torch.ones(1).expand(4)}, "path 'a': elements of the leaf share memory"),
+                       ({"a": w[:, 0::2], "b": w[:, 1::2]}, None)):
+        leaves, spec = ttorch.tree_flatten(ttorch.Tensor(tree))
+        got = _write_conflict(spec, leaves)
+        assert (got is None) if want is None else (want in got), got

@@ -7,6 +7,7 @@ import io
 import os
 import pathlib
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -245,6 +246,18 @@ def test_a_tree_given_to_torch_save_loads_as_a_tree_by_both(tmp_path):
         assert (back["again"] == t).all()
     plain = ttorch.load(tmp_path / "t.pt", tree=False)
     assert isinstance(plain["params"], dict) and torch.equal(plain["params"]["x"]["b"], t.x.b)
+    import copy, pickle
+    for back in (pickle.loads(pickle.dumps(t)), copy.deepcopy(t), copy.copy(t)):
+        assert isinstance(back, ttorch.Tensor) and (back == t).all()
+    # The class itself is never made by a file (NEWOBJ without a state left it unmade).
+    (tmp_path / "new.pt").write_bytes(b"")
+    with zipfile.ZipFile(tmp_path / "new.pt", "w") as z:
+        z.writestr("new/data.pkl", b"\x80\x02ctreetensor._C\nTensor\n)\x81.")
+        z.writestr("new/version", "3\n")
+    with pytest.raises(pickle.UnpicklingError, match="treetensor._C.Tensor"):
+        torch.load(tmp_path / "new.pt")
+    with pytest.raises(RuntimeError, match="global 'treetensor._C.Tensor' is not allowed"):
+        ttorch.load(tmp_path / "new.pt")
 
 
 def test_file_objects_and_path_like(tmp_path):
@@ -393,6 +406,14 @@ def test_a_str_that_is_not_utf8_names_the_file_and_where(tmp_path):
         (tmp_path / "bad.pt").write_bytes(data[:at] + b"\xff" + data[at + 1:])
         with pytest.raises(UnicodeDecodeError, match=f"bad.pt: {where} is not UTF-8 \\(invalid start byte\\)"):
             ttorch.load(tmp_path / "bad.pt", tree=False)
+        with pytest.raises(UnicodeDecodeError, match=f"the file object <_io.BytesIO .*>: {where} is not"):
+            ttorch.load(io.BytesIO((tmp_path / "bad.pt").read_bytes()), tree=False)
+    torch.save({"\ud800": {"xyz": "hello"}}, tmp_path / "s.pt")  # a lone surrogate key: as torch
+    data = (tmp_path / "s.pt").read_bytes()
+    at = data.index(b"hello")
+    (tmp_path / "bad.pt").write_bytes(data[:at] + b"\xff" + data[at + 1:])
+    with pytest.raises(UnicodeDecodeError, match=r"the str at '\\xed\\xa0\\x80.xyz' is not UTF-8"):
+        ttorch.load(tmp_path / "bad.pt", tree=False)
 
 
 def test_a_hostile_pickle_is_refused_and_runs_nothing(tmp_path):

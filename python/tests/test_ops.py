@@ -387,6 +387,8 @@ def test_backward_errors_name_the_path():
         y.backward(retain_graph=True)
     with pytest.raises(TypeError, match="gradient must be a tree"):
         y.backward(5, retain_graph=True)
+    with pytest.raises(TypeError, match="backward: self must be a tree, not Tensor"):
+        ttorch.Tensor.backward(torch.ones((), requires_grad=True))
     assert t.grad.a is None  # nothing ran
     y.backward({"a": torch.ones(2), "b": {"x": torch.full((3,), 2.0)}})  # a dict is a tree here
     assert torch.equal(t.grad.a, torch.full((2,), 2.0)) and torch.equal(t.grad.b.x, torch.full((3,), 4.0))

@@ -100,7 +100,8 @@ def test_printing_layout():
 def test_meta_leaves_print_as_torch_prints_them():
     """A tree loaded with map_location='meta' prints: each leaf as torch's repr of it."""
     leaves = {"a": torch.ones(2, device="meta"), "b": torch.ones(2, 3, device="meta", dtype=torch.int64),
-              "c": torch.ones((), device="meta"), "d": torch.ones(0, device="meta", requires_grad=True)}
+              "c": torch.ones((), device="meta"), "d": torch.ones(0, device="meta", requires_grad=True),
+              "z": torch.ones(2, device="meta", dtype=torch.complex64)}
     leaves["e"] = leaves["d"] * 2
     t = ttorch.Tensor(leaves)
     for k, v in leaves.items():

@@ -298,11 +298,23 @@ def _difference(mine, theirs, rank, other):
             f"another bucket_cap_mb)")
 
 
-def _exchange(fingerprint, signature, device, group):
+def _agreement_device(group):
+    """Where the agreement's tensor lives: the CPU on a group with Gloo (alone or beside NCCL),
+    else the current CUDA device; the same on every rank whatever its arguments, so a rank
+    that refuses its own and the peers that do not still make the same call."""
+    import torch.distributed as dist
+    backend = str(dist.get_backend(group))
+    if "gloo" in backend or not _torch.cuda.is_available():
+        return _torch.device("cpu")
+    return _torch.device("cuda", _torch.cuda.current_device())
+
+
+def _exchange(fingerprint, signature, group):
     """One all_reduce (MAX of the fingerprint and of its negation: unchanged on every rank iff
     all ranks have it): None when they agree, else every rank's ``signature()``."""
     import torch.distributed as dist
-    both = _torch.tensor([fingerprint, -fingerprint], dtype=_torch.int64, device=device)
+    both = _torch.tensor([fingerprint, -fingerprint], dtype=_torch.int64,
+                         device=_agreement_device(group))
     start_all_reduce(both, dist.ReduceOp.MAX, group, exchange=False).wait()  # one: Gloo's
     if both.tolist() == [fingerprint, -fingerprint]:
         return None
@@ -314,9 +326,8 @@ def _exchange(fingerprint, signature, device, group):
 def _agree(op, spec, leaves, views, group):
     """Every rank about to make the same calls, or ValueError on every rank naming the first
     difference (nothing has moved yet)."""
-    device = leaves[0].device if leaves else _torch.device("cpu")
     signatures = _exchange(_fingerprint(op, spec, leaves, views),
-                           lambda: _signature(op, spec, leaves, views), device, group)
+                           lambda: _signature(op, spec, leaves, views), group)
     if signatures is not None:
         raise ValueError(f"treetensor.distributed.all_reduce: the ranks' trees differ: "
                          f"{_disagreement(signatures, _difference, group)}")
@@ -339,8 +350,7 @@ def _refuse(problem, group):
     if dist.is_available() and dist.is_initialized():
         text = f"{type(problem).__name__}: {problem}"
         try:
-            _exchange(_digest("refused|" + text), lambda: {"refused": text},
-                      _torch.device("cpu"), group)
+            _exchange(_digest("refused|" + text), lambda: {"refused": text}, group)
         except Exception:  # noqa: BLE001  the group's own failure: this rank's error says more
             pass
     raise problem
@@ -392,7 +402,7 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
             works.append(start_all_reduce(v, op, group, exchange=exchange))
     except BaseException as e:
         _wait_all(works)  # the calls posted before it: each rank posted the same ones
-        raise _naming(e, len(works), spec, views is leaves, views, op) from e
+        _raise_named(e, len(works), spec, views is leaves, views, op)
     if async_op:
         return works
     first = None
@@ -402,22 +412,26 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
         except BaseException as e:  # noqa: B036  the first is raised below, named
             first = first or (i, e)
     if first is not None:
-        raise _naming(first[1], first[0], spec, views is leaves, views, op) from first[1]
+        _raise_named(first[1], first[0], spec, views is leaves, views, op)
     return None
 
 
-def _naming(e, i, spec, per_leaf, views, op):
-    """The error of call `i` (a leaf, or a bucket of a consolidated tree) as its type with the
-    leaf path, dtype and op in the message (Gloo says only "Invalid scalar type")."""
-    if not isinstance(e, Exception):  # KeyboardInterrupt and the like: unchanged
-        return e
+def _raise_named(e, i, spec, per_leaf, views, op):
+    """Raises the error of call `i` (a leaf, or a bucket of a consolidated tree) as its type with
+    the leaf path, dtype and op in the message (Gloo says only "Invalid scalar type"), chained
+    to it; KeyboardInterrupt and the like, and types not built from one string, unchanged."""
+    if not isinstance(e, Exception):
+        raise e
     where = (f"leaf '{_describe(spec.paths()[i])}'" if per_leaf else
              f"bucket {i} of the consolidated buffers")
     try:
-        return type(e)(f"treetensor.distributed.all_reduce: {where} ({_dtype_text(views[i])}, "
-                       f"by {_op_name(op)}): {e}")
+        named = type(e)(f"treetensor.distributed.all_reduce: {where} ({_dtype_text(views[i])}, "
+                        f"by {_op_name(op)}): {e}")
     except Exception:  # noqa: BLE001  a type not built from one string: the original
-        return e
+        named = None
+    if named is None:
+        raise e
+    raise named from e
 
 
 def _write_conflict(spec, leaves):
@@ -436,14 +450,15 @@ def _write_conflict(spec, leaves):
         last = sum((n - 1) * st for n, st in zip(x.shape, x.stride())) * x.element_size()
         spans.append((x.data_ptr(), x.data_ptr() + last + x.element_size(), i))
     spans.sort()
-    reach = None
+    open_spans = []  # those that start before the next one and reach past its start
     for span in spans:
-        if reach is not None and span[0] < reach[1] and _same_memory(leaves[reach[2]], leaves[span[2]]):
-            a, b = sorted((reach[2], span[2]))
-            return (f"paths '{_describe(spec.paths()[a])}' and '{_describe(spec.paths()[b])}' share "
-                    f"memory; a collective that writes both would write it twice (pass one)")
-        if reach is None or span[1] > reach[1]:
-            reach = span
+        open_spans = [o for o in open_spans if o[1] > span[0]]
+        for o in open_spans:
+            if _same_memory(leaves[o[2]], leaves[span[2]]):
+                a, b = sorted((o[2], span[2]))
+                return (f"paths '{_describe(spec.paths()[a])}' and '{_describe(spec.paths()[b])}' "
+                        f"share memory; a collective that writes both would write it twice (pass one)")
+        open_spans.append(span)
     return None
 
 

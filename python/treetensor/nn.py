@@ -264,12 +264,12 @@ def _model_entries(named, aliases, buffers, settings):
               ", ".join(repr(x) for x in settings))])
 
 
-def _agree_model(entries, group, device):
+def _agree_model(entries, group):
     """Every rank consolidating the same model with the same settings (DDP's constructor checks
     its parameters' shapes across ranks too), or ValueError on every rank naming the first
     difference before anything moves: calls of other sizes would not pair (Gloo aborts the
     process on a size mismatch)."""
-    signatures = _exchange(_digest(repr(entries)), lambda: {"entries": entries}, device, group)
+    signatures = _exchange(_digest(repr(entries)), lambda: {"entries": entries}, group)
     if signatures is not None:
         raise ValueError(f"treetensor.nn.consolidate_module: the ranks' models differ: "
                          f"{_disagreement(signatures, _model_difference, group)}")
@@ -290,6 +290,19 @@ def _model_difference(mine, theirs, rank, other):
         if ours[key] != peer[key]:
             return f"{kind} '{name}': rank {rank} has {ours[key]}, rank {other} has {peer[key]}"
     return "their orders of parameters differ"
+
+
+def _refuse_assign(state_dict, prefix, metadata, below):
+    """load_state_dict(assign=True) would put new tensors in the module where its trees hold
+    consolidated views (the optimizer would train the old ones): refused before it assigns any."""
+    if metadata.get("assign_to_params_buffers", False):
+        hit = next((n for n in below if prefix + n in state_dict), None)
+        if hit is not None:
+            raise RuntimeError(
+                f"treetensor.nn: load_state_dict(assign=True) would replace '{prefix + hit}' of a "
+                f"consolidated module (its trees, and an optimizer over them, would keep the old "
+                f"tensor): nothing was loaded; load without assign=True (it copies into the "
+                f"consolidated views) or call consolidate_module again after loading")
 
 
 class ModuleTree:
@@ -325,8 +338,7 @@ class ModuleTree:
             _refuse(e, process_group)  # the peers raise too, naming it
         if process_group is not None:
             _agree_model(_model_entries(named, self.aliases, buffers, (
-                bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers)), process_group,
-                next(iter(named.values())).device if named else _torch.device("cpu"))
+                bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers)), process_group)
         trainable = {n: p for n, p in named.items() if p.requires_grad}
         frozen = {n: p for n, p in named.items() if not p.requires_grad}
         self.params, self._order = _consolidate_in_place(trainable)
@@ -371,32 +383,24 @@ class ModuleTree:
                             for i, p in enumerate(self._leaves)]
 
     def _load_hooks(self, module):
-        # load_state_dict (on the module or any submodule) runs the post hooks of each module
-        # it loads: each checks that module's own parameters.
+        # load_state_dict (on the module or any submodule) runs the pre hook of the module it
+        # was called on first: it refuses assign=True for every consolidated tensor below that
+        # module. The post hooks of each module it loads check that module's own parameters.
         index = {n: i for i, n in enumerate(self._order)}
+        consolidated = list(self._order) + [n for n, _ in self._frozen_leaves] + \
+            [name for _, _, name, _ in self._buffer_slots]
         hooks = []
         for prefix, sub in module.named_modules():
-            own = [(k, index[f"{prefix}.{k}" if prefix else k]) for k in sub._parameters
-                   if (f"{prefix}.{k}" if prefix else k) in index]
-            if own:
+            start = f"{prefix}." if prefix else ""
+            below = [n[len(start):] for n in consolidated if n.startswith(start)]
+            if below:
                 hooks.append(sub.register_load_state_dict_pre_hook(_Hook(
-                    lambda m, sd, pre, meta, *rest, own=own: self._before_load(sd, pre, meta, own))))
+                    lambda m, sd, pre, meta, *rest, below=below: _refuse_assign(sd, pre, meta, below))))
+            own = [(k, index[start + k]) for k in sub._parameters if start + k in index]
+            if own:
                 hooks.append(sub.register_load_state_dict_post_hook(
                     _Hook(lambda m, keys, own=own: self._after_load(m, own))))
         return hooks
-
-    def _before_load(self, state_dict, prefix, metadata, own):
-        # load_state_dict(assign=True) would put new Parameter objects in the module, which the
-        # trees would not train: refused before the first module of the call assigns any.
-        if metadata.get("assign_to_params_buffers", False):
-            for key, i in own:
-                if prefix + key in state_dict:
-                    raise RuntimeError(
-                        f"treetensor.nn: load_state_dict(assign=True) would replace parameter "
-                        f"'{self._order[i]}' of a consolidated module, and the optimizer would "
-                        f"train the old tensor: nothing was loaded; load without assign=True (it "
-                        f"copies into the consolidated views) or call consolidate_module again "
-                        f"after loading")
 
     def _broadcast_module_buffers(self):
         # A buffer the module replaced (assigned a new tensor, as some forwards do) is copied

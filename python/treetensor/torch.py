@@ -28,8 +28,8 @@ core.
 - ``ttorch.load(f)`` / ``ttorch.save(obj, f)``: torch.save files through treetensor's own
   allowlisted reader and writer (no pickle code runs); dicts of tensors load as trees, other
   dicts (int keys: an optimizer's state) as ``Object`` s keeping the file's key order. A tree
-  given to torch.save loads as a tree by either (torch.load's weights-only default allows
-  treetensor's tree class once this module is imported).
+  given to torch.save loads as a tree by either (it pickles as ``_tree(nested dict)``, which
+  torch.load's weights-only default allows once this module is imported).
 - Every call doing leaf work releases the GIL. Errors are Python exceptions naming the op and
   the leaf path (structure mismatches: ValueError naming the path, argument positions and key
   sets; missing keys: KeyError/AttributeError).
@@ -47,9 +47,18 @@ from .common import Object, _foreign_dict, _is_foreign_tree
 
 Tensor = _C.Tensor
 _leafwise.register_kind(_torch.Tensor, Tensor)
-# A tree pickles as Tensor.__new__ and its nested dict of tensors: torch.load's default
-# (weights_only=True) reads torch.save(tree, f) once this module is imported.
-_torch.serialization.add_safe_globals([Tensor])
+
+
+def _tree(d):
+    """A tree from its nested dict of tensors: how a tree unpickles (pickle, copy, torch.load)."""
+    return Tensor(d)
+
+
+# A tree pickles as _tree(its nested dict): made whole in one call, so torch.load's default
+# (weights_only=True) may read torch.save(tree, f) once this module is imported. Not the class
+# itself: that would let a file make Tensor.__new__'s unmade object (NEWOBJ without a state).
+Tensor.__reduce__ = lambda self: (_tree, (self.to_dict(),))
+_torch.serialization.add_safe_globals([_tree])
 
 __all__ = ["Tensor", "Size", "Object", "stream", "apply", "synchronize"]
 
@@ -1069,7 +1078,7 @@ def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
             tmp.write(f.read())
             tmp.flush()
             try:
-                obj = _C._load(tmp.name, map_location, False)
+                obj = _C._load(tmp.name, map_location, False, name=f"the file object {f!r}")
             except RuntimeError as e:  # name what the caller gave, not our copy of it
                 raise RuntimeError(str(e).replace(tmp.name, f"the file object {f!r}")) from None
     else:

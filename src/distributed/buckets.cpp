@@ -181,16 +181,22 @@ std::string write_conflict(const std::vector<tree::Path>& paths,
   }
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.first < b.first; });
-  // A sweep: each leaf against the one reaching furthest among those that start before it.
-  for (std::size_t k = 1, reach = 0; k < spans.size(); ++k) {
-    const Span &s = spans[k], &r = spans[reach];
-    if (s.first <= r.last) {
-      const auto status = at::get_overlap_status(leaves[s.leaf], leaves[r.leaf]);
-      if (status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial)
-        return "paths '" + paths[r.leaf].describe() + "' and '" + paths[s.leaf].describe() +
+  // A sweep: each leaf against every one that starts before it and reaches its start (one
+  // reaching furthest, e.g. a column, must not hide an overlap of two rows under it).
+  std::vector<const Span*> open;
+  for (const Span& s : spans) {
+    open.erase(
+        std::remove_if(open.begin(), open.end(), [&](const Span* o) { return o->last < s.first; }),
+        open.end());
+    for (const Span* o : open) {
+      const auto status = at::get_overlap_status(leaves[s.leaf], leaves[o->leaf]);
+      if (status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial) {
+        const auto [a, b] = std::minmax(o->leaf, s.leaf);
+        return "paths '" + paths[a].describe() + "' and '" + paths[b].describe() +
                "' share memory; a collective that writes both would write it twice (pass one)";
+      }
     }
-    if (s.last > r.last) reach = k;
+    open.push_back(&s);
   }
   return {};
 }

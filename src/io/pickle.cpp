@@ -43,8 +43,8 @@ const std::unordered_map<std::string, Allowed>& allowlist() {
         // torch.save's storage of the dtypes without a typed storage class (uint16, float8_*,
         // complex32, ...): bytes, with the dtype given to _rebuild_tensor_v3.
         {"torch.storage.UntypedStorage", {Global::storage_class, c10::kByte}},
-        // A tree torch.save wrote (its pickle state is its nested dict of tensors): a dict.
-        {"treetensor._C.Tensor", {Global::tree}},
+        // A tree torch.save wrote: treetensor.torch._tree(its nested dict of tensors).
+        {"treetensor.torch._tree", {Global::tree}},
     };
     for (const char* b : {"__builtin__", "builtins"}) {
       (*t)[std::string(b) + ".set"] = {Global::set};
@@ -231,7 +231,6 @@ class Reader {
 
   bool step();
   void reduce();
-  void new_tree();
   void persistent_id();
   std::uint32_t rebuild_tensor(std::uint32_t args_i, bool v3);
   void view_bits(Node& t, std::uint32_t metadata_i);
@@ -400,23 +399,11 @@ bool Reader::step() {
     case 'R':
       reduce();
       break;
-    case 0x81:  // NEWOBJ
-      new_tree();
-      break;
     case 'b': {  // BUILD: the state of an OrderedDict (its _metadata) or a Parameter is dropped
-      const std::uint32_t state = pop("BUILD");
+      pop("BUILD");
       Node& target = node(top("BUILD"));
-      if (target.kind == Kind::dict && target.tree) {  // a tree: its state is its dict
-        if (node(state).kind != Kind::dict)
-          in_.fail_at(op_at_, "BUILD of a treetensor tree with a state that is not a dict");
-        charge(sizeof(std::uint32_t) * node(state).items.size());  // a copy of its references
-        target.items = node(state).items;
-        target.tree = false;
-        break;
-      }
       if (target.kind != Kind::ordered_dict && target.kind != Kind::tensor)
-        in_.fail_at(op_at_,
-                    "BUILD on a value that is not an OrderedDict, a Parameter or a new tree");
+        in_.fail_at(op_at_, "BUILD on a value that is not an OrderedDict or a Parameter");
       break;
     }
     case 'Q':
@@ -534,23 +521,6 @@ void Reader::view_bits(Node& t, std::uint32_t metadata_i) {
   }
 }
 
-// cls.__new__(cls, *args) is allowed for treetensor's tree class only, with no arguments: an
-// empty dict its BUILD fills (pickle's protocol 2 form of a pybind11 class's py::pickle).
-void Reader::new_tree() {
-  const std::uint32_t args_i = pop("NEWOBJ"), cls_i = pop("NEWOBJ");
-  const Node& cls = node(cls_i);
-  if (cls.kind != Kind::global || cls.global != Global::tree)
-    in_.fail_at(op_at_, "NEWOBJ of '" +
-                            (cls.kind == Kind::global ? cls.s : std::string("a value")) +
-                            "' (only treetensor._C.Tensor is made so)");
-  if (node(args_i).kind != Kind::tuple || !node(args_i).items.empty())
-    in_.fail_at(op_at_, "NEWOBJ of treetensor._C.Tensor with arguments");
-  Node n;
-  n.kind = Kind::dict;
-  n.tree = true;
-  push(add(std::move(n)));
-}
-
 void Reader::reduce() {
   const std::uint32_t args_i = pop("REDUCE"), fn_i = pop("REDUCE");
   expect(fn_i, {Kind::global}, "REDUCE of a value that is not a callable global");
@@ -584,6 +554,12 @@ void Reader::reduce() {
       p.parameter = true;
       p.flag = arg(1).flag;
       push(add(std::move(p)));
+      return;
+    }
+    case Global::tree: {  // _tree(dict) is that dict (shared, not copied)
+      if (n_args != 1 || arg(0).kind != Kind::dict)
+        in_.fail_at(op_at_, "treetensor.torch._tree of a value that is not a dict");
+      push(arg_index(0));
       return;
     }
     case Global::size: {  // torch.Size(tuple) is that tuple (shared, not copied)

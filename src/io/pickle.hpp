@@ -79,7 +79,7 @@ enum class Global : std::uint8_t {
   set,
   complex,
   bytes,
-  tree  // treetensor._C.Tensor: torch.save of a tree pickles it by NEWOBJ and BUILD
+  tree  // treetensor.torch._tree: how torch.save pickles a tree (its nested dict)
 };
 
 /// One Python object of an unpickled stream (an arena entry).
@@ -87,7 +87,6 @@ struct PyNode {
   Kind kind = Kind::none;
   bool flag = false;  // bool value; tensor: requires_grad
   bool parameter = false;
-  bool tree = false;  // dict: a tree made by NEWOBJ whose state (its BUILD) is still to come
   bool conj = false, neg = false;  // tensor: torch's conjugate and negative view bits
   Global global{};
   c10::ScalarType dtype = c10::kFloat;  // dtype value, storage class, tensor dtype

@@ -255,12 +255,12 @@ std::string format_meta(const at::Tensor& t) {
 
 std::string format_tensor(const at::Tensor& t) {
   if (!t.defined()) return "None";
+  if (t.is_meta()) return format_meta(t);
   if (t.is_sparse() || at::isComplexType(t.scalar_type())) {
     std::ostringstream os;
     os << t;
     return os.str();
   }
-  if (t.is_meta()) return format_meta(t);
   const at::Tensor v = t.detach().cpu();
   std::ostringstream os;
   os << "tensor(";

@@ -361,6 +361,15 @@ void scenario_refusals(const std::string& store) {
                                              "broadcast peer of a refusing rank");
   }
   {
+    // Two overlapping rows with a column reaching over both: the column hides no overlap.
+    const at::Tensor m = at::zeros({10, 10}, at::kDouble);
+    TreeTensor rows =
+        TensorTree{{"a", m.narrow(0, 0, 5)}, {"b", m.select(1, 0)}, {"c", m.select(0, 2)}};
+    expect_throw<std::invalid_argument>([&] { dist::all_reduce(g, rows); },
+                                        {"paths 'a' and 'c' share memory"},
+                                        "overlap under a column");
+  }
+  {
     // send/recv: either side's refusal reaches the other instead of a wait for the timeout;
     // then a good pair still matches.
     const TreeTensor good = tree(0);
