@@ -405,14 +405,10 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
         _raise_named(e, len(works), spec, views is leaves, views, op)
     if async_op:
         return works
-    first = None
-    for i, w in enumerate(works):  # every one, also after one raised (as _wait_all)
-        try:
-            w.wait()
-        except BaseException as e:  # noqa: B036  the first is raised below, named
-            first = first or (i, e)
-    if first is not None:
-        _raise_named(first[1], first[0], spec, views is leaves, views, op)
+    failed = _wait_all(works)
+    if failed:
+        i, e = failed[0]
+        _raise_named(e, i, spec, views is leaves, views, op)
     return None
 
 
@@ -475,11 +471,11 @@ def _wait_all(works):
 
 def wait_each(waits):
     """Calls every wait (a work's ``wait``, a future's ``result``), also after one raised; the
-    errors, in order (the caller raises them)."""
-    errors = []
-    for wait in waits:
+    failures as (index, error), in order (the caller raises them)."""
+    failed = []
+    for i, wait in enumerate(waits):
         try:
             wait()
         except BaseException as e:  # noqa: B036  the caller raises it
-            errors.append(e)
-    return errors
+            failed.append((i, e))
+    return failed

@@ -101,8 +101,8 @@ if _torch.distributed.is_available():
     import torch.distributed.nn  # noqa: F401
 
 from . import optim
-from .distributed import (_digest, _disagreement, _exchange, _refuse, bucket_plan, buffers_of,
-                          start_all_reduce, wait_each)
+from .distributed import (_digest, _disagreement, _dtype_text, _exchange, _refuse, bucket_plan,
+                          buffers_of, start_all_reduce, wait_each)
 from .torch import Tensor, tree_flatten, zeros_like
 
 __all__ = ["ModuleTree", "consolidate_module"]
@@ -255,13 +255,21 @@ def _model_entries(named, aliases, buffers, settings):
     """What every rank's model must have alike for their broadcasts and buckets to pair: (kind,
     name, its description in words)."""
     def tensor(t):
-        return f"{str(t.dtype).replace('torch.', '')} {list(t.shape)} on {t.device.type}"
+        return f"{_dtype_text(t)} {list(t.shape)} on {t.device.type}"
     return ([("parameter", n, tensor(p) + ("" if p.requires_grad else ", frozen"))
              for n, p in named.items()] +
             [("parameter", n, f"tied to '{first}'") for n, first in aliases.items()] +
             [("buffer", n, tensor(b)) for n, b in buffers.items()] +
             [("setting", "bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers",
               ", ".join(repr(x) for x in settings))])
+
+
+def _raise_refused(problem, group):
+    """Raises this rank's `problem`; with a group, after the agreement, so the peers raise too,
+    naming it, instead of waiting for this rank's calls."""
+    if group is not None:
+        _refuse(problem, group)
+    raise problem
 
 
 def _agree_model(entries, group):
@@ -333,9 +341,7 @@ class ModuleTree:
             _check_layout([("parameter", n, t) for n, t in named.items()] +
                           [("buffer", n, t) for n, t in buffers.items()])
         except ValueError as e:
-            if process_group is None:
-                raise
-            _refuse(e, process_group)  # the peers raise too, naming it
+            _raise_refused(e, process_group)
         if process_group is not None:
             _agree_model(_model_entries(named, self.aliases, buffers, (
                 bucket_cap_mb, first_bucket_cap_mb, broadcast_buffers)), process_group)
@@ -905,7 +911,7 @@ class _EndOfBackward:
 
 def _outcomes(jobs):
     """Waits for every job; their errors, in order."""
-    return wait_each(job.result for job in jobs)
+    return [e for _, e in wait_each(job.result for job in jobs)]
 
 
 def _step_bucket(work, step, n, failed):
@@ -951,9 +957,7 @@ def consolidate_module(module, *, process_group=None, bucket_cap_mb=25, first_bu
         problem = ValueError(f"consolidate_module: bucket sizes must be positive, got "
                              f"bucket_cap_mb={bucket_cap_mb}, first_bucket_cap_mb={first_bucket_cap_mb}")
     if problem is not None:
-        if process_group is not None:
-            _refuse(problem, process_group)  # the peers raise too, instead of waiting for us
-        raise problem
+        _raise_refused(problem, process_group)
     previous = _live.get(module)
     if previous is not None:
         previous.close()
