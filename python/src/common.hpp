@@ -252,6 +252,22 @@ inline bool is_tensor(py::handle h) {
   return THPVariable_CheckExact(h.ptr()) || THPVariable_Check(h.ptr());
 }
 
+/// The dicts open on one walk over nested Python dicts (a tree, a shape tree), for its errors:
+/// the tree layer's copies, map and zip recurse once per level and are sized for 10,000
+/// levels (tree/core.hpp), and a dict that contains itself would be walked for ever.
+class OpenDicts {
+ public:
+  static constexpr std::size_t kMaxDepth = 10000;
+  /// Enters dict `h`, met at path `where` (its depth: where.size()).
+  /// @throws ValueError when `h` is already open (a cycle, naming both paths) or `where` is
+  ///         kMaxDepth levels deep.
+  void enter(py::handle h, const tree::Path& where);
+  void leave(py::handle h) { open_.erase(h.ptr()); }
+
+ private:
+  std::unordered_map<PyObject*, std::size_t> open_;  // dict -> its depth on the path
+};
+
 /// A new Python tree object owning `t`; a leaf root (a single tensor) becomes a torch.Tensor.
 py::object wrap(TreeTensor t);
 /// A tensor as its Python object: the same torch.Tensor object when one exists (PyObject

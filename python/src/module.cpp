@@ -371,29 +371,38 @@ py::object list_index(py::handle key) {
   }
 }
 
-// Deepest dict nesting taken from Python: tree::Tree's copies, map and zip recurse once per
-// level and are sized for 10,000 levels (tree/core.hpp).
-constexpr std::size_t kMaxDepth = 10000;
+// The first `depth` keys of `where`, for an error about a dict met deeper.
+std::string path_prefix(const tree::Path& where, std::size_t depth) {
+  depth = std::min(depth, where.size());
+  return tree::Path(std::vector<std::string>(where.begin(), where.begin() + depth)).describe();
+}
+
+}  // namespace
+
+void OpenDicts::enter(py::handle h, const tree::Path& where) {
+  const auto [it, fresh] = open_.emplace(h.ptr(), where.size());
+  if (!fresh)
+    throw py::value_error("treetensor: the dict at '" + where.describe() + "' is the dict at '" +
+                          path_prefix(where, it->second) +
+                          "' again (a cycle): a tree cannot contain itself");
+  if (where.size() >= kMaxDepth) {
+    open_.erase(it);
+    throw py::value_error("treetensor: dicts nested deeper than " + std::to_string(kMaxDepth) +
+                          " levels at '" + path_prefix(where, 32) + "...' (" +
+                          std::to_string(where.size()) + " keys)");
+  }
+}
+
+namespace {
 
 // One walk over a nested dict. `where` is the path of `h`, pushed and popped (never copied per
-// level: its text is made only for an error); `open` maps each dict on that path to its depth,
-// so a dict that contains itself is an error instead of an endless walk.
+// level: its text is made only for an error).
 struct DictWalk {
   tree::Path where;
-  std::unordered_map<PyObject*, std::size_t> open;
+  OpenDicts open;
 
-  std::string prefix(std::size_t depth) const {
-    return tree::Path(std::vector<std::string>(where.begin(), where.begin() + depth)).describe();
-  }
   TensorTree dict(py::handle h) {
-    const auto [it, fresh] = open.emplace(h.ptr(), where.size());
-    if (!fresh)
-      throw py::value_error("treetensor: the dict at '" + where.describe() + "' is the dict at '" +
-                            prefix(it->second) + "' again (a cycle): a tree cannot contain itself");
-    if (where.size() >= kMaxDepth)
-      throw py::value_error("treetensor: dicts nested deeper than " + std::to_string(kMaxDepth) +
-                            " levels at '" + prefix(32) + "...' (" + std::to_string(where.size()) +
-                            " keys)");
+    open.enter(h, where);
     TensorTree::Children ch;
     ch.reserve(PyDict_Size(h.ptr()));
     for (auto [k, v] : py::reinterpret_borrow<py::dict>(h)) {
@@ -406,7 +415,7 @@ struct DictWalk {
       where.pop_back();
       ch.emplace_back(std::move(key), std::move(sub));
     }
-    open.erase(h.ptr());
+    open.leave(h);
     return TensorTree::from_children(std::move(ch));
   }
   TensorTree value(py::handle h) {

@@ -113,26 +113,44 @@ std::vector<int64_t> shape_args(const py::args& a) {
   return out;
 }
 
-ShapeTree to_shapes(py::handle h, const tree::Path& at = {}) {
-  if (PyDict_Check(h.ptr())) {
+// One walk over a nested dict of shapes, as DictWalk (module.cpp) over a dict of tensors.
+struct ShapeWalk {
+  tree::Path where;
+  OpenDicts open;
+
+  ShapeTree value(py::handle h) {
+    if (PyDict_Check(h.ptr())) return dict(h);
+    if (py::object d = foreign_dict(h); !d.is_none()) return dict(d);
+    try {
+      return ShapeTree(int_list(h));
+    } catch (py::type_error&) {
+      throw py::type_error("treetensor: the shape at '" + where.describe() +
+                           "' is not a sequence of ints");
+    }
+  }
+  ShapeTree dict(py::handle h) {
+    open.enter(h, where);
     ShapeTree::Children ch;
     for (auto [k, v] : py::reinterpret_borrow<py::dict>(h)) {
       if (!PyUnicode_Check(k.ptr()))
-        throw py::type_error("treetensor: shape tree key at '" + at.describe() +
+        throw py::type_error("treetensor: shape tree key at '" + where.describe() +
                              "' is not a string");
       std::string key = k.cast<std::string>();
-      ShapeTree sub = to_shapes(v, at / key);
+      where.push_back(key);
+      ShapeTree sub = value(v);
+      where.pop_back();
       ch.emplace_back(std::move(key), std::move(sub));
     }
+    open.leave(h);
     return ShapeTree::from_children(std::move(ch));
   }
-  if (py::object d = foreign_dict(h); !d.is_none()) return to_shapes(d, at);
-  try {
-    return ShapeTree(int_list(h));
-  } catch (py::type_error&) {
-    throw py::type_error("treetensor: the shape at '" + at.describe() +
-                         "' is not a sequence of ints");
-  }
+};
+
+/// A tree of shapes from nested dicts (or foreign trees) of int sequences.
+/// @throws TypeError naming the path of a key that is not a string or a shape that is not a
+///         sequence of ints; ValueError for a dict containing itself or nested too deep.
+ShapeTree to_shapes(py::handle h) {
+  return ShapeWalk{}.value(h);
 }
 
 /// A nested dict of f(leaf) (trees of non-tensor values: shape, dtype, ...).

@@ -58,6 +58,30 @@ def test_cyclic_dict_is_a_value_error_naming_the_path():
     assert torch.equal(t.a.v, t.b.v)
 
 
+def test_shape_trees_refuse_cycles_and_depth_as_tensor_trees_do():
+    # zeros/ones/empty/full walk a dict of shapes: past 10,000 levels they ran out of stack
+    # (a segfault at 50,000) and a dict containing itself recursed for ever.
+    deep = (2,)
+    for _ in range(50000):
+        deep = {"k": deep}
+    cyclic = {"a": (2,)}
+    cyclic["s"] = {"t": cyclic}
+    for make in (ttorch.zeros, ttorch.ones, ttorch.empty, lambda d: ttorch.full(d, 2.0)):
+        with pytest.raises(ValueError, match="nested deeper than 10000 levels"):
+            make(deep)
+        with pytest.raises(ValueError, match=r"dict at 's\.t' is the dict at '<root>' again \(a cycle\)"):
+            make(cyclic)
+    ok = (2,)
+    for _ in range(9999):
+        ok = {"k": ok}
+    node = ttorch.full(ok, 2.0).to_dict()
+    while isinstance(node, dict):
+        node = node["k"]
+    assert torch.equal(node, torch.full((2,), 2.0))
+    with pytest.raises(TypeError, match="the shape at 'a.b' is not a sequence of ints"):
+        ttorch.zeros({"a": {"b": "x"}})
+
+
 def test_cyclic_dict_given_to_object_names_the_path_as_the_tensor_tree_does():
     import treetensor.common as tc
 
