@@ -167,6 +167,25 @@ TEST_P(TensorReduce, TreeLevelEqualsReductionOfAllElements) {
   EXPECT_THROW(tt::mean(ints), c10::Error);  // as at::mean of an integer tensor
 }
 
+TEST_P(TensorReduce, LowPrecisionLeavesReduceInThePromotedDtype) {
+  // As torch's reduction of torch.cat of the leaves, which promotes before reducing: a float16
+  // leaf of 70,000 ones beside a float32 one sums to 70,001, not to float16's inf (past 65504).
+  TreeTensor t{{"a", at::ones({70000}, at::kHalf)}, {"b", at::ones({1})}};
+  EXPECT_EQ(tt::sum(t).scalar_type(), at::kFloat);
+  EXPECT_EQ(tt::sum(t).item<float>(), 70001.0f);
+  TreeTensor halves{{"a", at::ones({70000}, at::kHalf)}, {"b", at::ones({3}, at::kBFloat16)}};
+  EXPECT_EQ(tt::sum(halves).item<float>(), all_elements(halves).sum().item<float>());
+  EXPECT_EQ(tt::sum(halves).item<float>(), 70003.0f);
+  // A bool leaf beside a float one is taken as float, as in torch.cat (it raised: no bool `-`).
+  TreeTensor mixed{{"a", at::tensor({1, 0}).to(at::kBool)}, {"b", at::tensor({0.5f})}};
+  EXPECT_NEAR(tt::std(mixed).item<float>(), all_elements(mixed).std().item<float>(), 1e-6);
+  EXPECT_NEAR(tt::std(mixed).item<float>(), 0.5f, 1e-6);
+  // Squares of float16 deviations are taken in float32: 300^2 is past float16's range.
+  TreeTensor wide{{"a", at::tensor({-300.0f, 300.0f}).to(at::kHalf)}, {"b", at::zeros({2})}};
+  EXPECT_TRUE(std::isfinite(tt::std(wide).item<float>()));
+  EXPECT_NEAR(tt::std(wide).item<float>(), all_elements(wide).std().item<float>(), 1e-3);
+}
+
 TEST_P(TensorReduce, NonContiguousLeaves) {
   TreeTensor base = randn_tree({{"a", {6, 4}}, {"b", {{"x", {5, 8}}}}});
   TreeTensor t = tt::transpose(base, 0, 1);

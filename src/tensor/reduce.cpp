@@ -51,18 +51,26 @@ int64_t total_numel(const TensorTree& t) {
   return n;
 }
 
-// The dtype torch.cat of the leaves would have, which mean and std need floating or complex
-// (as torch's of all elements: int64 and float32 leaves promote to float32; int64 alone fails).
-at::ScalarType require_floating(std::string_view op, const TensorTree& t) {
-  std::optional<c10::ScalarType> promoted;
-  auto take = [&](c10::ScalarType d) { promoted = promoted ? at::promoteTypes(*promoted, d) : d; };
-  if (const ConsolidatedTree* c = consolidated_source(t)) {  // the leaves have the buffers' dtypes
+// torch's promotion of f(dtype) over the leaves' dtypes (the buffers' on a consolidated tree,
+// whose leaves have them), or nullopt without leaves.
+template <class F>
+std::optional<at::ScalarType> promoted(const TensorTree& t, F f) {
+  std::optional<at::ScalarType> out;
+  auto take = [&](at::ScalarType d) { out = out ? at::promoteTypes(*out, f(d)) : f(d); };
+  if (const ConsolidatedTree* c = consolidated_source(t)) {
     for (const at::Tensor& b : c->buffers()) take(b.scalar_type());
   } else {
     for (const at::Tensor* x : tree::flatten_refs(t).leaves) take(x->scalar_type());
   }
-  if (!promoted) return at::get_default_dtype_as_scalartype();
-  if (at::isFloatingType(*promoted) || at::isComplexType(*promoted)) return *promoted;
+  return out;
+}
+
+// The dtype torch.cat of the leaves would have, which mean and std need floating or complex
+// (as torch's of all elements: int64 and float32 leaves promote to float32; int64 alone fails).
+at::ScalarType require_floating(std::string_view op, const TensorTree& t) {
+  const auto type = promoted(t, [](at::ScalarType d) { return d; });
+  if (!type) return at::get_default_dtype_as_scalartype();
+  if (at::isFloatingType(*type) || at::isComplexType(*type)) return *type;
   const auto flat = tree::flatten_refs(t);
   TORCH_CHECK(false, op, ": needs floating or complex leaves; all are integral or bool (leaf '",
               flat.spec.paths()[0].describe(), "' is ",
@@ -95,8 +103,13 @@ at::Tensor extreme(std::string_view op, const TensorTree& t, bool is_min) {
 }  // namespace
 
 at::Tensor sum(const TensorTree& t) {
-  auto s = stacked(partials("sum", t, [](const at::Tensor& x) { return x.sum(); }));
-  return s.defined() ? s.sum() : default_scalar(0.0);
+  // Each leaf summed in the result's dtype, as at::sum of torch.cat of the leaves: a float16
+  // leaf beside a float32 one is summed in float32, not to float16's inf past 65504.
+  const auto type = promoted(t, [](at::ScalarType d) {
+    return at::isIntegralType(d, /*includeBool=*/true) ? at::kLong : d;
+  });
+  if (!type) return default_scalar(0.0);
+  return stacked(partials("sum", t, [&](const at::Tensor& x) { return x.sum(*type); })).sum();
 }
 
 at::Tensor mean(const TensorTree& t) {
@@ -124,16 +137,17 @@ at::Tensor max(const TensorTree& t) {
 }
 
 at::Tensor std(const TensorTree& t, bool unbiased) {
-  require_floating("std", t);
+  const at::ScalarType type = require_floating("std", t);
   const int64_t n = total_numel(t);
   const int64_t dof = n - (unbiased ? 1 : 0);
   // No degree of freedom: NaN as torch gives it for all elements (the leaves' promoted dtype;
   // the default dtype without leaves).
   if (dof <= 0) return all_elements(t).std(unbiased);
   const at::Tensor m = mean(t);
-  // |x - m|^2: real for complex leaves too, as torch's std is
+  // |x - m|^2 in the promoted dtype (as torch's std of torch.cat of the leaves: a bool or
+  // float16 leaf beside float32 ones is taken as float32); real for complex leaves too.
   auto s = stacked(partials("std", t, [&](const at::Tensor& x) {
-    const at::Tensor d = x - m;
+    const at::Tensor d = x.to(type) - m;
     return (d.is_complex() ? d.abs() : d).square().sum();
   }));
   return (s.sum() / static_cast<double>(dof)).sqrt();
