@@ -201,6 +201,19 @@ TEST(TensorPrint, TensorReprMatchesPytorch) {
   EXPECT_EQ(tt::format_tensor(at::tensor({1e-5f, 1.0f})), "tensor([1.0000e-05, 1.0000e+00])");
   const std::string big = tt::format_tensor(at::arange(2000));
   EXPECT_TRUE(contains(big, "0,    1,    2,  ..., 1997, 1998, 1999")) << big;
+  // Complex: the real parts padded to their width, the imaginary parts signed (torch's format).
+  using cf = c10::complex<float>;
+  EXPECT_EQ(tt::format_tensor(at::tensor({cf(1, 1), cf(2, -10)})), "tensor([1.+1.j, 2.-10.j])");
+  EXPECT_EQ(tt::format_tensor(at::tensor({cf(1.5, 2), cf(-0.25, -1)}).to(at::kComplexDouble)),
+            "tensor([ 1.5000+2.j, -0.2500-1.j], dtype=torch.complex128)");
+  EXPECT_EQ(tt::format_tensor(at::scalar_tensor(c10::complex<double>(3, 4), at::kComplexFloat)),
+            "tensor(3.+4.j)");
+  // Widths from the nonzero finite elements; a summarised tensor's format from those shown.
+  EXPECT_EQ(tt::format_tensor(at::tensor({0.0f, NAN})), "tensor([0., nan])");
+  at::Tensor shown = at::arange(2000, at::kFloat);
+  shown[1000] = 0.5;
+  EXPECT_TRUE(contains(tt::format_tensor(shown), "tensor([0.0000e+00, 1.0000e+00, 2.0000e+00,  ..., "
+                                                 "1.9970e+03, 1.9980e+03,"));
 }
 
 TEST(TensorPrint, BuildingNeverFormatsTensors) {

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "treetensor/tensor/dtype.hpp"
@@ -74,24 +76,46 @@ std::string dtype_name(at::ScalarType t) {
   return "torch." + torch_dtype_name(t).value_or(c10::toString(t));
 }
 
-// How the elements of one tensor are written (PyTorch's _Formatter, simplified).
+// The elements a summarised print shows (torch's get_summarized_data): the first and last
+// kEdgeItems along every dimension longer than twice that. The formatter's mode and widths come
+// from these only, as torch's do.
+at::Tensor summarized(const at::Tensor& t) {
+  if (t.dim() == 0) return t;
+  const int64_t n = t.size(0);
+  if (t.dim() == 1)
+    return n > 2 * kEdgeItems ? at::cat({t.slice(0, 0, kEdgeItems), t.slice(0, n - kEdgeItems)})
+                              : t;
+  std::vector<at::Tensor> rows;
+  for (int64_t i = 0; i < n; ++i)
+    if (n <= 2 * kEdgeItems || i < kEdgeItems || i >= n - kEdgeItems)
+      rows.push_back(summarized(t.select(0, i)));
+  return at::stack(rows);
+}
+
+// How the elements of one tensor are written (PyTorch's _Formatter, simplified), from the
+// elements shown.
 class Formatter {
  public:
   explicit Formatter(const at::Tensor& values) : kind_(kind_of(values.scalar_type())) {
-    if (kind_ != Kind::floating || values.numel() == 0) return;
-    const at::Tensor v = values.to(at::kDouble);
-    const at::Tensor finite = v.masked_select(at::isfinite(v));
-    if (finite.numel() == 0) return;
-    const at::Tensor mag = finite.abs();
-    const double max = mag.max().item<double>();
-    const at::Tensor nonzero = mag.masked_select(mag.ne(0));
-    const double min = nonzero.numel() ? nonzero.min().item<double>() : 0.0;
-    if (at::equal(finite, finite.ceil())) {
-      int_mode_ = true;
-      sci_ = max > 1e8;
-    } else {
-      sci_ = (min > 0 && max / min > 1000.0) || max > 1e8 || (min > 0 && min < 1e-4);
+    if (kind_ == Kind::complex) {  // torch's: one formatter for the real parts, one for the imag
+      const at::Tensor z = values.to(at::kComplexDouble);
+      parts_ = std::make_shared<const std::pair<Formatter, Formatter>>(Formatter(at::real(z)),
+                                                                       Formatter(at::imag(z)));
+      return;
     }
+    if (kind_ == Kind::floating) measure_floating(values);
+  }
+
+  /// Complex cells come padded (the real part to its parts' width, as torch pads them); the
+  /// Writer pads every other kind's cells to width().
+  bool pads_itself() const { return kind_ == Kind::complex; }
+  /// torch's element width, given the widest cell: the floating formatter's width (of the
+  /// nonzero finite elements, so "nan" or "0." may be wider); a complex cell's real width +
+  /// imag width + "j"; the widest cell for the other kinds.
+  std::size_t width(std::size_t widest_cell) const {
+    if (kind_ == Kind::floating) return width_;
+    if (kind_ == Kind::complex) return parts_->first.width_ + parts_->second.width_ + 1;
+    return widest_cell;
   }
 
   std::string operator()(const at::Tensor& scalar) const {
@@ -104,6 +128,13 @@ class Formatter {
         return buf;
       case Kind::floating:
         return floating(scalar.item<double>());
+      case Kind::complex: {  // " 1.5000+2.0000j", "1.-10.j": the imag part unpadded, signed
+        const auto z = scalar.to(at::kComplexDouble).item<c10::complex<double>>();
+        const std::string re = parts_->first.floating(z.real());
+        const std::string im = parts_->second.floating(z.imag());
+        return std::string(parts_->first.width_ - std::min(parts_->first.width_, re.size()), ' ') +
+               re + (im[0] == '-' ? "" : "+") + im + "j";
+      }
       case Kind::other:
         break;
     }
@@ -113,12 +144,28 @@ class Formatter {
   }
 
  private:
-  enum class Kind { boolean, integer, floating, other };
+  enum class Kind { boolean, integer, floating, complex, other };
   static Kind kind_of(at::ScalarType t) {
     if (t == at::kBool) return Kind::boolean;
     if (at::isIntegralType(t, false)) return Kind::integer;
     if (at::isFloatingType(t)) return Kind::floating;
+    if (at::isComplexType(t)) return Kind::complex;
     return Kind::other;
+  }
+
+  // The mode (integers, fixed, scientific) and width of floating elements: torch's, from the
+  // nonzero finite ones.
+  void measure_floating(const at::Tensor& values) {
+    int_mode_ = true;
+    const at::Tensor v = values.to(at::kDouble).reshape({-1});
+    const at::Tensor nonzero = v.masked_select(at::isfinite(v) & v.ne(0)).contiguous();
+    if (nonzero.numel() == 0) return;
+    const at::Tensor mag = nonzero.abs();
+    const double max = mag.max().item<double>(), min = mag.min().item<double>();
+    int_mode_ = at::equal(nonzero, nonzero.ceil());
+    sci_ = max / min > 1000.0 || max > 1e8 || min < 1e-4;
+    const double* x = nonzero.const_data_ptr<double>();
+    for (int64_t i = 0; i < nonzero.numel(); ++i) width_ = std::max(width_, floating(x[i]).size());
   }
 
   std::string floating(double v) const {
@@ -137,6 +184,8 @@ class Formatter {
   Kind kind_;
   bool int_mode_ = false;
   bool sci_ = false;
+  std::size_t width_ = 1;  // of the widest nonzero finite floating element (torch's minimum: 1)
+  std::shared_ptr<const std::pair<Formatter, Formatter>> parts_;  // complex: real, imag
 };
 
 // The elements shown along one dimension: all of them, or the first and last kEdgeItems.
@@ -158,7 +207,9 @@ class Writer {
   Writer(const at::Tensor& t, bool summarise, const Formatter& fmt)
       : t_(t), summarise_(summarise), fmt_(fmt) {
     collect(t_);
-    for (const auto& s : cells_) width_ = std::max(width_, s.size());
+    std::size_t widest = 0;
+    for (const auto& s : cells_) widest = std::max(widest, s.size());
+    width_ = fmt_.width(widest);
   }
 
   void write(std::ostream& os, std::size_t indent) {
@@ -177,6 +228,7 @@ class Writer {
   }
 
   std::string pad(const std::string& s) const {
+    if (fmt_.pads_itself()) return s;
     return std::string(width_ - std::min(width_, s.size()), ' ') + s;
   }
 
@@ -219,8 +271,10 @@ class Writer {
   std::size_t next_ = 0;
 };
 
+// The dtypes torch's repr leaves unnamed: the default, its complex counterpart, int64, bool.
 bool default_dtype(at::ScalarType t) {
-  return t == at::typeMetaToScalarType(at::get_default_dtype()) || t == at::kLong || t == at::kBool;
+  const at::ScalarType d = at::typeMetaToScalarType(at::get_default_dtype());
+  return t == d || t == c10::toComplexType(d) || t == at::kLong || t == at::kBool;
 }
 
 }  // namespace
@@ -256,7 +310,7 @@ std::string format_meta(const at::Tensor& t) {
 std::string format_tensor(const at::Tensor& t) {
   if (!t.defined()) return "None";
   if (t.is_meta()) return format_meta(t);
-  if (t.is_sparse() || at::isComplexType(t.scalar_type())) {
+  if (t.is_sparse()) {
     std::ostringstream os;
     os << t;
     return os.str();
@@ -268,7 +322,7 @@ std::string format_tensor(const at::Tensor& t) {
     os << "[]";
   } else {
     const bool summarise = v.numel() > kThreshold;
-    const Formatter fmt(v);
+    const Formatter fmt(summarise ? summarized(v) : v);
     Writer(v, summarise, fmt).write(os, 7);
   }
   if (v.numel() == 0 && v.dim() != 1) write_size(os, t);
