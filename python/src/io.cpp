@@ -236,7 +236,9 @@ class FromPython {
   }
 
   ValueTree tensors(const TensorTree& t) {
-    if (t.is_leaf()) return ValueTree(Value(t.leaf()));
+    // A leaf's Python object (kept by torch while the tree holds the tensor) says whether it
+    // is an nn.Parameter, as a dict's value does.
+    if (t.is_leaf()) return ValueTree(leaf(wrap_tensor(t.leaf())));
     ValueTree::Children children;
     for (const auto& [key, child] : t) {
       path_.push_back(key);

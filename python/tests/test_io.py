@@ -197,7 +197,9 @@ def every_kind():
         ("frozen", torch.nn.Parameter(torch.randn(2), requires_grad=False)),
         ("views", {"row": base.view(3, 4)[1], "col": base.view(3, 4)[:, 2], "whole": base}),
         ("empty", {}),
-        ("t", ttorch.Tensor({"b": torch.randn(2), "a": {"c": torch.tensor(7)}})),
+        # a tree's Parameter leaves stay Parameters, as a dict's do (they were written as tensors)
+        ("t", ttorch.Tensor({"b": torch.randn(2), "a": {"c": torch.tensor(7)},
+                             "p": torch.nn.Parameter(torch.randn(2))})),
     ])
 
 

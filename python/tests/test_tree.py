@@ -108,6 +108,32 @@ def test_meta_leaves_print_as_torch_prints_them():
         assert f"{k} --> {v!r}" in str(t)
 
 
+def test_leaves_print_as_torch_prints_them(capfd):
+    """torch's repr of each leaf: complex leaves with a format for the real parts and one for
+    the imaginary parts (they printed LibTorch's C++ form, imaginary parts dropped), widths from
+    the nonzero finite elements ("0." beside "nan"), a summarised leaf's format from the
+    elements it shows (torch's get_summarized_data)."""
+    shown_int = torch.arange(2000.0)
+    shown_int[1000] = 0.5  # not shown: the format stays torch's
+    leaves = {"c": torch.tensor([1 + 1j, 2 - 10j]), "d": torch.tensor([1.5 + 2j, -0.25 - 1j], dtype=torch.complex128),
+              "e": torch.tensor(3 + 4j), "f": torch.tensor([float("nan") + 1j, 2.0]), "g": torch.zeros(3, dtype=torch.complex64),
+              "h": torch.tensor([0.0, float("nan")]), "i": torch.tensor([1e-6, 1.0]), "j": torch.tensor([1.0, 2000.0]),
+              "k": torch.tensor([float("inf"), 1.5]), "m": torch.tensor([0.1, 0.25], dtype=torch.float16)}
+    text = str(ttorch.Tensor(leaves))
+    for k, v in leaves.items():
+        assert f"{k} --> {v!r}" in text
+    for v in (shown_int, torch.randn(2000, dtype=torch.complex64), torch.randn(3, 4, dtype=torch.complex128)):
+        assert str(ttorch.Tensor({"x": v})).split("x --> ", 1)[1].split() == repr(v).split()
+    assert "discards the imaginary part" not in capfd.readouterr().err
+
+
+def test_tree_reductions_promote_before_reducing_as_torch_cat_does():
+    t = ttorch.Tensor({"a": torch.ones(70000, dtype=torch.float16), "b": torch.ones(1)})
+    assert t.sum().item() == torch.cat([t.a, t.b]).sum().item() == 70001  # not float16's inf
+    m = ttorch.Tensor({"a": torch.tensor([True, False]), "b": torch.tensor([0.5])})
+    assert torch.allclose(m.std(), torch.cat([m.a, m.b]).std())  # a bool leaf taken as float
+
+
 def test_dict_round_trip_keeps_objects():
     d = sample()
     t = ttorch.Tensor(d)
