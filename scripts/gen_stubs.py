@@ -103,8 +103,9 @@ def with_doc(line, doc, indent):
 
 
 def function(name, obj, indent="", method=False):
-    if inspect.isbuiltin(obj) or type(obj).__name__ == "instancemethod":
-        line, doc = pybind_def(name, obj.__doc__, method)
+    binding = getattr(obj, "__wrapped__", obj)  # a Python wrapper's binding (torch.py's _inheriting)
+    if inspect.isbuiltin(binding) or type(binding).__name__ == "instancemethod":
+        line, doc = pybind_def(name, binding.__doc__, method)
     else:
         line, doc = python_def(name, obj)
     return with_doc(line, doc, indent)

@@ -330,6 +330,15 @@ def test_a_leaf_broadcasts_into_a_subtree():
     dicts_equal(ttorch.mul(t, tv), {"a": d["a"] * v["a"], "b": {"x": d["b"]["x"] * v["b"], "y": d["b"]["y"] * v["b"]}})
     with pytest.raises(ValueError, match="argument 0 has keys"):
         t + ttorch.Tensor({"a": torch.ones(1), "c": torch.ones(1)})
+    # the method forms as the functions (t.add(tv) refused what t + tv and ttorch.add took)
+    at_b = lambda fn: {"a": fn(d["a"], v["a"]), "b": {k: fn(d["b"][k], v["b"]) for k in ("x", "y")}}  # noqa: E731
+    for name in ("add", "sub", "mul", "div", "pow", "eq", "ne", "lt", "le", "gt", "ge", "maximum", "atan2",
+                 "remainder", "fmod"):
+        dicts_equal(getattr(t, name)(tv), at_b(getattr(torch, name)))
+    dicts_equal(t.add(tv, alpha=2), at_b(lambda x, y: torch.add(x, y, alpha=2)))
+    dicts_equal(tv.sub(t), {"a": v["a"] - d["a"], "b": {k: v["b"] - d["b"][k] for k in ("x", "y")}})
+    with pytest.raises(ValueError, match="argument 0 has keys"):
+        t.add(ttorch.Tensor({"a": torch.ones(1), "c": torch.ones(1)}))
 
 
 def test_in_place_a_leaf_broadcasts_into_the_targets_subtree():

@@ -397,8 +397,7 @@ def _inheriting(cpp, fallback, name):
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = getattr(cpp, "__doc__", None)
-    if isinstance(cpp, _types.FunctionType):
-        f.__wrapped__ = cpp  # its signature (inspect, the stubs)
+    f.__wrapped__ = cpp  # its signature (inspect; the stubs read a binding's from its docstring)
     return f
 
 
@@ -522,6 +521,8 @@ for _name in ["add_", "sub_", "copy_"] + [
     setattr(Tensor, _name, _inheriting_inplace(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
 for _name in ("add", "sub") + _ops.BINARY_SCALAR + _ops.BINARY_TENSOR + _ops.BLAS:
     globals()[_name] = _inheriting(getattr(_C, _name), getattr(_torch, _name), _name)
+    # the method form (t.add(u)) as the function and the operator
+    setattr(Tensor, _name, _inheriting(getattr(Tensor, _name), getattr(_torch.Tensor, _name), _name))
 for _name in _ops.TERNARY_VALUE + _ops.BINARY_WEIGHT:
     globals()[_name] = _inheriting(globals()[_name], getattr(_torch, _name), _name)
 # methods taking more trees than self

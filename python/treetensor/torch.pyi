@@ -414,8 +414,7 @@ class Size(Object):
 def abs_(*args, **kwargs):
     """``abs_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.abs_ on every leaf; without a tree argument, the function itself."""
 
-def add(*args, **kwargs):
-    """add(input: object, other: object, *, alpha: number = 1) -> object"""
+def add(input: Any, other: Any, *, alpha: _Number = ...) -> Any: ...
 
 def addcdiv(input, tensor1, tensor2, *, value=...):
     """addcdiv(input: object, tensor1: object, tensor2: object, *, value: number = 1) -> object
@@ -438,25 +437,17 @@ def any(input, *args, **kwargs):
 def as_tensor(data, dtype=..., device=...):
     """A tree sharing the leaves that already have dtype and device (torch.as_tensor)."""
 
-def atan2(*args, **kwargs):
-    """atan2(input: object, other: object) -> object
+def atan2(input: Any, other: Any) -> Any:
+    """atan2(a, b): arctangent of a / b in the quadrant of (b, a), leaf-wise (torch.atan2 without a tree)."""
 
-    atan2(a, b): arctangent of a / b in the quadrant of (b, a), leaf-wise (torch.atan2 without a tree)."""
+def bitwise_and(input: Any, other: Any) -> Any:
+    """bitwise_and(a, b): a & b on integer and bool tensors, leaf-wise (torch.bitwise_and without a tree)."""
 
-def bitwise_and(*args, **kwargs):
-    """bitwise_and(input: object, other: object) -> object
+def bitwise_or(input: Any, other: Any) -> Any:
+    """bitwise_or(a, b): a | b on integer and bool tensors, leaf-wise (torch.bitwise_or without a tree)."""
 
-    bitwise_and(a, b): a & b on integer and bool tensors, leaf-wise (torch.bitwise_and without a tree)."""
-
-def bitwise_or(*args, **kwargs):
-    """bitwise_or(input: object, other: object) -> object
-
-    bitwise_or(a, b): a | b on integer and bool tensors, leaf-wise (torch.bitwise_or without a tree)."""
-
-def bitwise_xor(*args, **kwargs):
-    """bitwise_xor(input: object, other: object) -> object
-
-    bitwise_xor(a, b): a ^ b on integer and bool tensors, leaf-wise (torch.bitwise_xor without a tree)."""
+def bitwise_xor(input: Any, other: Any) -> Any:
+    """bitwise_xor(a, b): a ^ b on integer and bool tensors, leaf-wise (torch.bitwise_xor without a tree)."""
 
 def cat(tensors, dim=...):
     """Leaf p of the result is torch.cat of leaf p of every tree; a tensor among them, or a
@@ -492,15 +483,11 @@ def detach_(*args, **kwargs):
 def dist(*args, **kwargs):
     """``dist`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.dist on every leaf; without a tree argument, the function itself."""
 
-def div(*args, **kwargs):
-    """div(input: object, other: object) -> object
+def div(input: Any, other: Any) -> Any:
+    """div(a, b): a / b (true division), leaf-wise (torch.div without a tree)."""
 
-    div(a, b): a / b (true division), leaf-wise (torch.div without a tree)."""
-
-def dot(*args, **kwargs):
-    """dot(input: object, other: object) -> object
-
-    dot(a, b): dot product of 1-D leaves (at::dot), leaf-wise (torch.dot without a tree)."""
+def dot(input: Any, other: Any) -> Any:
+    """dot(a, b): dot product of 1-D leaves (at::dot), leaf-wise (torch.dot without a tree)."""
 
 def empty(*args, **kwargs):
     """``empty(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a tree of torch.empty leaves (DI-treetensor); plain torch.empty otherwise."""
@@ -508,10 +495,8 @@ def empty(*args, **kwargs):
 def empty_like(input, *args, **kwargs):
     """Leaf-wise torch.empty_like over a tree (structure and leaf shapes kept)."""
 
-def eq(*args, **kwargs):
-    """eq(input: object, other: object) -> object
-
-    eq(a, b): a == b (bool), leaf-wise (torch.eq without a tree)."""
+def eq(input: Any, other: Any) -> Any:
+    """eq(a, b): a == b (bool), leaf-wise (torch.eq without a tree)."""
 
 def equal(input, other):
     """True when both trees have the same structure and every leaf pair is equal."""
@@ -531,10 +516,8 @@ def floor_(*args, **kwargs):
 def floor_divide(input, *args, **kwargs):
     """Leaf-wise / tree-level ``floor_divide`` (see Tensor.floor_divide); torch.floor_divide without a tree."""
 
-def fmod(*args, **kwargs):
-    """fmod(input: object, other: object) -> object
-
-    fmod(a, b): a mod b with the sign of a (C's fmod), leaf-wise (torch.fmod without a tree)."""
+def fmod(input: Any, other: Any) -> Any:
+    """fmod(a, b): a mod b with the sign of a (C's fmod), leaf-wise (torch.fmod without a tree)."""
 
 def full(size, fill_value, **kwargs):
     """A tree of torch.full leaves from a tree of shapes."""
@@ -542,15 +525,11 @@ def full(size, fill_value, **kwargs):
 def full_like(input, *args, **kwargs):
     """Leaf-wise torch.full_like over a tree (structure and leaf shapes kept)."""
 
-def ge(*args, **kwargs):
-    """ge(input: object, other: object) -> object
+def ge(input: Any, other: Any) -> Any:
+    """ge(a, b): a >= b (bool), leaf-wise (torch.ge without a tree)."""
 
-    ge(a, b): a >= b (bool), leaf-wise (torch.ge without a tree)."""
-
-def gt(*args, **kwargs):
-    """gt(input: object, other: object) -> object
-
-    gt(a, b): a > b (bool), leaf-wise (torch.gt without a tree)."""
+def gt(input: Any, other: Any) -> Any:
+    """gt(a, b): a > b (bool), leaf-wise (torch.gt without a tree)."""
 
 def index_select(input, *args, **kwargs):
     """Leaf-wise / tree-level ``index_select`` (see Tensor.index_select); torch.index_select without a tree."""
@@ -558,10 +537,8 @@ def index_select(input, *args, **kwargs):
 def isclose(input, *args, **kwargs):
     """Leaf-wise / tree-level ``isclose`` (see Tensor.isclose); torch.isclose without a tree."""
 
-def le(*args, **kwargs):
-    """le(input: object, other: object) -> object
-
-    le(a, b): a <= b (bool), leaf-wise (torch.le without a tree)."""
+def le(input: Any, other: Any) -> Any:
+    """le(a, b): a <= b (bool), leaf-wise (torch.le without a tree)."""
 
 def lerp(input, end, weight):
     """lerp(input: object, end: object, weight: number) -> object
@@ -602,41 +579,29 @@ def log2_(*args, **kwargs):
 def log_(*args, **kwargs):
     """``log_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.log_ on every leaf; without a tree argument, the function itself."""
 
-def logical_and(*args, **kwargs):
-    """logical_and(input: object, other: object) -> object
+def logical_and(input: Any, other: Any) -> Any:
+    """logical_and(a, b): a && b (bool), leaf-wise (torch.logical_and without a tree)."""
 
-    logical_and(a, b): a && b (bool), leaf-wise (torch.logical_and without a tree)."""
+def logical_or(input: Any, other: Any) -> Any:
+    """logical_or(a, b): a || b (bool), leaf-wise (torch.logical_or without a tree)."""
 
-def logical_or(*args, **kwargs):
-    """logical_or(input: object, other: object) -> object
+def logical_xor(input: Any, other: Any) -> Any:
+    """logical_xor(a, b): a != b as truth values (bool), leaf-wise (torch.logical_xor without a tree)."""
 
-    logical_or(a, b): a || b (bool), leaf-wise (torch.logical_or without a tree)."""
-
-def logical_xor(*args, **kwargs):
-    """logical_xor(input: object, other: object) -> object
-
-    logical_xor(a, b): a != b as truth values (bool), leaf-wise (torch.logical_xor without a tree)."""
-
-def lt(*args, **kwargs):
-    """lt(input: object, other: object) -> object
-
-    lt(a, b): a < b (bool), leaf-wise (torch.lt without a tree)."""
+def lt(input: Any, other: Any) -> Any:
+    """lt(a, b): a < b (bool), leaf-wise (torch.lt without a tree)."""
 
 def masked_select(input, *args, **kwargs):
     """Leaf-wise / tree-level ``masked_select`` (see Tensor.masked_select); torch.masked_select without a tree."""
 
-def matmul(*args, **kwargs):
-    """matmul(input: object, other: object) -> object
-
-    matmul(a, b): matrix product a @ b (at::matmul; 1-D, 2-D and batched leaves), leaf-wise (torch.matmul without a tree)."""
+def matmul(input: Any, other: Any) -> Any:
+    """matmul(a, b): matrix product a @ b (at::matmul; 1-D, 2-D and batched leaves), leaf-wise (torch.matmul without a tree)."""
 
 def max(input, *args, **kwargs):
     """Leaf-wise / tree-level ``max`` (see Tensor.max); torch.max without a tree."""
 
-def maximum(*args, **kwargs):
-    """maximum(input: object, other: object) -> object
-
-    maximum(a, b): element-wise max(a, b), NaN-propagating, leaf-wise (torch.maximum without a tree)."""
+def maximum(input: Any, other: Any) -> Any:
+    """maximum(a, b): element-wise max(a, b), NaN-propagating, leaf-wise (torch.maximum without a tree)."""
 
 def mean(input, *args, **kwargs):
     """Leaf-wise / tree-level ``mean`` (see Tensor.mean); torch.mean without a tree."""
@@ -644,25 +609,17 @@ def mean(input, *args, **kwargs):
 def min(input, *args, **kwargs):
     """Leaf-wise / tree-level ``min`` (see Tensor.min); torch.min without a tree."""
 
-def minimum(*args, **kwargs):
-    """minimum(input: object, other: object) -> object
+def minimum(input: Any, other: Any) -> Any:
+    """minimum(a, b): element-wise min(a, b), NaN-propagating, leaf-wise (torch.minimum without a tree)."""
 
-    minimum(a, b): element-wise min(a, b), NaN-propagating, leaf-wise (torch.minimum without a tree)."""
+def mm(input: Any, other: Any) -> Any:
+    """mm(a, b): matrix product of 2-D leaves (at::mm), leaf-wise (torch.mm without a tree)."""
 
-def mm(*args, **kwargs):
-    """mm(input: object, other: object) -> object
+def mul(input: Any, other: Any) -> Any:
+    """mul(a, b): a * b, leaf-wise (torch.mul without a tree)."""
 
-    mm(a, b): matrix product of 2-D leaves (at::mm), leaf-wise (torch.mm without a tree)."""
-
-def mul(*args, **kwargs):
-    """mul(input: object, other: object) -> object
-
-    mul(a, b): a * b, leaf-wise (torch.mul without a tree)."""
-
-def ne(*args, **kwargs):
-    """ne(input: object, other: object) -> object
-
-    ne(a, b): a != b (bool), leaf-wise (torch.ne without a tree)."""
+def ne(input: Any, other: Any) -> Any:
+    """ne(a, b): a != b (bool), leaf-wise (torch.ne without a tree)."""
 
 def neg_(*args, **kwargs):
     """``neg_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.neg_ on every leaf; without a tree argument, the function itself."""
@@ -683,10 +640,8 @@ def ones_like(input, *args, **kwargs):
 def permute(input, *args, **kwargs):
     """Leaf-wise / tree-level ``permute`` (see Tensor.permute); torch.permute without a tree."""
 
-def pow(*args, **kwargs):
-    """pow(input: object, other: object) -> object
-
-    pow(a, b): a^b, leaf-wise (torch.pow without a tree)."""
+def pow(input: Any, other: Any) -> Any:
+    """pow(a, b): a^b, leaf-wise (torch.pow without a tree)."""
 
 def rand(*args, **kwargs):
     """``rand(tree_of_shapes, *, generator=None, dtype=None, device=None, requires_grad=False)``: a tree of torch.rand leaves made in sorted-key order (after torch.manual_seed, the values of torch.rand calls in that order, as DI-treetensor); plain torch.rand otherwise."""
@@ -709,10 +664,8 @@ def randn(*args, **kwargs):
 def randn_like(input, *args, **kwargs):
     """Leaf-wise torch.randn_like over a tree, one call per leaf in sorted-key order (DI-treetensor's values after torch.manual_seed; generator= as torch's)."""
 
-def remainder(*args, **kwargs):
-    """remainder(input: object, other: object) -> object
-
-    remainder(a, b): a mod b with the sign of b (Python's %), leaf-wise (torch.remainder without a tree)."""
+def remainder(input: Any, other: Any) -> Any:
+    """remainder(a, b): a mod b with the sign of b (Python's %), leaf-wise (torch.remainder without a tree)."""
 
 def reshape(input, *args, **kwargs):
     """Leaf-wise / tree-level ``reshape`` (see Tensor.reshape); torch.reshape without a tree."""
@@ -778,8 +731,7 @@ def stream_call(func, *args, **kwargs):
     caller's current stream: tree calls already spread their leaves over lanes, each lane with
     its own stream and the waits that make that safe (DESIGN.md §7, §15)."""
 
-def sub(*args, **kwargs):
-    """sub(input: object, other: object, *, alpha: number = 1) -> object"""
+def sub(input: Any, other: Any, *, alpha: _Number = ...) -> Any: ...
 
 def sum(input, *args, **kwargs):
     """Leaf-wise / tree-level ``sum`` (see Tensor.sum); torch.sum without a tree."""
@@ -802,8 +754,7 @@ def view(input, *args, **kwargs):
 def vmap(func, *args, **kwargs):
     """torch.vmap(func, ...) applied to every leaf of its tree arguments (DI-treetensor)."""
 
-def where(*args, **kwargs):
-    """where(condition: object, input: object, other: object) -> object"""
+def where(condition: Any, input: Any, other: Any) -> Any: ...
 
 def zeros(*args, **kwargs):
     """``zeros(tree_of_shapes, *, dtype=None, device=None, requires_grad=False)``: a tree of torch.zeros leaves (DI-treetensor); plain torch.zeros otherwise."""
