@@ -793,6 +793,12 @@ released while leaf work runs.)");
       },
       "(key, child) pairs in key order.");
   cls.def("__iter__", [](py::handle self) { return py::iter(self.attr("keys")()); });
+  // The keys backwards (DI-treetensor's); without it Python would index the leaves by ints.
+  cls.def("__reversed__", [](py::handle self) {
+    py::list keys(self.attr("keys")());
+    keys.attr("reverse")();
+    return py::iter(keys);
+  });
   // numpy must not take a tree for a sequence of its keys (np.asarray(t) would be the keys'
   // names), and defers to the tree's reflected operators (np.float32(2) * t, array + t).
   cls.def("__array__", [](const PyTree& self, py::args, py::kwargs) -> py::object {

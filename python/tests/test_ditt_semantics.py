@@ -700,3 +700,10 @@ def test_setitem_with_a_tree_mask_and_numpy_trees_back_to_tensor_trees():
     assert torch.equal(ttorch.as_tensor(t.numpy()).b.x, t.b.x)
     assert (abs(a) == tnp.array({"a": np.array([1, 2]), "b": {"x": np.array([3.5])}})).all()
     assert abs(tc.Object({"k": -2})) == tc.Object({"k": 2})
+
+
+def test_reversed_goes_over_the_keys_backwards():
+    """As DI-treetensor's: the iteration order backwards (it indexed the leaves by ints)."""
+    t = ttorch.Tensor({"a": torch.arange(3.0), "c": torch.ones(2), "b": torch.zeros(1)})
+    for tree in (t, tc.Object({"a": 1, "c": 2, "b": 3}), tnp.array({"a": [1], "c": [2], "b": [3]})):
+        assert list(reversed(tree)) == list(tree)[::-1] == ["c", "b", "a"]

@@ -141,6 +141,9 @@ class Object:
     def __iter__(self):
         return iter(self.keys())
 
+    def __reversed__(self):
+        return reversed(self.keys())
+
     def __len__(self):
         return len(self._d)
 
