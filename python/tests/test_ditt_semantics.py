@@ -707,3 +707,13 @@ def test_reversed_goes_over_the_keys_backwards():
     t = ttorch.Tensor({"a": torch.arange(3.0), "c": torch.ones(2), "b": torch.zeros(1)})
     for tree in (t, tc.Object({"a": 1, "c": 2, "b": 3}), tnp.array({"a": [1], "c": [2], "b": [3]})):
         assert list(reversed(tree)) == list(tree)[::-1] == ["c", "b", "a"]
+
+
+def test_numpy_trees_without_leaves_stay_numpy_trees():
+    """tnp's functions and methods give an ndarray tree without leaves too (DI-treetensor's);
+    a tensor tree came back, whose later calls followed torch's rules."""
+    empty = tnp.array({"a": {}})
+    for r in (tnp.array({}), tnp.zeros({}), tnp.ones({"a": {}}), empty, tnp.stack([empty, empty]),
+              empty.copy(), tnp.sqrt(empty), empty[0:1]):
+        assert type(r) is tnp.ndarray, type(r)
+    assert tnp.array({"a": {}}).to_dict() == {"a": {}} and tnp.array({}).to_dict() == {}

@@ -215,15 +215,16 @@ def _more_trees(args, kwargs, subside):
     return False
 
 
-def treelized(fn, name, subside=False, inplace=False):
+def treelized(fn, name, subside=False, inplace=False, empty=_Tree):
     """fn leaf-wise: f(*args, **kwargs) gives fn's own result without tree arguments, else the
-    tree of leaf results (wrap); an in-place name (`abs_`) returns its first tree argument."""
+    tree of leaf results (wrap; `empty(d)` a result without leaves); an in-place name (`abs_`)
+    returns its first tree argument."""
     def f(*args, **kwargs):
         if args and type(args[0]) is _Tree and (len(args) == 1 and not kwargs
                                                 or not _more_trees(args, kwargs, subside)):
             # one tree, first: the leaf loop in C++ (Tensor._leaf_call), a tree back directly
             r = args[0]._leaf_call(fn, args[1:], kwargs, name)
-            return args[0] if inplace else wrap(r)
+            return args[0] if inplace else wrap(r, empty=empty)
         r, is_tree = call(fn, args, kwargs, name, subside)
         if not is_tree:
             return r
@@ -231,7 +232,7 @@ def treelized(fn, name, subside=False, inplace=False):
             for a in args:
                 if tree_dict(a) is not None:
                     return a
-        return wrap(r)
+        return wrap(r, empty=empty)
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = (f"``{name}`` leaf-wise over trees (DI-treetensor's fallback to torch): "

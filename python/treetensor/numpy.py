@@ -39,7 +39,7 @@ class ndarray(Object):
         if not callable(attr):
             return _leafwise.wrap(_leafwise.call(lambda x: getattr(x, name), (self,), {}, name)[0],
                                   rise=False)
-        f = _leafwise.treelized(attr, name, inplace=name.endswith("_"))
+        f = _leafwise.treelized(attr, name, inplace=name.endswith("_"), empty=ndarray)
         return lambda *args, **kwargs: _as_ndarray(f(self, *args, **kwargs))
 
     def __getitem__(self, index):
@@ -48,7 +48,7 @@ class ndarray(Object):
         if isinstance(index, str):
             return self._child(index)
         return _as_ndarray(_leafwise.wrap(_leafwise.call(_operator.getitem, (self, index), {},
-                                                         "index")[0]))
+                                                         "index")[0], empty=ndarray))
 
     def __setitem__(self, index, value):
         """``a['k'] = v`` sets the child ``k``; any other index writes numpy's ``leaf[index] =
@@ -120,7 +120,8 @@ def _tree(x):
 
 
 def _function(np_fn, name, subside=False, as_ndarray=True):
-    f = _leafwise.treelized(np_fn, name, subside=subside)
+    # a tree without leaves is an ndarray tree too (wrap would make it a tensor tree)
+    f = _leafwise.treelized(np_fn, name, subside=subside, empty=ndarray)
 
     def g(*args, **kwargs):
         r = f(*[_tree(a) for a in args], **kwargs)
