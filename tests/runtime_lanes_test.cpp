@@ -20,6 +20,7 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -190,6 +191,30 @@ TEST_P(Lanes, InferenceModeAutocastAndStreamModeAreCarried) {
     EXPECT_EQ(autocast[i], 1) << "leaf " << i;
     EXPECT_EQ(modes[i], rt::StreamMode::of(lanes())) << "leaf " << i;
   }
+}
+
+// c10's warning handler is per thread: a leaf's warning reaches the caller's handler (Python's
+// makes it a Python warning) from whichever lane ran it, one at a time.
+TEST_P(Lanes, LeafWarningsReachTheCallersHandlerOneAtATime) {
+  struct Count final : c10::WarningHandler {
+    void process(const c10::Warning& w) override {
+      EXPECT_EQ(inside.fetch_add(1), 0) << "two warnings at once";
+      std::this_thread::sleep_for(20us);
+      messages.insert(w.msg());
+      inside.fetch_sub(1);
+    }
+    std::atomic<int> inside{0};
+    std::set<std::string> messages;  // touched one at a time, or the test fails above
+  } count;
+  with_watchdog(20s, [&] {
+    rt::StreamGuard guard(lanes());
+    c10::WarningUtils::WarningHandlerGuard handler(&count);
+    run_leaves("warn", 32, [&](std::size_t i) {
+      std::this_thread::sleep_for(50us);  // let workers take part
+      TORCH_WARN("leaf ", i);
+    });
+  });
+  EXPECT_EQ(count.messages.size(), 32u);  // every leaf's, none to stderr
 }
 
 TEST_P(Lanes, LeavesRunWithOneIntraOpAndOneBlasThreadRestoredAfterwards) {

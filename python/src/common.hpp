@@ -17,8 +17,10 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -328,11 +330,44 @@ class CallPins {
   std::size_t count_ = 0;
 };
 
+/// The c10 warnings a tree call raises (on the calling thread, and on its lanes, which the
+/// runtime forwards to it), made Python warnings when the call is done, as torch's bindings
+/// make theirs (torch::PyWarningHandler): `warnings` filters, -W error and pytest.warns see
+/// them. Made and destroyed with the GIL held, around the GIL-released call.
+class PythonWarnings {
+ public:
+  PythonWarnings() : previous_(c10::WarningUtils::get_warning_handler()) {
+    c10::WarningUtils::set_warning_handler(&caught_);
+  }
+  /// Issues the caught warnings (UserWarning or DeprecationWarning, as torch's).
+  /// @throws py::error_already_set when a filter makes one an error, unless an exception is
+  ///         already leaving the call (it then wins, as torch's handler does).
+  ~PythonWarnings() noexcept(false);
+  PythonWarnings(const PythonWarnings&) = delete;
+  PythonWarnings& operator=(const PythonWarnings&) = delete;
+
+ private:
+  // c10's handler interface has a noexcept destructor; the issuing one above may throw.
+  struct Caught final : c10::WarningHandler {
+    void process(const c10::Warning& warning) override {
+      const std::lock_guard lock(m);
+      warnings.push_back(warning);
+    }
+    std::mutex m;  // lanes forward one at a time, but the caller's own leaves run beside them
+    std::vector<c10::Warning> warnings;
+  };
+  c10::WarningHandler* const previous_;
+  const int unwinding_ = std::uncaught_exceptions();
+  Caught caught_;
+};
+
 /// Runs f with the GIL released (every tree call doing leaf work goes through this). The trees
-/// whose nodes the call was given keep their keys meanwhile (Root::users).
+/// whose nodes the call was given keep their keys meanwhile (Root::users); its c10 warnings
+/// become Python warnings after it.
 template <class F>
 decltype(auto) nogil(F&& f) {
   const CallPins pins;
+  const PythonWarnings warnings;
   py::gil_scoped_release release;
   return f();
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "common.hpp"
@@ -282,6 +283,25 @@ void pin_next_call(const std::shared_ptr<Root>& root) {
     return;
   if (pins.size() == kMaxPins) pins.erase(pins.begin());
   pins.push_back({root, root->version});
+}
+
+PythonWarnings::~PythonWarnings() noexcept(false) {
+  c10::WarningUtils::set_warning_handler(previous_);
+  for (const c10::Warning& w : caught_.warnings) {
+    PyObject* category = std::holds_alternative<c10::DeprecationWarning>(w.type())
+                             ? PyExc_DeprecationWarning
+                             : PyExc_UserWarning;
+    std::string text = w.msg();
+    if (!w.verbatim())  // as torch words it
+      text += " (Triggered internally at " + std::string(w.source_location().file) + ":" +
+              std::to_string(w.source_location().line) + ".)";
+    if (PyErr_WarnEx(category, text.c_str(), 1) == 0) continue;
+    if (std::uncaught_exceptions() > unwinding_) {
+      PyErr_Clear();
+      continue;
+    }
+    throw py::error_already_set();
+  }
 }
 
 CallPins::CallPins() {

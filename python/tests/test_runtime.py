@@ -1,6 +1,7 @@
 """stream(n), asyncs threads, apply with Python callbacks, Python threads, GIL release, Ctrl-C."""
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -143,6 +144,22 @@ def test_four_python_threads_at_once():
         t.join(120)
     assert not any(t.is_alive() for t in threads)
     assert errors == []
+
+
+@pytest.mark.parametrize("mode", [1, 2, "auto"])
+def test_torch_warnings_of_tree_calls_are_python_warnings(mode):
+    """A leaf's torch warning, on whichever lane, is a Python warning after the call (as torch's
+    own calls make theirs): filters, -W error and pytest.warns see it; it went to stderr."""
+    t = ttorch.Tensor({f"k{i}": torch.tensor([float(i)]) for i in range(16)})
+    with ttorch.stream(mode):
+        with pytest.warns(UserWarning, match="degrees of freedom is <= 0") as caught:
+            r = t.std(dim=0)
+        assert len([w for w in caught if "degrees of freedom" in str(w.message)]) == 16
+        assert all(torch.isnan(r[k]) for k in r.keys())  # the call's result stands
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(UserWarning, match="degrees of freedom"):
+                t.std(dim=0)
 
 
 def test_gil_released_during_long_tree_call():

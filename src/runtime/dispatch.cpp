@@ -13,6 +13,7 @@
 #include "treetensor/runtime/stream.hpp"
 
 #include <ATen/ThreadLocalState.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <array>
@@ -54,6 +55,22 @@ void rethrow_leaf_errors(const LeafCall& call,
                        std::string(call.op) + " at leaf '" + call.label(errors.front().first) + "'",
                        others);
 }
+
+// A c10 warning a leaf raises on a lane goes to the caller's warning handler (Python's makes
+// it a Python warning), one at a time: c10's handler is per thread, and the caller's need not
+// be thread-safe.
+class ForwardWarnings final : public c10::WarningHandler {
+ public:
+  ForwardWarnings() : to_(c10::WarningUtils::get_warning_handler()) {}
+  void process(const c10::Warning& warning) override {
+    const std::lock_guard lock(m_);
+    to_->process(warning);
+  }
+
+ private:
+  c10::WarningHandler* const to_;
+  std::mutex m_;
+};
 
 void LeafErrors::rethrow_if_any(const LeafCall& call) const {
   if (!any_.load(std::memory_order_relaxed)) return;
@@ -119,6 +136,7 @@ class LeafBatch final : public detail::Batch {
 
   // Caller side: claims pieces until none is left, on the caller's own stream.
   void run_own_share() {
+    const c10::WarningUtils::WarningHandlerGuard forward(&warnings_);
     std::size_t piece = 0, ran = 0;
     while (claim(piece)) {
       run_piece(piece);
@@ -137,6 +155,7 @@ class LeafBatch final : public detail::Batch {
     bool set_up = false;
     try {
       at::ThreadLocalStateGuard tls(tls_);
+      const c10::WarningUtils::WarningHandlerGuard forward(&warnings_);
       detail::ThreadModeScope mode(mode_);
       std::optional<detail::LaneStreams> streams;
       if (streams_) streams.emplace(*streams_, lane);
@@ -184,6 +203,7 @@ class LeafBatch final : public detail::Batch {
   const std::vector<std::size_t> bounds_;
   LeafErrors errors_;
   const at::ThreadLocalState tls_;  // captured on the caller: grad/inference mode, autocast, ...
+  ForwardWarnings warnings_;         // to the caller's handler, captured on the caller
   const StreamMode mode_;
   detail::CallerStreams* const streams_;
   std::atomic<bool> lane_failed_{false};
