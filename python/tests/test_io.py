@@ -303,6 +303,8 @@ def test_bad_arguments():
         ttorch.load(io.BytesIO(b""), mmap=True)
     with pytest.raises(RuntimeError, match=r"^the file object <_io\.BytesIO .*>: at byte 0: neither"):
         ttorch.load(io.BytesIO(b"garbage"))  # not the temporary copy's name
+    with pytest.raises(RuntimeError, match=r"^the file object <_io\.BytesIO .*>: cannot write: .*meta"):
+        ttorch.save({"m": torch.ones(2, device="meta")}, io.BytesIO())  # nor in save's errors
 
 
 def test_values_the_format_cannot_hold_are_refused_naming_their_path(tmp_path):

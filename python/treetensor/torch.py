@@ -1117,7 +1117,10 @@ def save(obj, f):
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         name = os.path.join(tmp, "obj.pt")
-        _C._save(obj, name)
+        try:
+            _C._save(obj, name)
+        except RuntimeError as e:  # name what the caller gave, not our copy of it (as load)
+            raise RuntimeError(str(e).replace(name, f"the file object {f!r}")) from None
         with open(name, "rb") as src:
             f.write(src.read())
 
