@@ -184,6 +184,20 @@ TEST_P(TensorReduce, LowPrecisionLeavesReduceInThePromotedDtype) {
   TreeTensor wide{{"a", at::tensor({-300.0f, 300.0f}).to(at::kHalf)}, {"b", at::zeros({2})}};
   EXPECT_TRUE(std::isfinite(tt::std(wide).item<float>()));
   EXPECT_NEAR(tt::std(wide).item<float>(), all_elements(wide).std().item<float>(), 1e-3);
+  // Leaves all float16 or all bfloat16: accumulated in float32 and rounded once, as at::sum,
+  // at::mean and at::std of their concatenation (partials rounded per leaf lost 2049 + 1 and
+  // overflowed past 65504).
+  for (const at::ScalarType low : {at::kHalf, at::kBFloat16}) {
+    TreeTensor ones{{"a", at::ones({2049}, low)}, {"b", at::ones({1}, low)}};
+    const at::Tensor cat = all_elements(ones);
+    EXPECT_EQ(tt::sum(ones).scalar_type(), low);
+    EXPECT_TRUE(tt::sum(ones).equal(cat.sum())) << tt::sum(ones) << " vs " << cat.sum();
+    TreeTensor many{{"a", at::ones({70000}, low)}, {"b", at::ones({3}, low)}};
+    EXPECT_TRUE(tt::mean(many).equal(all_elements(many).mean())) << tt::mean(many);
+    TreeTensor spread{{"a", at::tensor({-300.0f, 300.0f}).to(low)}, {"b", at::zeros({1}, low)}};
+    EXPECT_EQ(tt::std(spread).scalar_type(), low);
+    EXPECT_TRUE(tt::std(spread).equal(all_elements(spread).std())) << tt::std(spread);
+  }
 }
 
 TEST_P(TensorReduce, NonContiguousLeaves) {

@@ -2,6 +2,7 @@
 #include "treetensor/tensor/reduce.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 
 #include <cmath>
 #include <limits>
@@ -102,21 +103,35 @@ at::Tensor extreme(std::string_view op, const TensorTree& t, bool is_min) {
 
 }  // namespace
 
+// Sums, means and deviations accumulate in the result dtype's op-math type (float32 for float16
+// and bfloat16, as ATen's reductions do) and are rounded to the result dtype once, at the end:
+// leaf partials rounded to float16 lost 2049 + 1 and overflowed past 65504.
 at::Tensor sum(const TensorTree& t) {
-  // Each leaf summed in the result's dtype, as at::sum of torch.cat of the leaves: a float16
-  // leaf beside a float32 one is summed in float32, not to float16's inf past 65504.
+  // The dtype at::sum of torch.cat of the leaves has: a float16 leaf beside a float32 one is
+  // summed in float32; integral and bool leaves in int64.
   const auto type = promoted(t, [](at::ScalarType d) {
     return at::isIntegralType(d, /*includeBool=*/true) ? at::kLong : d;
   });
   if (!type) return default_scalar(0.0);
-  return stacked(partials("sum", t, [&](const at::Tensor& x) { return x.sum(*type); })).sum();
+  const at::ScalarType acc = at::toOpMathType(*type);
+  return stacked(partials("sum", t, [&](const at::Tensor& x) { return x.sum(acc); }))
+      .sum()
+      .to(*type);
 }
+
+namespace {
+// The tree-level mean in op-math type `acc`, unrounded (std's centre); NaN without elements.
+at::Tensor mean_in(const TensorTree& t, at::ScalarType acc) {
+  auto s = stacked(partials("mean", t, [acc](const at::Tensor& x) { return x.sum(acc); }));
+  if (!s.defined()) return default_scalar(std::numeric_limits<double>::quiet_NaN());
+  return s.sum() / static_cast<double>(total_numel(t));
+}
+}  // namespace
 
 at::Tensor mean(const TensorTree& t) {
   const at::ScalarType type = require_floating("mean", t);
-  auto s = stacked(partials("mean", t, [type](const at::Tensor& x) { return x.to(type).sum(); }));
-  if (!s.defined()) return default_scalar(std::numeric_limits<double>::quiet_NaN());
-  return s.sum() / static_cast<double>(total_numel(t));
+  const at::Tensor m = mean_in(t, at::toOpMathType(type));
+  return t.leaf_count() == 0 ? m : m.to(type);
 }
 
 at::Tensor all(const TensorTree& t) {
@@ -143,14 +158,15 @@ at::Tensor std(const TensorTree& t, bool unbiased) {
   // No degree of freedom: NaN as torch gives it for all elements (the leaves' promoted dtype;
   // the default dtype without leaves).
   if (dof <= 0) return all_elements(t).std(unbiased);
-  const at::Tensor m = mean(t);
-  // |x - m|^2 in the promoted dtype (as torch's std of torch.cat of the leaves: a bool or
-  // float16 leaf beside float32 ones is taken as float32); real for complex leaves too.
+  const at::ScalarType acc = at::toOpMathType(type);
+  const at::Tensor m = mean_in(t, acc);
+  // |x - m|^2 in op-math of the promoted dtype (as torch's std of torch.cat of the leaves: a
+  // bool or float16 leaf beside float32 ones is taken as float32); real for complex leaves too.
   auto s = stacked(partials("std", t, [&](const at::Tensor& x) {
-    const at::Tensor d = x.to(type) - m;
+    const at::Tensor d = x.to(acc) - m;
     return (d.is_complex() ? d.abs() : d).square().sum();
   }));
-  return (s.sum() / static_cast<double>(dof)).sqrt();
+  return (s.sum() / static_cast<double>(dof)).sqrt().to(c10::toRealValueType(type));
 }
 
 at::Tensor norm(const TensorTree& t, double p) {
