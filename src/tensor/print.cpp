@@ -271,10 +271,14 @@ class Writer {
   std::size_t next_ = 0;
 };
 
-// The dtypes torch's repr leaves unnamed: the default, its complex counterpart, int64, bool.
-bool default_dtype(at::ScalarType t) {
+// Whether torch's repr names the dtype: an empty tensor's unless it is the default; another's
+// unless it is the default, the default complex one (complex128 with a float64 default,
+// complex64 otherwise), int64 or bool.
+bool names_dtype(at::ScalarType t, bool empty) {
   const at::ScalarType d = at::typeMetaToScalarType(at::get_default_dtype());
-  return t == d || t == c10::toComplexType(d) || t == at::kLong || t == at::kBool;
+  if (empty) return t != d;
+  const at::ScalarType complex = d == at::kDouble ? at::kComplexDouble : at::kComplexFloat;
+  return t != d && t != complex && t != at::kLong && t != at::kBool;
 }
 
 }  // namespace
@@ -327,7 +331,7 @@ std::string format_tensor(const at::Tensor& t) {
   }
   if (v.numel() == 0 && v.dim() != 1) write_size(os, t);
   if (t.device().type() != at::kCPU) os << ", device='" << t.device() << "'";
-  if (!default_dtype(t.scalar_type()) || (v.numel() == 0 && t.scalar_type() != at::kFloat))
+  if (names_dtype(t.scalar_type(), v.numel() == 0))
     os << ", dtype=" << dtype_name(t.scalar_type());
   write_autograd(os, t);
   os << ')';
