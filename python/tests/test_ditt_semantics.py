@@ -714,6 +714,6 @@ def test_numpy_trees_without_leaves_stay_numpy_trees():
     a tensor tree came back, whose later calls followed torch's rules."""
     empty = tnp.array({"a": {}})
     for r in (tnp.array({}), tnp.zeros({}), tnp.ones({"a": {}}), empty, tnp.stack([empty, empty]),
-              empty.copy(), tnp.sqrt(empty), empty[0:1]):
+              empty.copy(), tnp.sqrt(empty), empty[0:1], empty.shape, empty.T, empty.dtype):
         assert type(r) is tnp.ndarray, type(r)
     assert tnp.array({"a": {}}).to_dict() == {"a": {}} and tnp.array({}).to_dict() == {}

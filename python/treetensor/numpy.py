@@ -38,7 +38,7 @@ class ndarray(Object):
                                  f"has no attribute '{name}'")
         if not callable(attr):
             return _leafwise.wrap(_leafwise.call(lambda x: getattr(x, name), (self,), {}, name)[0],
-                                  rise=False)
+                                  rise=False, empty=ndarray)
         f = _leafwise.treelized(attr, name, inplace=name.endswith("_"), empty=ndarray)
         return lambda *args, **kwargs: _as_ndarray(f(self, *args, **kwargs))
 
