@@ -103,7 +103,7 @@ def with_doc(line, doc, indent):
 
 
 def function(name, obj, indent="", method=False):
-    binding = getattr(obj, "__wrapped__", obj)  # a Python wrapper's binding (torch.py's _inheriting)
+    binding = getattr(obj, "_binding", obj)  # a Python wrapper's binding (torch.py's _inheriting)
     if inspect.isbuiltin(binding) or type(binding).__name__ == "instancemethod":
         line, doc = pybind_def(name, binding.__doc__, method)
     else:

@@ -397,7 +397,10 @@ def _inheriting(cpp, fallback, name):
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = getattr(cpp, "__doc__", None)
-    f.__wrapped__ = cpp  # its signature (inspect; the stubs read a binding's from its docstring)
+    if isinstance(cpp, _types.FunctionType):
+        f.__wrapped__ = cpp  # its signature (inspect, the stubs)
+    else:
+        f._binding = cpp  # the stubs read its signature from its docstring (inspect cannot)
     return f
 
 
