@@ -353,7 +353,7 @@ class PythonWarnings {
       const std::lock_guard lock(m);
       warnings.push_back(warning);
     }
-    std::mutex m;  // lanes forward one at a time, but the caller's own leaves run beside them
+    std::mutex m;  // the runtime's lanes forward one at a time; any other thread may too
     std::vector<c10::Warning> warnings;
   };
   c10::WarningHandler* const previous_;
@@ -366,8 +366,10 @@ class PythonWarnings {
 /// become Python warnings after it.
 template <class F>
 decltype(auto) nogil(F&& f) {
-  const CallPins pins;
+  // Warnings are issued last, once the pins are dropped: a warnings hook is Python code that
+  // may change the trees' keys.
   const PythonWarnings warnings;
+  const CallPins pins;
   py::gil_scoped_release release;
   return f();
 }

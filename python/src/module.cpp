@@ -9,6 +9,7 @@
 
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <variant>
 #include <vector>
@@ -285,6 +286,39 @@ void pin_next_call(const std::shared_ptr<Root>& root) {
   pins.push_back({root, root->version});
 }
 
+namespace {
+// The package's folder ("/.../treetensor/"), set by the module's init: a warning's frame skips
+// the package's Python wrappers of the bindings.
+std::string& package_folder() {
+  static auto* folder = new std::string;  // never destroyed: read until the interpreter ends
+  return *folder;
+}
+
+// warnings.warn's stacklevel naming the innermost frame outside the package: a warning names
+// the user's line, as torch's name theirs, whichever wrapper of the package called the binding.
+int user_stack_level() {
+  int level = 1;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr && !package_folder().empty()) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    Py_DECREF(code);
+    if (file == nullptr) {
+      PyErr_Clear();
+      break;
+    }
+    if (!std::string_view(file).starts_with(package_folder())) break;
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+    ++level;
+  }
+  Py_XDECREF(frame);
+  return level;
+}
+}  // namespace
+
 PythonWarnings::~PythonWarnings() noexcept(false) {
   c10::WarningUtils::set_warning_handler(previous_);
   for (const c10::Warning& w : caught_.warnings) {
@@ -295,7 +329,7 @@ PythonWarnings::~PythonWarnings() noexcept(false) {
     if (!w.verbatim())  // as torch words it
       text += " (Triggered internally at " + std::string(w.source_location().file) + ":" +
               std::to_string(w.source_location().line) + ".)";
-    if (PyErr_WarnEx(category, text.c_str(), 1) == 0) continue;
+    if (PyErr_WarnEx(category, text.c_str(), user_stack_level()) == 0) continue;
     if (std::uncaught_exceptions() > unwinding_) {
       PyErr_Clear();
       continue;
@@ -631,6 +665,10 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "treetensor's C++ core for Python; use the package `treetensor` (treetensor.torch).";
   m.attr("__version__") = TREETENSOR_VERSION;  // CMake's project version (python/CMakeLists.txt)
   translate_errors();
+  // The package imports _C first thing: its module object, with __path__, exists already.
+  if (PyObject* package = PyDict_GetItemString(PyImport_GetModuleDict(), "treetensor"))
+    if (py::object path = py::getattr(package, "__path__", py::none()); !path.is_none())
+      package_folder() = py::str(path[py::int_(0)]).cast<std::string>() + "/";
 
   // `Tensor(x)` with a non-tree x gives a plain torch.Tensor (DI-treetensor): the metaclass
   // decides before an instance exists.
