@@ -118,6 +118,36 @@ def test_apply_errors_keep_type_and_path():
                 call()
 
 
+@pytest.mark.parametrize("mode", [1, 2])
+def test_apply_keeps_the_runtime_rules_on_the_calling_thread_too(mode):
+    """stream(1) (the default) runs apply's leaves on the calling thread with the GIL held,
+    stream(2) through the lanes: either way every leaf runs and the failures are reported
+    together, tuples rise, leaves must give as many results, and a callback cannot change the
+    keys of the tree being walked."""
+    t = ttorch.Tensor({"a": torch.ones(2), "b": {"c": torch.zeros(3)}})
+    ran = []
+
+    def fail(x):
+        ran.append(x.numel())
+        raise KeyError("boom")
+
+    def change(x):
+        t.z = torch.ones(1)
+        return x
+
+    with ttorch.stream(mode):
+        with pytest.raises(KeyError, match=r"apply at leaf 'a'.*boom.*1 other failure\(s\): 'b\.c'"):
+            ttorch.apply(fail, t)
+        assert sorted(ran) == [2, 3]
+        with pytest.raises(ValueError, match=r"apply: leaf 'b\.c' gave 1 results but leaf 'a' gave 2"):
+            ttorch.apply(lambda x: (x, x) if x.numel() == 2 else (x,), t)
+        low, high = t.apply(lambda x: (x - 1, x + 1))
+        assert ttorch.equal(low, t - 1) and ttorch.equal(high, t + 1)
+        with pytest.raises(RuntimeError, match="cannot change the keys"):
+            ttorch.apply(change, t)
+    assert "z" not in t.keys()
+
+
 def test_four_python_threads_at_once():
     a, b = seed_trees(n=24, s=6)
     want_mm = native(a, b)
@@ -160,6 +190,28 @@ def test_torch_warnings_of_tree_calls_are_python_warnings(mode):
             warnings.simplefilter("error")
             with pytest.raises(UserWarning, match="degrees of freedom"):
                 t.std(dim=0)
+        # named at the caller's line, past the package's Python wrappers
+        assert {w.filename for w in caught} == {__file__}
+        # from a tree call inside an apply callback, on whichever lane runs it
+        with pytest.warns(UserWarning, match="degrees of freedom"):
+            ttorch.apply(lambda x: ttorch.Tensor({"v": x}).std(dim=0).v, t)
+
+
+def test_a_warnings_hook_may_change_the_tree():
+    """Warnings are issued once the call has let go of its trees: a hook (Python code) may
+    change their keys."""
+    t = ttorch.Tensor({"a": torch.tensor([1.0]), "b": torch.tensor([2.0])})
+    seen = []
+
+    def hook(message, *args, **kwargs):
+        t.c = torch.ones(1)  # a change of the keys while the call held them raised RuntimeError
+        seen.append(str(message))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        t.std(dim=0)
+    assert len(seen) == 2 and "c" in t.keys()
 
 
 def test_gil_released_during_long_tree_call():

@@ -606,6 +606,10 @@ std::optional<int> current_thread_id() noexcept {
   return a.worker->id;
 }
 
+bool routes_calls() noexcept {
+  return detail::scoped_worker() != nullptr || detail::acting().worker != nullptr;
+}
+
 // --- Thread ----------------------------------------------------------------------------------
 
 Thread::Thread(std::string name, KernelThreads kernels) {

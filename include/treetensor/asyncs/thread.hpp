@@ -135,6 +135,11 @@ std::size_t max_in_flight() noexcept;
 /// or in a lane running a leaf of a tree call made by that job — or nullopt.
 std::optional<int> current_thread_id() noexcept;
 
+/// Whether asyncs takes over the tree calls the calling OS thread makes now (a ThreadScope is
+/// active on it, or it runs an asyncs job): a caller that would run a call's leaves itself,
+/// outside runtime::run, must hand the call to runtime::run when this is true.
+bool routes_calls() noexcept;
+
 /// How many intra-op threads the ATen kernels of an asyncs thread's jobs use.
 ///
 /// An asyncs thread runs beside the main compute, so two kernel callers share the cores; if
