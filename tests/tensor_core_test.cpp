@@ -208,6 +208,15 @@ TEST(TensorPrint, TensorReprMatchesPytorch) {
             "tensor([ 1.5000+2.j, -0.2500-1.j], dtype=torch.complex128)");
   EXPECT_EQ(tt::format_tensor(at::scalar_tensor(c10::complex<double>(3, 4), at::kComplexFloat)),
             "tensor(3.+4.j)");
+  // With a float64 default, complex128 is the unnamed complex dtype and an empty float64 tensor
+  // names none (torch's repr).
+  const auto before = at::get_default_dtype();
+  at::set_default_dtype(caffe2::TypeMeta::Make<double>());
+  EXPECT_EQ(tt::format_tensor(at::tensor({cf(1, 1)}).to(at::kComplexDouble)), "tensor([1.+1.j])");
+  EXPECT_EQ(tt::format_tensor(at::tensor({cf(1, 1)})), "tensor([1.+1.j], dtype=torch.complex64)");
+  EXPECT_EQ(tt::format_tensor(at::zeros({0}, at::kDouble)), "tensor([])");
+  EXPECT_EQ(tt::format_tensor(at::zeros({0}, at::kFloat)), "tensor([], dtype=torch.float32)");
+  at::set_default_dtype(before);
   // Widths from the nonzero finite elements; a summarised tensor's format from those shown.
   EXPECT_EQ(tt::format_tensor(at::tensor({0.0f, NAN})), "tensor([0., nan])");
   at::Tensor shown = at::arange(2000, at::kFloat);
