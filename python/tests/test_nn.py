@@ -603,6 +603,29 @@ def test_step_in_backward_is_bitwise_the_step_after_it(opt_cls, kw, net):
     assert tree._buckets.worker is None
 
 
+def test_a_dropped_tree_frees_its_worker_without_the_cycle_collector():
+    """The tree and its bucket state form no cycle: a model's tree with step_in_backward, once
+    dropped, frees its asyncs worker id at once (8 ids: the 9th model was refused until
+    Python's cyclic collector ran)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        for _ in range(12):
+            m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+            tree = tnn.consolidate_module(m)
+            opt = topt.Adam(tree.params)
+            tree.step_in_backward(opt)
+            m(torch.randn(8, 4)).sum().backward()
+            opt.step()
+            gone = weakref.ref(tree)
+            del m, tree, opt
+            assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_step_in_backward_refusals_and_off():
     torch.manual_seed(0)
     m, other = Net(), Net()

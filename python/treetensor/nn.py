@@ -663,7 +663,9 @@ class _Buckets:
     completes them (see the module docstring)."""
 
     def __init__(self, tree, cap, first_cap):
-        self.tree = tree
+        # Weak: the tree owns this state, and a cycle would keep both (and step_in_backward's
+        # worker, with its asyncs id) until Python's cyclic collector ran.
+        self._tree = weakref.ref(tree)
         self.bucket_of, self.ranges, self.counts = [], [], []
         self._plan(cap, first_cap)
         self.task = None  # the autograd graph task this state belongs to
@@ -671,6 +673,10 @@ class _Buckets:
         self.adopted = None  # that callback, when it ran at the end of a nested backward
         self.optimizer = self.worker = self.steps = None  # step_in_backward's
         self._reset()
+
+    @property
+    def tree(self):
+        return self._tree()
 
     def _plan(self, cap, first_cap):
         # From the buffer's end: the parameters backward reaches first (module docstring).
@@ -784,9 +790,9 @@ class _Buckets:
 
         def on_grad(p):
             self = me()
-            if self is None:
+            tree = None if self is None else self.tree
+            if tree is None:  # the tree was dropped: the module trains as a plain one
                 return
-            tree = self.tree
             if p.data_ptr() != ptrs[i]:
                 tree._check_data(i, p)
             task = _torch._C._current_graph_task_id()
