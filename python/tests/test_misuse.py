@@ -47,6 +47,31 @@ def test_closed_thread_is_defined_like_a_shut_down_executor():
     assert out.strip() == "ok"
 
 
+def test_asyncs_threads_and_step_in_backward_after_torch_compile():
+    # torch.compile leaves a CUDA guard without a stream pool in a process without a GPU: an
+    # asyncs thread asked it for worker streams and raised "Backend doesn't support acquiring
+    # a stream from pool" (so did step_in_backward, which runs on one).
+    out = run_script("""
+        import torch, torch.nn as nn
+        import treetensor.asyncs as asyncs, treetensor.nn as tnn, treetensor.optim as topt
+        f = torch.compile(lambda x: x * 2, backend="eager")
+        assert torch.equal(f(torch.ones(3)), torch.full((3,), 2.0))
+        t = asyncs.Thread("metrics")
+        assert t.submit(lambda: 41 + 1).result() == 42
+        t.close()
+        m = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+        tree = tnn.consolidate_module(m)
+        opt = topt.SGD(tree.params, lr=0.1)
+        tree.step_in_backward(opt)
+        before = m[0].weight.detach().clone()
+        m(torch.randn(5, 4)).sum().backward()
+        opt.step()
+        assert not torch.equal(before, m[0].weight)
+        print("ok")
+    """, timeout=300)
+    assert out.strip().endswith("ok")
+
+
 # ---- dicts -----------------------------------------------------------------------------------
 def test_cyclic_dict_is_a_value_error_naming_the_path():
     d = {"x": torch.ones(1)}

@@ -4,6 +4,7 @@
 #include "asyncs/internal.hpp"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 
@@ -28,8 +29,15 @@ std::vector<c10::Stream> pool_streams() {
   std::vector<c10::Stream> out;
   const auto* impl = cuda_impl();
   if (impl == nullptr) return out;
-  for (c10::DeviceIndex d = 0; d < impl->deviceCount(); ++d)
-    out.push_back(impl->getStreamFromGlobalPool(c10::Device(c10::kCUDA, d)));
+  try {
+    for (c10::DeviceIndex d = 0; d < impl->deviceCount(); ++d)
+      out.push_back(impl->getStreamFromGlobalPool(c10::Device(c10::kCUDA, d)));
+  } catch (const c10::Error&) {
+    // A CUDA guard with no stream pool (after torch.compile in a process without a GPU, one
+    // that counts devices but "doesn't support acquiring a stream from pool"): no CUDA work
+    // can run here, so the thread needs no device streams.
+    out.clear();
+  }
   return out;
 }
 
