@@ -222,6 +222,24 @@ def test_set_to_none_then_fill_and_sparse_gradients():
     assert emb.weight.grad is g and torch.equal(g, want)
 
 
+def test_a_parameter_another_tree_took_is_refused_naming_it():
+    """A submodule (or a module sharing it) consolidated again takes its parameters into the new
+    tree's buffer: the first tree says so, not that the model was moved."""
+    shared = torch.nn.Linear(4, 3)
+    g = torch.nn.Sequential(shared, torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    d = torch.nn.Sequential(shared, torch.nn.Linear(3, 1))
+    first = tnn.consolidate_module(g)
+    second = tnn.consolidate_module(d)
+    with pytest.raises(RuntimeError, match=r"parameter '0\.(bias|weight)' now lies in the buffer of another "
+                                           r"consolidate_module's tree"):
+        first.zero_grad()
+    second.zero_grad()  # the tree that took them works
+    part = tnn.consolidate_module(g[2])
+    with pytest.raises(RuntimeError, match=r"parameter '[02]\.(bias|weight)' now lies in the buffer of another"):
+        first.grads
+    part.zero_grad()
+
+
 @pytest.mark.parametrize("move", ["to-double", "load_state_dict-assign"])
 def test_a_moved_model_is_refused_naming_the_path(move):
     ref, m = pair()

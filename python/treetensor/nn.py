@@ -368,6 +368,8 @@ class ModuleTree:
                 p.grad = g
         self._ptrs = [p.data_ptr() for p in self._leaves]
         self._storages = [p.untyped_storage()._cdata for p in self._leaves]
+        for cdata in set(self._storages):
+            _buffer_owner[cdata] = self
         self._group = process_group
         self._broadcast_buffers = broadcast_buffers and process_group is not None
         if process_group is not None:
@@ -635,11 +637,19 @@ class ModuleTree:
                 f"tree's buffer (consolidate_module of its module made a new tree since, or the "
                 f"module moved): use the tree the last consolidate_module returned, and an "
                 f"optimizer over its params")
+        other = _buffer_owner.get(p.untyped_storage()._cdata)
+        if other is not None and other is not self:
+            raise RuntimeError(
+                f"treetensor.nn: parameter '{self._order[i]}' now lies in the buffer of another "
+                f"consolidate_module's tree (a submodule of this model, or a module sharing "
+                f"it, was consolidated since): the optimizer over this tree would train a stale "
+                f"copy; consolidate one module holding every parameter (parameter groups of its "
+                f"optimizer give parts their own options)")
         raise RuntimeError(
             f"treetensor.nn: parameter '{self._order[i]}' no longer lies in its consolidated "
-            f"buffer (the module was moved or converted, e.g. .to()/.cuda()/.half(), after "
-            f"consolidate_module): the optimizer would train a stale copy; call "
-            f"consolidate_module again after moving the model")
+            f"buffer (the module was moved or converted, e.g. .to()/.cuda()/.half(), or its "
+            f"data replaced, after consolidate_module): the optimizer would train a stale copy; "
+            f"call consolidate_module again after moving the model")
 
     def _check_grad(self, i, p):
         g = self._grad_leaves[i]
@@ -656,6 +666,11 @@ class ModuleTree:
             else:  # .grad was set to None and autograd made a new one (sparse: made dense)
                 g.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
             p.grad = g
+
+
+# The live tree whose consolidated parameter buffer a storage is (by its _cdata), for the error
+# when another tree took a parameter (a shared or sub module consolidated again).
+_buffer_owner = weakref.WeakValueDictionary()
 
 
 class _Buckets:
