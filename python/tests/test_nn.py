@@ -621,6 +621,24 @@ def test_step_in_backward_is_bitwise_the_step_after_it(opt_cls, kw, net):
     assert tree._buckets.worker is None
 
 
+def test_a_grad_scaler_after_a_step_in_backward_is_refused():
+    """GradScaler unscales the gradients through param_groups after backward, when the step
+    in backward has already used them (still scaled): refused until step() acknowledges it.
+    It trained silently on gradients 1024 times too large."""
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    tree = tnn.consolidate_module(m)
+    opt = topt.SGD(tree.params, lr=0.01)
+    tree.step_in_backward(opt)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(m(torch.randn(16, 8)).square().mean()).backward()
+    with pytest.raises(RuntimeError, match=r"SGD: the step was already taken during backward .*"
+                                           r"param_groups are closed until step\(\)"):
+        scaler.step(opt)
+    opt.step()  # acknowledged: the groups are open again
+    assert opt.param_groups[0]["lr"] == 0.01
+    tree.close()
+
+
 def test_a_dropped_tree_frees_its_worker_without_the_cycle_collector():
     """The tree and its bucket state form no cycle: a model's tree with step_in_backward, once
     dropped, frees its asyncs worker id at once (8 ids: the 9th model was refused until

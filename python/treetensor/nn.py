@@ -520,9 +520,11 @@ class ModuleTree:
 
         - the gradients a step uses are backward's, so clipping, unscaling (``GradScaler``:
           not supported) or editing them between backward and ``step()``, or in a
-          post-accumulate-grad hook of one's own, is too late; ``step(other_grads)`` raises
-          RuntimeError, and so does a second backward before ``step()`` (accumulating
-          gradients); every backward that reaches the parameters steps them;
+          post-accumulate-grad hook of one's own, is too late; the optimizer's
+          ``param_groups``, through which GradScaler unscales, raise RuntimeError until
+          ``step()`` acknowledges the step; ``step(other_grads)`` raises RuntimeError, and so
+          does a second backward before ``step()`` (accumulating gradients); every backward
+          that reaches the parameters steps them;
         - ``step()``'s pre and post hooks run when it acknowledges the step, after it;
         - a parameter that backward still needs after its gradient is complete (a
           ``detach()`` of it saved by a later node) makes autograd raise its in-place error.

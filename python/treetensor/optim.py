@@ -205,8 +205,27 @@ class _TreeOptimizer(torch.optim.Optimizer):
                                       f"another tree")
         super().add_param_group(param_group)
 
+    @property
+    def param_groups(self):
+        """torch.optim's groups: one, the tree's. Refused (RuntimeError) between a backward that
+        took the step (treetensor.nn's ModuleTree.step_in_backward) and the step() that
+        acknowledges it: what reads the gradients through the groups then (GradScaler's unscale_
+        and step, a clipping helper) would act after the step, on gradients it already used."""
+        if self._taken is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}: the step was already taken during backward "
+                f"(ModuleTree.step_in_backward), so its param_groups are closed until step() "
+                f"acknowledges it: gradients unscaled (GradScaler) or clipped now would change "
+                f"nothing the step used; call step() first, or step_in_backward(None) to step "
+                f"after backward")
+        return self.__dict__["param_groups"]
+
+    @param_groups.setter
+    def param_groups(self, groups):  # torch.optim.Optimizer.__init__ and __setstate__
+        self.__dict__["param_groups"] = groups
+
     def _options(self):  # what a step reads: a scheduler's writes to the group included
-        return self.param_groups[0]
+        return self.__dict__["param_groups"][0]
 
     def state_dict(self):
         """torch.optim's format: per parameter index (the tree's flatten order) its step (a
