@@ -221,8 +221,9 @@ TEST(TensorPrint, TensorReprMatchesPytorch) {
   EXPECT_EQ(tt::format_tensor(at::tensor({0.0f, NAN})), "tensor([0., nan])");
   at::Tensor shown = at::arange(2000, at::kFloat);
   shown[1000] = 0.5;
-  EXPECT_TRUE(contains(tt::format_tensor(shown), "tensor([0.0000e+00, 1.0000e+00, 2.0000e+00,  ..., "
-                                                 "1.9970e+03, 1.9980e+03,"));
+  EXPECT_TRUE(contains(tt::format_tensor(shown),
+                       "tensor([0.0000e+00, 1.0000e+00, 2.0000e+00,  ..., "
+                       "1.9970e+03, 1.9980e+03,"));
 }
 
 TEST(TensorPrint, BuildingNeverFormatsTensors) {

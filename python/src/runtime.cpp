@@ -342,9 +342,9 @@ void wait_interruptibly(const std::function<bool(std::chrono::milliseconds)>& do
 // apply's leaves run here, in order, with the GIL held throughout, when the runtime would run
 // them on this thread anyway: one tree argument, the default stream mode or stream(1), no
 // asyncs scope or job (they take calls over) and no tracked operand (a job writing a leaf).
-// Saves a release and a retake of the GIL per leaf and the zip of one tree with itself
-// (the overhead of apply(lambda x: x) over 3 leaves: 2.05 -> 1.24 us here). Runtime call hooks other than asyncs'
-// are not asked: none is registered by treetensor's layers.
+// Saves a release and a retake of the GIL per leaf and the zip of one tree with itself (the
+// overhead of apply(lambda x: x) over 3 leaves: 2.05 -> 1.24 us here). Runtime call hooks
+// other than asyncs' are not asked: none is registered by treetensor's layers.
 bool apply_runs_here(const std::vector<Operand>& ops) {
   const runtime::StreamMode mode = runtime::current_stream_mode();
   return ops.size() == 1 && ops[0].is_tree() && mode.kind == runtime::StreamMode::Kind::lanes &&

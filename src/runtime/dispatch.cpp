@@ -203,7 +203,7 @@ class LeafBatch final : public detail::Batch {
   const std::vector<std::size_t> bounds_;
   LeafErrors errors_;
   const at::ThreadLocalState tls_;  // captured on the caller: grad/inference mode, autocast, ...
-  ForwardWarnings warnings_;         // to the caller's handler, captured on the caller
+  ForwardWarnings warnings_;        // to the caller's handler, captured on the caller
   const StreamMode mode_;
   detail::CallerStreams* const streams_;
   std::atomic<bool> lane_failed_{false};

@@ -331,8 +331,7 @@ std::string format_tensor(const at::Tensor& t) {
   }
   if (v.numel() == 0 && v.dim() != 1) write_size(os, t);
   if (t.device().type() != at::kCPU) os << ", device='" << t.device() << "'";
-  if (names_dtype(t.scalar_type(), v.numel() == 0))
-    os << ", dtype=" << dtype_name(t.scalar_type());
+  if (names_dtype(t.scalar_type(), v.numel() == 0)) os << ", dtype=" << dtype_name(t.scalar_type());
   write_autograd(os, t);
   os << ')';
   return os.str();
