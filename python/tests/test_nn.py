@@ -404,6 +404,24 @@ def test_a_tensor_or_submodule_changed_by_hand_is_refused_at_grads():
         tree.grads
 
 
+@pytest.mark.parametrize("set_to_none", [False, True])
+def test_a_replaced_parameter_is_refused_in_torchs_loop_too(set_to_none):
+    """model.zero_grad() + backward + opt.step() (the .grad fields, not tree.grads): a parameter
+    or submodule replaced since consolidation was left untrained without a word, or refused
+    as having no .grad."""
+    for change in (lambda m: setattr(m, "out", torch.nn.Linear(24, 24)),
+                   lambda m: setattr(m.fc, "weight", torch.nn.Parameter(torch.ones_like(m.fc.weight)))):
+        _, m = pair()
+        tree = tnn.consolidate_module(m)
+        opt = topt.Adam(tree.params)
+        change(m)
+        m.zero_grad(set_to_none=set_to_none)
+        m(batch()).sum().backward()
+        with pytest.raises(RuntimeError, match=r"was replaced.* after consolidate_module: the optimizer "
+                                               r"would train the old tensors"):
+            opt.step()
+
+
 def test_a_parameter_unfrozen_after_consolidation_is_refused_at_grads():
     _, m = pair(frozen=True)
     tree = tnn.consolidate_module(m)

@@ -418,6 +418,10 @@ class _TreeOptimizer(torch.optim.Optimizer):
             # A module's gradient tree read before torch.optim's zero_grad() cleared the .grad
             # fields: the new gradients are copied into it first.
             owner._restore_grads()
+        elif grads is None and (module := _module_tree("params", self.params)) is not None:
+            # torch's loop (the .grad fields, not tree.grads): a parameter or submodule
+            # replaced since consolidation would be left untrained without a word.
+            module._check_places()
         grads = self._grads(grads)
         with _errors_named(f"{type(self).__name__}.step"):
             self._kernel(self.params, grads, self._moments(), self.state["step"] + 1)
