@@ -72,6 +72,11 @@ inline constexpr bool under_tsan = true;
 #else
 inline constexpr bool under_tsan = false;
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool under_asan = true;
+#else
+inline constexpr bool under_asan = false;
+#endif
 
 /// The exit status of child process `pid`, or -1 when it did not end within `limit` (then it is
 /// killed) or ended by a signal.
