@@ -657,6 +657,41 @@ def test_a_grad_scaler_after_a_step_in_backward_is_refused():
     tree.close()
 
 
+def _two_dtypes_loss(m, x):
+    return (m[0](x).double() + m[1](x.double())).square().mean()
+
+
+def test_clipping_after_a_step_in_backward_is_reported_at_step():
+    """clip_grad_norm_ after a backward that took the step edits gradients the step already
+    used: step() acknowledges the step and raises, naming the cause (it clipped nothing, in
+    silence). The ordinary loop, reading tree.grads between, passes."""
+    torch.manual_seed(0)
+    m = torch.nn.ModuleList([torch.nn.Linear(8, 4), torch.nn.Linear(8, 4).double()])
+    tree = tnn.consolidate_module(m)
+    assert len(tree.grad_buffers) == 2
+    opt = topt.SGD(tree.params, lr=0.01)
+    tree.step_in_backward(opt)
+    x = torch.randn(16, 8)
+    for set_to_none in (True, False):
+        tree.zero_grad(set_to_none=set_to_none)
+        _two_dtypes_loss(m, x).backward()
+        opt.step(tree.grads)
+    for head in (m[0].weight, m[1].bias):  # an edit of either buffer
+        tree.zero_grad()
+        _two_dtypes_loss(m, x).backward()
+        head.grad.mul_(0.5)
+        with pytest.raises(RuntimeError, match=r"SGD.step: the gradients were changed in place "
+                                               r"after backward had taken this step .*clip_grad_norm_"):
+            opt.step()
+        assert opt._taken is None  # acknowledged: the next backward steps again
+    tree.zero_grad()
+    _two_dtypes_loss(m, x).backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1e-3)
+    with pytest.raises(RuntimeError, match="changed in place"):
+        opt.step()
+    tree.close()
+
+
 def test_a_dropped_tree_frees_its_worker_without_the_cycle_collector():
     """The tree and its bucket state form no cycle: a model's tree with step_in_backward, once
     dropped, frees its asyncs worker id at once (8 ids: the 9th model was refused until
@@ -698,7 +733,8 @@ def test_step_in_backward_refusals_and_off():
     tree.zero_grad()
     with pytest.raises(RuntimeError, match="a second backward before Adam.step"):
         m(x).sum().backward()  # the refused step() acknowledged nothing
-    opt.step()
+    with pytest.raises(RuntimeError, match="changed in place after backward"):
+        opt.step()  # acknowledged, the zero_grad after the step's backward reported
     assert opt.state["step"] == 1
     before = [p.detach().clone() for p in m.parameters()]
     tree.zero_grad()

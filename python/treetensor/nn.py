@@ -360,6 +360,10 @@ class ModuleTree:
         self._grads = zeros_like(self.params).consolidate() if self._leaves else Tensor({})
         self._grad_leaves = tree_flatten(self._grads)[0]
         self.grad_buffers = buffers_of(self._grad_leaves)
+        # A leaf of each gradient buffer: a buffer's views share one version counter, which an
+        # in-place edit of any of them (clip_grad_norm_'s) advances.
+        heads = {g.untyped_storage().data_ptr(): g for g in self._grad_leaves}
+        self._grad_heads = list(heads.values())
         self._module_buffers = buffers_of(tree_flatten(self.buffers)[0])
         with _torch.no_grad():
             for p, g in zip(self._leaves, self._grad_leaves):
@@ -523,7 +527,9 @@ class ModuleTree:
           post-accumulate-grad hook of one's own, is too late; the optimizer's
           ``param_groups``, through which GradScaler unscales, raise RuntimeError until
           ``step()`` acknowledges the step; ``step(other_grads)`` raises RuntimeError, and so
-          does a second backward before ``step()`` (accumulating gradients); every backward
+          do a second backward before ``step()`` (accumulating gradients) and the ``step()``
+          after gradients edited in place since backward (``clip_grad_norm_``, ``zero_grad()``;
+          it acknowledges the step all the same); every backward
           that reaches the parameters steps them;
         - ``step()``'s pre and post hooks run when it acknowledges the step, after it;
         - a parameter that backward still needs after its gradient is complete (a
@@ -914,6 +920,8 @@ class _Buckets:
         opt = self.optimizer
         opt.state["step"] = self.step_number
         opt._taken, opt._taken_partial = self.tree._grads, partial
+        heads = self.tree._grad_heads
+        opt._taken_edits = None if partial else (heads, [g._version for g in heads])
 
 
 class _EndOfBackward:

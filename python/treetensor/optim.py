@@ -191,7 +191,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
         # but its hooks, treetensor.nn's ties to a module's backward (a copy has none) and what an
         # LR scheduler patched in (its wrapper of `step`, as torch.optim's copies drop it)
         hooks = {k for k in self.__dict__ if k.startswith("_optimizer_") and k.endswith("_hooks")}
-        dropped = ("_taken", "_taken_partial", "_before_step", "step", "_opt_called")
+        dropped = ("_taken", "_taken_partial", "_taken_edits", "_before_step", "step", "_opt_called")
         return {k: v for k, v in self.__dict__.items() if k not in hooks and k not in dropped}
 
     def __setstate__(self, state):
@@ -411,7 +411,13 @@ class _TreeOptimizer(torch.optim.Optimizer):
                                    f"gradients backward made; step(grads) with other gradients "
                                    f"would be lost: acknowledge it with step(), then "
                                    f"step_in_backward(None) to step after backward")
-            self._taken, self._taken_partial = None, False
+            edits, self._taken, self._taken_partial, self._taken_edits = self._taken_edits, None, False, None
+            if edits is not None and any(g._version != v for g, v in zip(*edits)):
+                raise RuntimeError(f"{type(self).__name__}.step: the gradients were changed in "
+                                   f"place after backward had taken this step with them "
+                                   f"(ModuleTree.step_in_backward), e.g. by clip_grad_norm_: the "
+                                   f"change did nothing; the step is acknowledged. To clip, "
+                                   f"step_in_backward(None) and step after backward")
             return
         owner = _module_tree("_grads", grads) if grads is not None else None
         if owner is not None:
@@ -451,6 +457,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
 
     _taken = None  # the grads of a step taken during backward that step() has not acknowledged
     _taken_partial = False  # that step was taken by some buckets only (its backward raised)
+    _taken_edits = None  # (a leaf per gradient buffer, their versions) when that step was taken
     _before_step = None  # treetensor.nn's: a weak method settling a step a backward left
 
     def zero_grad(self, set_to_none=True):
