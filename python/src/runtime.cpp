@@ -364,12 +364,7 @@ class InlineLeaves {
   }
   /// Rethrows as runtime::run would, naming the op and the first failing leaf.
   void rethrow_if_any(std::string_view op) const {
-    if (errors_.empty()) return;
-    std::vector<std::string> others;
-    for (std::size_t k = 1; k < errors_.size(); ++k)
-      others.push_back("'" + errors_[k].first + "': " + runtime::message_of(errors_[k].second));
-    runtime::rethrow_with_context(errors_[0].second,
-                                  std::string(op) + " at leaf '" + errors_[0].first + "'", others);
+    if (!failures_.empty()) runtime::rethrow_leaf_failures(op, failures_);
   }
   /// Tree k holds every leaf's result k.
   /// @throws tree::StructureError naming the first leaf whose count differs from the first's.
@@ -399,7 +394,7 @@ class InlineLeaves {
         results_.push_back(f(t.leaf()));
       } catch (...) {
         results_.emplace_back();
-        errors_.emplace_back(where_.describe(), std::current_exception());
+        failures_.push_back({where_.describe(), std::current_exception()});
       }
       return;
     }
@@ -420,7 +415,7 @@ class InlineLeaves {
   const TensorTree& t_;
   tree::Path where_;
   std::vector<std::vector<at::Tensor>> results_;
-  std::vector<std::pair<std::string, std::exception_ptr>> errors_;
+  std::vector<runtime::LeafFailure> failures_;
 };
 
 py::object apply_leafwise(const py::function& fn, const py::args& args, const py::kwargs& kwargs) {

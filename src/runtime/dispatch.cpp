@@ -45,17 +45,6 @@ class LeafErrors {
   std::atomic<bool> any_{false};
 };
 
-void rethrow_leaf_errors(const LeafCall& call,
-                         const std::vector<std::pair<std::size_t, std::exception_ptr>>& errors) {
-  std::vector<std::string> others;
-  others.reserve(errors.size() - 1);
-  for (std::size_t k = 1; k < errors.size(); ++k)
-    others.push_back("'" + call.label(errors[k].first) + "': " + message_of(errors[k].second));
-  rethrow_with_context(errors.front().second,
-                       std::string(call.op) + " at leaf '" + call.label(errors.front().first) + "'",
-                       others);
-}
-
 // A c10 warning a leaf raises on a lane goes to the caller's warning handler (Python's makes
 // it a Python warning), one at a time: c10's handler is per thread, and the caller's need not
 // be thread-safe.
@@ -74,22 +63,22 @@ class ForwardWarnings final : public c10::WarningHandler {
 
 void LeafErrors::rethrow_if_any(const LeafCall& call) const {
   if (!any_.load(std::memory_order_relaxed)) return;
-  std::vector<std::pair<std::size_t, std::exception_ptr>> errors;
+  std::vector<LeafFailure> failures;
   for (std::size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i]) errors.emplace_back(i, slots_[i]);
-  rethrow_leaf_errors(call, errors);
+    if (slots_[i]) failures.push_back({call.label(i), slots_[i]});
+  rethrow_leaf_failures(call.op, failures);
 }
 
 void run_linear(const LeafCall& call) {
-  std::vector<std::pair<std::size_t, std::exception_ptr>> errors;
+  std::vector<LeafFailure> failures;
   for (std::size_t i = 0; i < call.leaves; ++i) {
     try {
       call.run(i);
     } catch (...) {
-      errors.emplace_back(i, std::current_exception());
+      failures.push_back({call.label(i), std::current_exception()});
     }
   }
-  if (!errors.empty()) rethrow_leaf_errors(call, errors);
+  if (!failures.empty()) rethrow_leaf_failures(call.op, failures);
 }
 
 // Piece boundaries: contiguous leaf ranges of about equal estimated cost, `per_lane` pieces

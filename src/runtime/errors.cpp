@@ -94,6 +94,16 @@ void rethrow_with_context(std::exception_ptr e, std::string_view context,
   // Unknown non-std types propagate from the try block unchanged.
 }
 
+void rethrow_leaf_failures(std::string_view op, const std::vector<LeafFailure>& failures) {
+  if (failures.empty()) throw std::invalid_argument("rethrow_leaf_failures: no failure");
+  std::vector<std::string> others;
+  others.reserve(failures.size() - 1);
+  for (std::size_t k = 1; k < failures.size(); ++k)
+    others.push_back("'" + failures[k].label + "': " + message_of(failures[k].error));
+  rethrow_with_context(failures.front().error,
+                       std::string(op) + " at leaf '" + failures.front().label + "'", others);
+}
+
 std::string message_of(const std::exception_ptr& e) {
   if (!e) return "no exception";
   try {

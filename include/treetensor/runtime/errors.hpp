@@ -48,4 +48,18 @@ namespace treetensor::runtime {
 /// Thread safety: safe to call concurrently.
 std::string message_of(const std::exception_ptr& e);
 
+/// A leaf's failure: the leaf's label (its path, e.g. "a.b") and its exception.
+struct LeafFailure {
+  std::string label;
+  std::exception_ptr error;
+};
+
+/// Rethrows the failures of one leaf-wise call as runtime::run reports them: the first
+/// failure's exception, its type kept as rethrow_with_context keeps it, with the context
+/// "<op> at leaf '<label>'", and every other failure listed as "'<label>': <message>".
+/// @param failures in leaf order; must not be empty.
+/// @throws always: as rethrow_with_context; std::invalid_argument when `failures` is empty.
+[[noreturn]] void rethrow_leaf_failures(std::string_view op,
+                                        const std::vector<LeafFailure>& failures);
+
 }  // namespace treetensor::runtime
