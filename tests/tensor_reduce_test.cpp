@@ -259,6 +259,43 @@ TEST_P(TensorReduce, EmptyTreesAndTreesWithoutElements) {
   }
 }
 
+// reduction_dtype() is what a pending tree-level result is allocated with before the job runs
+// (DESIGN.md §10): it must name the dtype each reduction returns, plain and consolidated.
+TEST_P(TensorReduce, ReductionDtypeIsTheResultsDtype) {
+  using R = tt::Reduction;
+  const at::Tensor c = at::complex(at::tensor({1.0f, 2.0f}), at::tensor({0.5f, -1.0f}));
+  const std::vector<TreeTensor> trees{
+      TreeTensor{{"a", at::ones({3}, at::kHalf)}, {"b", at::ones({2})}},
+      TreeTensor{{"a", at::tensor({1, 2})}, {"b", bools({1, 0})}},
+      TreeTensor{{"a", at::tensor({1, 2})}, {"b", at::tensor({0.5}, at::kDouble)}},
+      TreeTensor{{"a", c}, {"b", at::ones({2}, at::kDouble)}},
+      TreeTensor{{"a", at::zeros({0}, at::kDouble)}, {"b", at::ones({2}, at::kHalf)}},
+      TreeTensor{{"a", at::ones({2}, at::kBFloat16)}}};
+  for (const TreeTensor& plain : trees)
+    for (const TreeTensor& t : {plain, tt::consolidate(plain)}) {
+      const std::string what = ::testing::PrintToString(t);
+      EXPECT_EQ(tt::reduction_dtype(R::sum, t), tt::sum(t).scalar_type()) << what;
+      EXPECT_EQ(tt::reduction_dtype(R::all, t), tt::all(t).scalar_type()) << what;
+      EXPECT_EQ(tt::reduction_dtype(R::any, t), tt::any(t).scalar_type()) << what;
+      if (!leaves(t)[0].is_complex()) {
+        EXPECT_EQ(tt::reduction_dtype(R::min, t), tt::min(t).scalar_type()) << what;
+        EXPECT_EQ(tt::reduction_dtype(R::max, t), tt::max(t).scalar_type()) << what;
+      }
+      const auto floating = tt::reduction_dtype(R::mean, t);
+      if (at::isIntegralType(*floating, /*includeBool=*/true)) {
+        EXPECT_THROW(tt::mean(t), c10::Error) << what;
+        continue;
+      }
+      EXPECT_EQ(floating, tt::mean(t).scalar_type()) << what;
+      EXPECT_EQ(tt::reduction_dtype(R::std, t), tt::std(t).scalar_type()) << what;
+    }
+  // A constant in the default dtype: no dtype to promote.
+  for (const R r : {R::sum, R::mean, R::std, R::min, R::max})
+    EXPECT_EQ(tt::reduction_dtype(r, TreeTensor{}), std::nullopt);
+  EXPECT_EQ(tt::reduction_dtype(R::max, TreeTensor{{"a", at::zeros({0})}}), std::nullopt);
+  EXPECT_EQ(tt::reduction_dtype(R::any, TreeTensor{}), at::kBool);
+}
+
 TEST_P(TensorReduce, PerLeafFormsMatchNativeLoop) {
   TreeTensor t = randn_tree({{"a", {4, 5}}, {"b", {{"x", {3, 6}}}}});
   expect_same(tt::leaf_sum(t), native([](auto& x) { return x.sum(); }, t));

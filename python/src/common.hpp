@@ -379,8 +379,7 @@ decltype(auto) nogil(F&& f) {
 /// raised unchanged. Needs the GIL.
 [[noreturn]] void reraise(py::object exc, const std::string& message);
 
-/// The tree-level reductions (reduce.hpp) that go pending inside a pending asyncs scope.
-enum class TreeLevel { sum, mean, all, any, min, max, std };
+/// A tree-level reduction (reduce.hpp), which goes pending inside a pending asyncs scope.
 using TreeLevelFn = std::function<at::Tensor(const TensorTree&)>;
 /// f(n), a tree-level reduction (one tensor). Inside a pending asyncs scope (DESIGN.md §10) it
 /// is queued on the scope's thread and the result is a treetensor.asyncs.PendingTensor standing
@@ -388,7 +387,7 @@ using TreeLevelFn = std::function<at::Tensor(const TensorTree&)>;
 /// pending operand is waited for first (its dtypes decide the result's), and a call autograd
 /// records (or of quantized leaves) is made as outside a pending scope: a blocking call on the
 /// scope's thread. Needs the GIL.
-py::object tree_level(TreeLevel op, const char* name, const TensorTree& n, TreeLevelFn f);
+py::object tree_level(Reduction op, const char* name, const TensorTree& n, TreeLevelFn f);
 /// A torch.Tensor argument of a tree call as its at::Tensor: a PendingTensor is waited for
 /// first (a tree call reads the tensor without Python's __torch_function__). Needs the GIL.
 inline at::Tensor unpack_tensor(py::handle h) {

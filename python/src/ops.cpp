@@ -447,7 +447,7 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
 
   // ---- reductions: tree-level without dim (one tensor), per-leaf with dim (a tree) ------
   // Tree-level results go pending inside a pending asyncs scope (tree_level, common.hpp).
-  auto reduce = [&](const char* name, TreeLevel op, at::Tensor (*whole)(const TensorTree&),
+  auto reduce = [&](const char* name, Reduction op, at::Tensor (*whole)(const TensorTree&),
                     auto per_leaf) {
     cls.def(
         name,
@@ -462,19 +462,19 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   using D = const std::vector<int64_t>&;
   using T = const TensorTree&;
   reduce(
-      "sum", TreeLevel::sum, [](T n) { return treetensor::sum(n); },
+      "sum", Reduction::sum, [](T n) { return treetensor::sum(n); },
       [](T n, D d, bool k) { return treetensor::leaf_sum(n, d, k); });
   reduce(
-      "mean", TreeLevel::mean, [](T n) { return treetensor::mean(n); },
+      "mean", Reduction::mean, [](T n) { return treetensor::mean(n); },
       [](T n, D d, bool k) { return treetensor::leaf_mean(n, d, k); });
   reduce(
-      "all", TreeLevel::all, [](T n) { return treetensor::all(n); },
+      "all", Reduction::all, [](T n) { return treetensor::all(n); },
       [](T n, D d, bool k) { return treetensor::leaf_all(n, d.at(0), k); });
   reduce(
-      "any", TreeLevel::any, [](T n) { return treetensor::any(n); },
+      "any", Reduction::any, [](T n) { return treetensor::any(n); },
       [](T n, D d, bool k) { return treetensor::leaf_any(n, d.at(0), k); });
   reduce(
-      "std", TreeLevel::std, [](T n) { return treetensor::std(n); },
+      "std", Reduction::std, [](T n) { return treetensor::std(n); },
       [](T n, D d, bool k) { return treetensor::leaf_std(n, d, true, k); });
   for (const char* name : {"min", "max"}) {
     const bool is_min = name[1] == 'i';
@@ -484,8 +484,8 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
           const TensorTree& n = s.operand();
           if (dim.is_none())
             return is_min
-                       ? tree_level(TreeLevel::min, name, n, [](T t) { return treetensor::min(t); })
-                       : tree_level(TreeLevel::max, name, n,
+                       ? tree_level(Reduction::min, name, n, [](T t) { return treetensor::min(t); })
+                       : tree_level(Reduction::max, name, n,
                                     [](T t) { return treetensor::max(t); });
           const int64_t d = dim.cast<int64_t>();
           auto [v, i] = nogil([&] {

@@ -48,28 +48,6 @@ py::object pending_class() {
   return c;
 }
 
-bool integral_or_bool(at::ScalarType t) {
-  return at::isIntegralType(t, /*includeBool=*/true);
-}
-
-/// The dtype `op` gives over these leaves, as reduce.cpp computes it: torch's promotion of the
-/// partials' dtypes (sum: integral leaves sum as int64). None where reduce.cpp gives a constant
-/// (0 or NaN) in the default dtype: no partial exists.
-std::optional<at::ScalarType> result_dtype(TreeLevel op,
-                                           const std::vector<const at::Tensor*>& leaves) {
-  if (op == TreeLevel::all || op == TreeLevel::any) return at::kBool;
-  const bool skip_empty = op == TreeLevel::min || op == TreeLevel::max;
-  std::optional<at::ScalarType> type;
-  for (const at::Tensor* x : leaves) {
-    if (skip_empty && x->numel() == 0) continue;
-    at::ScalarType t = x->scalar_type();
-    if (op == TreeLevel::sum && integral_or_bool(t)) t = at::kLong;
-    if (op == TreeLevel::std) t = c10::toRealValueType(t);  // |x - m|^2 is real
-    type = type ? at::promoteTypes(*type, t) : t;
-  }
-  return type;
-}
-
 /// A result and the job writing it (invalid: the result is made).
 struct Queued {
   at::Tensor out;
@@ -79,7 +57,7 @@ struct Queued {
 /// Queues f(n) on `target` writing a preallocated result, or nothing when autograd records the
 /// call or a leaf is quantized (then the call is made here). Runs with the GIL released: a pending
 /// operand is made here (its leaves' dtypes decide the result's).
-std::optional<Queued> queue(const asyncs::PendingTarget& target, TreeLevel op, std::string name,
+std::optional<Queued> queue(const asyncs::PendingTarget& target, Reduction op, std::string name,
                             const TensorTree& n, TreeLevelFn f) {
   const auto flat = tree::flatten_refs(n);
   std::vector<at::Tensor> reads;
@@ -94,7 +72,7 @@ std::optional<Queued> queue(const asyncs::PendingTarget& target, TreeLevel op, s
   const at::Device device = flat.leaves.empty() ? at::Device(at::kCPU) : flat.leaves[0]->device();
   // A default-dtype constant takes the default dtype of the call: the job may run after a
   // set_default_dtype, and 0 and NaN convert exactly.
-  const auto type = result_dtype(op, flat.leaves);
+  const auto type = reduction_dtype(op, n);
   at::Tensor out = at::empty(
       {}, at::TensorOptions(type.value_or(at::get_default_dtype_as_scalartype())).device(device));
   auto body = [copy = TreeTensor(n), out, f = std::move(f), name, constant = !type] {
@@ -113,7 +91,7 @@ std::optional<Queued> queue(const asyncs::PendingTarget& target, TreeLevel op, s
 
 }  // namespace
 
-py::object tree_level(TreeLevel op, const char* name, const TensorTree& n, TreeLevelFn f) {
+py::object tree_level(Reduction op, const char* name, const TensorTree& n, TreeLevelFn f) {
   const auto target = asyncs::pending_target();
   // One GIL-released call either way: the pins on n's root (CallPins) cover only one.
   Queued r = nogil([&] {

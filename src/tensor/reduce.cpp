@@ -53,23 +53,34 @@ int64_t total_numel(const TensorTree& t) {
 }
 
 // torch's promotion of f(dtype) over the leaves' dtypes (the buffers' on a consolidated tree,
-// whose leaves have them), or nullopt without leaves.
+// whose leaves have them), or nullopt without leaves; `nonempty`: over those with elements.
 template <class F>
-std::optional<at::ScalarType> promoted(const TensorTree& t, F f) {
+std::optional<at::ScalarType> promoted(const TensorTree& t, F f, bool nonempty = false) {
   std::optional<at::ScalarType> out;
-  auto take = [&](at::ScalarType d) { out = out ? at::promoteTypes(*out, f(d)) : f(d); };
+  auto take = [&](const at::Tensor& x) {
+    if (nonempty && x.numel() == 0) return;
+    const at::ScalarType d = f(x.scalar_type());
+    out = out ? at::promoteTypes(*out, d) : d;
+  };
   if (const ConsolidatedTree* c = consolidated_source(t)) {
-    for (const at::Tensor& b : c->buffers()) take(b.scalar_type());
+    for (const at::Tensor& b : c->buffers()) take(b);
   } else {
-    for (const at::Tensor* x : tree::flatten_refs(t).leaves) take(x->scalar_type());
+    for (const at::Tensor* x : tree::flatten_refs(t).leaves) take(*x);
   }
   return out;
+}
+
+at::ScalarType same(at::ScalarType d) {
+  return d;
+}
+at::ScalarType summed(at::ScalarType d) {
+  return at::isIntegralType(d, /*includeBool=*/true) ? at::kLong : d;
 }
 
 // The dtype torch.cat of the leaves would have, which mean and std need floating or complex
 // (as torch's of all elements: int64 and float32 leaves promote to float32; int64 alone fails).
 at::ScalarType require_floating(std::string_view op, const TensorTree& t) {
-  const auto type = promoted(t, [](at::ScalarType d) { return d; });
+  const auto type = promoted(t, same);
   if (!type) return at::get_default_dtype_as_scalartype();
   if (at::isFloatingType(*type) || at::isComplexType(*type)) return *type;
   const auto flat = tree::flatten_refs(t);
@@ -109,14 +120,32 @@ at::Tensor extreme(std::string_view op, const TensorTree& t, bool is_min) {
 at::Tensor sum(const TensorTree& t) {
   // The dtype at::sum of torch.cat of the leaves has: a float16 leaf beside a float32 one is
   // summed in float32; integral and bool leaves in int64.
-  const auto type = promoted(t, [](at::ScalarType d) {
-    return at::isIntegralType(d, /*includeBool=*/true) ? at::kLong : d;
-  });
+  const auto type = promoted(t, summed);
   if (!type) return default_scalar(0.0);
   const at::ScalarType acc = at::toOpMathType(*type);
   return stacked(partials("sum", t, [&](const at::Tensor& x) { return x.sum(acc); }))
       .sum()
       .to(*type);
+}
+
+std::optional<at::ScalarType> reduction_dtype(Reduction r, const TensorTree& t) {
+  switch (r) {
+    case Reduction::all:
+    case Reduction::any:
+      return at::kBool;
+    case Reduction::sum:
+      return promoted(t, summed);
+    case Reduction::mean:
+      return promoted(t, same);
+    case Reduction::std: {
+      const auto type = promoted(t, same);
+      return type ? std::optional(c10::toRealValueType(*type)) : std::nullopt;
+    }
+    case Reduction::min:
+    case Reduction::max:
+      return promoted(t, same, /*nonempty=*/true);
+  }
+  throw std::invalid_argument("reduction_dtype: unknown reduction");
 }
 
 namespace {

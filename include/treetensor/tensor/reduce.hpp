@@ -26,6 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <tuple>
 
 #include "treetensor/tensor/tree_tensor.hpp"
@@ -33,6 +34,17 @@
 namespace treetensor {
 
 // ---- tree-level -------------------------------------------------------------------------------
+/// The tree-level reductions whose result dtype reduction_dtype() gives.
+enum class Reduction { sum, mean, all, any, min, max, std };
+
+/// The dtype the tree-level reduction `r` of `t` returns, from the leaves' dtypes alone (the
+/// buffers' on a consolidated tree; no data is read): all/any bool; sum torch's promotion with
+/// integral and bool leaves as int64; mean the promotion; std its real type; min/max the
+/// promotion over the leaves that have elements. nullopt where the result is a constant in the
+/// default dtype (a tree without leaves; min/max of a tree without elements, which throws).
+/// Integral-only mean and std have the integral dtype here and throw when computed.
+std::optional<at::ScalarType> reduction_dtype(Reduction r, const TensorTree& t);
+
 /// Sum of every element of every leaf (dtype: torch's promotion of the leaves' sum dtypes).
 at::Tensor sum(const TensorTree& t);
 /// Element-weighted mean over every element of every leaf, in the leaves' promoted dtype (as
