@@ -501,6 +501,95 @@ def test_a_legacy_torch_checkpoint_loads_by_the_modules_order():
         assert torch.equal(leaves(opt.state["exp_avg"])[k], sd["state"][i]["exp_avg"]), path
 
 
+def _twelve_linears(frozen=()):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(3, 3, bias=False) for _ in range(12)])
+    for i in frozen:
+        m[i].weight.requires_grad_(False)
+    return m
+
+
+def _adam_steps(m, opt, steps, x):
+    for _ in range(steps):
+        opt.zero_grad()
+        m(x).sum().backward()
+        opt.step()
+
+
+def test_a_state_dict_of_ours_loads_into_torch_optim_by_position():
+    """Our optimizer over a module's params numbers its state_dict as torch.optim over
+    module.parameters() does: torch's load_state_dict matches by position, so a checkpoint
+    of ours resumes in torch (it numbered the sorted paths: '10.weight' took '2.weight''s
+    moments, in silence, the shapes being equal)."""
+    x = torch.randn(4, 3)
+    ref = _twelve_linears()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    _adam_steps(ref, ref_opt, 2, x)
+    m = _twelve_linears()
+    tree = tnn.consolidate_module(m)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    _adam_steps(m, opt, 2, x)
+    sd = opt.state_dict()
+    assert sd["param_groups"][0]["param_names"] == [n for n, _ in m.named_parameters()]
+    resumed = _twelve_linears()
+    resumed.load_state_dict(m.state_dict())
+    resumed_opt = torch.optim.Adam(resumed.parameters(), lr=1e-2)
+    resumed_opt.load_state_dict(sd)
+    _adam_steps(ref, ref_opt, 2, x)
+    _adam_steps(resumed, resumed_opt, 2, x)
+    for (name, p), q in zip(ref.named_parameters(), resumed.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=name)
+    topt.Adam(tree.params, lr=1e-2).load_state_dict(resumed_opt.state_dict())  # and back
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["parameters", "named_parameters"])
+def test_torch_optim_over_a_model_with_frozen_parameters_loads(named):
+    """torch.optim over model.parameters(), frozen ones included (they never get state): its
+    checkpoint loads into ours over the module's trainable params and resumes as torch's."""
+    x = torch.randn(4, 3)
+    ref = _twelve_linears(frozen=(1, 10))
+    ref_opt = torch.optim.Adam(ref.named_parameters() if named else ref.parameters(), lr=1e-2)
+    _adam_steps(ref, ref_opt, 2, x)
+    sd = ref_opt.state_dict()
+    assert len(sd["param_groups"][0]["params"]) == 12 and len(sd["state"]) == 10
+    m = _twelve_linears(frozen=(1, 10))
+    m.load_state_dict(ref.state_dict())
+    tree = tnn.consolidate_module(m)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    opt.load_state_dict(sd)
+    _adam_steps(ref, ref_opt, 2, x)
+    _adam_steps(m, opt, 2, x)
+    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=name)
+    sd["state"][1] = dict(sd["state"][0])  # a frozen parameter with state: nowhere to go
+    with pytest.raises(ValueError, match=r"parameter '1.weight' has state but is frozen here"):
+        opt.load_state_dict(sd)
+
+
+def test_torch_s_loop_after_a_parameter_is_frozen_or_converted_is_refused():
+    """opt.step() over the .grad fields checks what tree.grads checks: a parameter frozen
+    after consolidation (it moved on Adam's moments: torch.optim skips it) or a model
+    converted (Adam failed on a dtype mismatch naming no parameter)."""
+    x = torch.randn(4, 3)
+    m = _twelve_linears()
+    tree = tnn.consolidate_module(m)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    _adam_steps(m, opt, 1, x)
+    m[3].weight.requires_grad_(False)
+    tree.zero_grad()
+    m(x).sum().backward()
+    before = m[3].weight.detach().clone()
+    with pytest.raises(RuntimeError, match=r"parameter '3.weight' was frozen \(requires_grad=False\) "
+                                           r"after consolidate_module"):
+        opt.step()
+    assert torch.equal(m[3].weight, before)
+    m[3].weight.requires_grad_(True)
+    m.double()
+    m(x.double()).sum().backward()
+    with pytest.raises(RuntimeError, match=r"parameter '0.weight' no longer lies in its consolidated buffer"):
+        opt.step()
+
+
 def test_consolidating_under_inference_mode_still_trains():
     ref, m = pair()
     with torch.inference_mode():

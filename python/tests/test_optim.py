@@ -252,6 +252,34 @@ def test_state_dicts_move_between_torch_optim_and_ours(name, options):
     agree(list(back.values()), ttorch.tree_flatten(t2)[0], lr, f"{name} {options}: ours in torch.optim")
 
 
+def test_a_torch_group_without_names_is_refused_by_a_plain_tree():
+    """torch.optim over model.parameters() writes no param_names and numbers its parameters in
+    the model's order, which a tree of sorted keys cannot know: refused (it was matched in
+    sorted order, in silence where the shapes agree); with the names it loads."""
+    named = {n: torch.nn.Parameter(x) for n, x in by_path(params()).items()}
+    ref_opt = torch.optim.Adam([named[n] for n in MODULE_ORDER])
+    for n, g in by_path(grads(0)).items():
+        named[n].grad = g
+    ref_opt.step()
+    sd = ref_opt.state_dict()
+    assert "param_names" not in sd["param_groups"][0]
+    opt = topt.Adam(tree_of([named[n] for n in ("conv", "fc.bias", "fc.weight")]))
+    with pytest.raises(ValueError, match=r"Adam.load_state_dict: the loaded group has no "
+                                         r"'param_names'.*consolidate_module\(model\).params"):
+        opt.load_state_dict(sd)
+    assert opt.state["step"] == 0
+    sd["param_groups"][0]["param_names"] = list(MODULE_ORDER)
+    opt.load_state_dict(sd)
+    for k, n in enumerate(("conv", "fc.bias", "fc.weight")):
+        i = MODULE_ORDER.index(n)
+        assert torch.equal(ttorch.tree_flatten(opt.state["exp_avg"])[0][k], sd["state"][i]["exp_avg"]), n
+    one = torch.nn.Parameter(torch.ones(3))  # a single leaf: no order to know
+    one_opt = torch.optim.Adam([one])
+    one.grad = torch.ones(3)
+    one_opt.step()
+    topt.Adam(ttorch.Tensor({"w": one})).load_state_dict(one_opt.state_dict())
+
+
 def test_param_groups_and_lr_schedulers_work_as_on_torch_optim():
     ref = [torch.nn.Parameter(x) for x in leaves(params())]
     ref_opt = torch.optim.AdamW(ref, lr=0.1)

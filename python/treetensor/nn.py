@@ -353,6 +353,7 @@ class ModuleTree:
         self.buffers, _ = _consolidate_in_place(buffers)
         self._leaves = [trainable[n] for n in self._order]
         self._module_order = list(trainable)  # named_parameters()'s: torch.optim's positions
+        self._named_order = list(named)  # the same, frozen parameters included
         self._places = _Places(module)
         self._param_slots = [self._places.slot(n) for n in self._order]
         self._buffer_slots = [(*self._places.slot(n, "_buffers"), n, t) for n, t in buffers.items()]
@@ -450,13 +451,21 @@ class ModuleTree:
         Raises RuntimeError naming the parameter's path for a module moved or converted after
         consolidation and for a gradient with a graph (``backward(create_graph=True)``)."""
         self._buckets.settle()
-        self._check_places()
-        ptrs = self._ptrs
+        self._check_params()
         for i, (p, g) in enumerate(zip(self._leaves, self._grad_leaves)):
-            if p.data_ptr() != ptrs[i]:
-                self._check_data(i, p)
             if p.grad is not g:
                 self._check_grad(i, p)
+        return self._grads
+
+    def _check_params(self):
+        # What a step over the tree would get wrong without a word: a parameter or submodule
+        # replaced, moved or converted, frozen or unfrozen since consolidation. Asked before
+        # every step (tree.grads, and torch's loop over the .grad fields).
+        self._check_places()
+        ptrs = self._ptrs
+        for i, p in enumerate(self._leaves):
+            if p.data_ptr() != ptrs[i]:
+                self._check_data(i, p)
             if not p.requires_grad:
                 raise RuntimeError(
                     f"treetensor.nn: parameter '{self._order[i]}' was frozen "
@@ -469,7 +478,6 @@ class ModuleTree:
                     f"treetensor.nn: parameter '{name}' was unfrozen (requires_grad=True) after "
                     f"consolidate_module: it is not in the tree's params, so no step would move "
                     f"it; call consolidate_module again (and make the optimizer over its params)")
-        return self._grads
 
     def _check_places(self):
         # A tensor or submodule replaced by hand: the trees would train the old one.

@@ -228,23 +228,26 @@ class _TreeOptimizer(torch.optim.Optimizer):
         return self.__dict__["param_groups"][0]
 
     def state_dict(self):
-        """torch.optim's format: per parameter index (the tree's flatten order) its step (a
-        float32 scalar tensor) and moments (the leaves of ``opt.state``'s trees, not copies);
-        none before the first step, as torch.optim. ``param_groups``: the options, ``params``
-        the indices."""
+        """torch.optim's format: per parameter index its step (a float32 scalar tensor) and
+        moments (the leaves of ``opt.state``'s trees, not copies); none before the first step,
+        as torch.optim. ``param_groups``: the options, ``params`` the indices and
+        ``param_names`` the paths. The indices follow ``module.named_parameters()`` for a
+        ``treetensor.nn`` module's params (a torch.optim over the module's trainable
+        parameters loads it by position), else the tree's flatten order."""
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
+        order = self._torch_order()
         group = {k: v for k, v in self._options().items() if k != "params"}
         group.update(self._torch_options())
-        group["param_names"] = list(self._leaf_paths)  # torch.optim's, from named_parameters()
-        group["params"] = list(range(len(self._leaf_paths)))
+        group["param_names"] = [self._leaf_paths[i] for i in order]  # torch.optim's names
+        group["params"] = list(range(len(order)))
         state = {}
         if self.state["step"] > 0:
             trees = {k: tree_flatten(self.state[k])[0] for k in self._state_keys()}
-            for i in range(len(self._leaf_paths)):
+            for j, i in enumerate(order):
                 leaf_state = self._leaf_state({k: v[i] for k, v in trees.items()})
                 if leaf_state:
-                    state[i] = leaf_state
+                    state[j] = leaf_state
         state_dict = {"state": state, "param_groups": [group]}
         for hook in self._optimizer_state_dict_post_hooks.values():
             state_dict = hook(self, state_dict) or state_dict
@@ -258,7 +261,8 @@ class _TreeOptimizer(torch.optim.Optimizer):
         replaces ours as torch.optim's does (a scheduler's ``initial_lr`` too); each parameter's
         moments are copied into ``opt.state``'s trees (consolidation kept), cast to the
         parameter's dtype. torch.optim's load_state_dict pre and post hooks run. Raises
-        ValueError naming the parameter's index and path when the group's size or names, an
+        ValueError naming the parameter's index and path when the group's size or names (or,
+        over a tree that is not a module's, of more than one leaf, its lack of names), an
         option these kernels do not implement, a moment (not a dense tensor of the parameter's
         shape) or a step (not a whole number, or not every parameter's) differs, or only some
         parameters have state; everything is checked before anything changes."""
@@ -270,15 +274,12 @@ class _TreeOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{name}: loaded state dict has {len(groups)} parameter groups; a "
                              f"tree optimizer has one")
         group, n = groups[0], len(self._leaf_paths)
-        if len(group["params"]) != n:
-            raise ValueError(f"{name}: loaded state dict contains a parameter group of "
-                             f"{len(group['params'])} parameters; this tree has {n} leaves")
         torch_options = self._torch_options()
         for k in self._must_match:
             if group.get(k, torch_options[k]) != torch_options[k]:
                 raise ValueError(f"{name}: the loaded group has {k}={group[k]!r}; "
                                  f"{self._refusal(k)}")
-        per_leaf = [state_dict["state"].get(idx) for idx in self._loaded_ids(name, group)]
+        per_leaf = [state_dict["state"].get(idx) for idx in self._loaded_ids(name, group, state_dict["state"])]
         have = [i for i, st in enumerate(per_leaf) if st]
         if have and len(have) != n:
             missing = next(i for i in range(n) if not per_leaf[i])
@@ -300,22 +301,52 @@ class _TreeOptimizer(torch.optim.Optimizer):
         for hook in self._optimizer_load_state_dict_post_hooks.values():
             hook(self)
 
-    def _loaded_ids(self, name, group):
+    def _torch_order(self):
+        """Our leaf indices in torch.optim's order: ``named_parameters()``'s for a
+        ``treetensor.nn`` module's params, else the flatten order."""
+        owner = _module_tree("params", self.params)
+        if owner is None:
+            return list(range(len(self._leaf_paths)))
+        index = {path: i for i, path in enumerate(self._leaf_paths)}
+        return [index[path] for path in owner._module_order]
+
+    def _loaded_ids(self, name, group, state):
         """The loaded group's parameter id for each of our leaves: by ``param_names`` where the
         group has them (ours, or torch.optim's over ``model.named_parameters()``), else by
-        position (torch.optim's own rule): in ``module.parameters()``'s order for a
-        ``treetensor.nn`` module's params, else in the tree's flatten order."""
+        position (torch.optim's own rule) in ``module.named_parameters()``'s order for a
+        ``treetensor.nn`` module's params (its frozen parameters included when the group has
+        them all: torch.optim over ``model.parameters()``); refused for another tree of more
+        than one leaf, whose order torch's cannot be known to be. A frozen parameter of the
+        module the group holds is skipped when it has no state."""
+        owner = _module_tree("params", self.params)
+        frozen = {n for n, _ in owner._frozen_leaves} if owner is not None else set()
         names = group.get("param_names")
+        if names is None and owner is None and len(self._leaf_paths) > 1:
+            raise ValueError(f"{name}: the loaded group has no 'param_names', and torch.optim "
+                             f"numbers parameters in the order its optimizer was given them, "
+                             f"which a tree (keys sorted) does not know: load it into an "
+                             f"optimizer over treetensor.nn.consolidate_module(model).params, "
+                             f"or set the group's 'param_names' (e.g. [n for n, _ in "
+                             f"model.named_parameters()])")
         if names is None:
-            owner = _module_tree("params", self.params)
-            if owner is None:
-                return list(group["params"])
-            ids = dict(zip(owner._module_order, group["params"]))
-            return [ids[path] for path in self._leaf_paths]
+            names = self._leaf_paths if owner is None else owner._module_order
+            if owner is not None and len(group["params"]) == len(owner._named_order):
+                names = owner._named_order
+        n = len(self._leaf_paths)
+        if len(group["params"]) - len(frozen.intersection(names)) != n:
+            raise ValueError(f"{name}: loaded state dict contains a parameter group of "
+                             f"{len(group['params'])} parameters; this tree has {n} leaves" +
+                             (f" (its module {len(owner._named_order)} parameters, the frozen "
+                              f"ones included)" if owner is not None else ""))
         ids = dict(zip(names, group["params"]))
+        for stray in frozen.intersection(names):
+            if state.get(ids[stray]):
+                raise ValueError(f"{name}: the loaded group's parameter '{stray}' has state but "
+                                 f"is frozen here (requires_grad=False), so no leaf of this tree "
+                                 f"takes it")
         for path in self._leaf_paths:
             if path not in ids:
-                stray = sorted(set(names) - set(self._leaf_paths))
+                stray = sorted(set(names) - set(self._leaf_paths) - frozen)
                 raise ValueError(f"{name}: the loaded group names no parameter '{path}' (it "
                                  f"names {stray or 'a duplicate'} instead)")
         return [ids[path] for path in self._leaf_paths]
@@ -425,9 +456,9 @@ class _TreeOptimizer(torch.optim.Optimizer):
             # fields: the new gradients are copied into it first.
             owner._restore_grads()
         elif grads is None and (module := _module_tree("params", self.params)) is not None:
-            # torch's loop (the .grad fields, not tree.grads): a parameter or submodule
-            # replaced since consolidation would be left untrained without a word.
-            module._check_places()
+            # torch's loop (the .grad fields, not tree.grads): a parameter replaced, moved,
+            # converted or frozen since consolidation would be stepped wrong without a word.
+            module._check_params()
         grads = self._grads(grads)
         with _errors_named(f"{type(self).__name__}.step"):
             self._kernel(self.params, grads, self._moments(), self.state["step"] + 1)
