@@ -72,14 +72,59 @@ py::object child_object(const PyTree& self, const TensorTree& child, const std::
   return py::cast(PyTree{self.root, std::move(path), std::move(constraint)});
 }
 
-// Attribute access of exact trees: a name of the type (a method, a property) as Python's own
-// lookup finds it; else a key, or a name of treetensor.torch's fallback, answered here without
-// the AttributeError a failed generic lookup makes before Python calls __getattr__ (t.a is
-// DI-treetensor code's most common call). Everything else, errors included, goes through
-// __getattr__. Subclasses (instance dicts) keep the generic lookup first.
+// The node of `tree` when no node on its path is pending (an asyncs pending result, DESIGN.md
+// §10): found without waiting for a job; else nullptr.
+const TensorTree* made_node(const PyTree& tree) {
+  const TensorTree* n = tree.root.get();
+  if (n->is_pending()) return nullptr;
+  for (const std::string& key : tree.path) {
+    n = n->find_child(key);
+    if (n == nullptr || n->is_pending()) return nullptr;
+  }
+  return n;
+}
+
+// DI-treetensor parity (treevalue's attribute rule): a key comes before a public method or
+// property of the same name, so a tree with keys 'mean' and 'std' gives its children for
+// t.mean and t.std. Returns the child, or nullptr (no error set) where the method stands: no
+// such key, a private name (the package's own), or a node not made yet (a pending result,
+// whose keys are known only once its job is done: its methods come first until it is read).
+PyObject* key_before_method(PyObject* self, PyObject* name) {
+  Py_ssize_t size = 0;
+  const char* key = PyUnicode_AsUTF8AndSize(name, &size);
+  if (key == nullptr || (size > 0 && key[0] == '_')) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  try {
+    const PyTree& tree = py::handle(self).cast<const PyTree&>();
+    const TensorTree* n = made_node(tree);
+    if (n == nullptr || n->is_leaf()) return nullptr;
+    const std::string_view k(key, size);
+    if (const TensorTree* c = n->find_child(k))
+      return child_object(tree, *c, std::string(k)).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+  }
+  return nullptr;
+}
+
+// Attribute access of exact trees: a key (before a method of the same name, see above); a name
+// of the type (a method, a property) as Python's own lookup finds it; else a name of
+// treetensor.torch's fallback, answered here without the AttributeError a failed generic
+// lookup makes before Python calls __getattr__ (t.a is DI-treetensor code's most common
+// call). Everything else, errors included, goes through __getattr__. Subclasses (instance
+// dicts) keep the generic lookup first.
 PyObject* tree_getattro(PyObject* self, PyObject* name) {
-  if (Py_TYPE(self) != g_tree_type || !PyUnicode_Check(name) ||
-      _PyType_Lookup(Py_TYPE(self), name) != nullptr) {
+  const bool exact = Py_TYPE(self) == g_tree_type && PyUnicode_Check(name);
+  const bool typed = exact && _PyType_Lookup(Py_TYPE(self), name) != nullptr;
+  if (typed) {
+    if (PyObject* child = key_before_method(self, name)) return child;
+    if (PyErr_Occurred()) return nullptr;
+  }
+  if (!exact || typed) {
     PyObject* r = PyObject_GenericGetAttr(self, name);
     if (r || !PyErr_ExceptionMatches(PyExc_AttributeError)) return r;
     PyErr_Clear();
@@ -784,14 +829,21 @@ released while leaf work runs.)");
       }
     }
   });
-  auto del_child = [](PyTree& self, const std::string& key) {
+  // A missing key: KeyError for del t[k], AttributeError for del t.k (as Python's and
+  // DI-treetensor's, so `except AttributeError` around `del t.k` catches it).
+  auto del_child = [](PyTree& self, const std::string& key, bool attribute) {
     TensorTree& n = self.node_mut();
     const TensorTree removed = outlive_change(n, key);
-    if (n.is_leaf() || !n.erase(tree::Path{key}))
-      throw py::key_error("treetensor: no key '" + key + "' at '" + self.path.describe() + "'");
+    if (n.is_leaf() || !n.erase(tree::Path{key})) {
+      const std::string what = "treetensor: no key '" + key + "' at '" + self.path.describe() + "'";
+      if (attribute) throw py::attribute_error(what);
+      throw py::key_error(what);
+    }
   };
-  cls.def("__delattr__", del_child);
-  cls.def("__delitem__", del_child);
+  cls.def("__delattr__",
+          [del_child](PyTree& self, const std::string& key) { del_child(self, key, true); });
+  cls.def("__delitem__",
+          [del_child](PyTree& self, const std::string& key) { del_child(self, key, false); });
   cls.def("__contains__", [](const PyTree& self, const std::string& key) {
     const TensorTree& n = self.node();
     return !n.is_leaf() && n.find(tree::Path{key}) != nullptr;
@@ -850,11 +902,12 @@ released while leaf work runs.)");
         return out;
       },
       "(key, child) pairs in key order.");
-  cls.def("__iter__", [](py::handle self) { return py::iter(self.attr("keys")()); });
+  // The keys, not through t.keys (a key 'keys' comes before the method).
+  cls.def("__iter__", [](const PyTree& self) { return py::iter(key_strs(self, self.node())); });
   // The keys backwards (DI-treetensor's); without it Python would index the leaves by ints.
-  cls.def("__reversed__", [](py::handle self) {
-    py::list keys(self.attr("keys")());
-    keys.attr("reverse")();
+  cls.def("__reversed__", [](const PyTree& self) {
+    py::list keys(key_strs(self, self.node()));
+    if (PyList_Reverse(keys.ptr()) != 0) throw py::error_already_set();
     return py::iter(keys);
   });
   // numpy must not take a tree for a sequence of its keys (np.asarray(t) would be the keys'

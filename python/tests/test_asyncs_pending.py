@@ -780,3 +780,21 @@ def test_a_child_forked_inside_a_job_ends_when_the_job_returns(end, status):
         time.sleep(0.01)
     assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == status, done[1]
     w.close()
+
+
+def test_a_pending_tree_s_methods_come_before_its_keys_until_it_is_made():
+    """A key comes before a method of its name (DI-treetensor parity), but a pending result's
+    keys are known only once its job is done: until then its methods come first, without a
+    wait (a method call on it chains inside the scope)."""
+    x = ttorch.Tensor({"sum": torch.ones(2), "a": torch.zeros(2)})
+    w = asyncs.Thread("keys")
+    ev = gated(w)
+    with asyncs.thread(w):
+        r = x + 1
+        s = r.sum  # the method, not a wait for the job behind the gate
+        assert w.in_flight() == 2
+    assert callable(s)
+    ev.set()
+    assert torch.equal(r.a, torch.ones(2))  # read: made
+    assert torch.equal(r.sum, torch.full((2,), 2.0))  # the key now
+    w.close()

@@ -141,7 +141,7 @@ def graphics(is_tree, node_id, *trees, title=None, cfg=None, dup_value=False, re
     while queue:
         parent_id, parent, root, parent_path = queue.popleft()
         line, key_font = _colors(root[2])[:2]
-        for key, child in parent.items():
+        for key, child in type(parent).items(parent):  # keys come before methods
             path = [*parent_path, key]
             is_node = is_tree(child)
             cid = "node_%x" % node_id(child) if is_node else value_id(child, parent, parent_id, path, parent_path)

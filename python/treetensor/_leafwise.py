@@ -20,7 +20,7 @@ def register_kind(leaf_type, tree_class):
 def tree_dict(x):
     """The nested dict of a tree argument, None for anything else."""
     if isinstance(x, _Tree):
-        return x.to_dict()
+        return _Tree.to_dict(x)  # the class's: a key 'to_dict' comes before the method
     if isinstance(x, Object):
         return x._d
     return _foreign_dict(x)  # a treevalue TreeValue, or None

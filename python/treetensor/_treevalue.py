@@ -28,7 +28,7 @@ def _is_tree(x):
 
 
 def _as_dict(tree):
-    return tree.to_dict() if isinstance(tree, _Tree) else tree._d
+    return _Tree.to_dict(tree) if isinstance(tree, _Tree) else tree._d
 
 
 def _positional(fn):
@@ -62,7 +62,7 @@ def walk(self):
     key order; a node's value is the tree (a view), a leaf's the leaf (treevalue's ``walk``)."""
     def go(node, path):
         yield path, node
-        for k in node.keys():
+        for k in type(node).keys(node):  # the class's: keys come before methods
             child = node[k]
             if _is_tree(child):
                 yield from go(child, path + (k,))
@@ -76,7 +76,7 @@ def reduce(self, func):
     """``func(**children)`` bottom up: each node's children (leaves, or their nodes' results) as
     keyword arguments named by their keys; the root's result (treevalue's ``reduce``)."""
     def go(node):
-        return func(**{k: go(v) if _is_tree(v) else v for k, v in ((k, node[k]) for k in node.keys())})
+        return func(**{k: go(v) if _is_tree(v) else v for k, v in ((k, node[k]) for k in type(node).keys(node))})
 
     return go(self)
 
@@ -187,7 +187,7 @@ def type_(self, clazz=None, *args, **kwargs):
 
 def clear(self):
     """Removes every child (dict.clear)."""
-    for k in list(self.keys()):
+    for k in list(type(self).keys(self)):  # the class's: keys come before methods
         del self[k]
 
 
@@ -195,11 +195,11 @@ def popitem(self):
     """Removes and returns the (key, child) pair of the last key in sorted order (treevalue's
     ``popitem``).
     @raises KeyError when the tree is empty."""
-    keys = list(self.keys())
+    keys = list(type(self).keys(self))
     if not keys:
         raise KeyError(f"popitem(): {type(self).__name__} is empty")
     k = keys[-1]
-    return k, self.pop(k)
+    return k, type(self).pop(self, k)
 
 
 # ---- class methods -------------------------------------------------------------------------

@@ -395,7 +395,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
     def _grads(self, grads):
         if grads is not None:
             return grads
-        grads = self.params.grad
+        grads = Tensor.grad.__get__(self.params)  # the class's: a key 'grad' comes first
         leaves, spec = tree_flatten(grads) if isinstance(grads, Tensor) else ([grads], None)
         for i, g in enumerate(leaves):
             if g is None:

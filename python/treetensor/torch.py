@@ -4,7 +4,10 @@ core.
 - ``ttorch.Tensor({'a': x, 'b': {'c': y}})`` builds a tree (torch.Tensor leaves shared, other
   leaves through torch.as_tensor); ``ttorch.Tensor(non_dict)`` is ``torch.tensor(non_dict)``.
 - ``t.a.b`` / ``t['a']`` (views: assigning through them changes ``t``), ``keys() / values() /
-  items()``, iteration over keys, ``len`` (children), ``'a' in t``, ``t.to_dict()``.
+  items()``, iteration over keys, ``len`` (children), ``'a' in t``, ``t.to_dict()``. A key
+  comes before a method or property of its name (treevalue's rule: ``t.mean`` is the child
+  'mean' where there is one; ``Tensor.mean(t)`` the method), except on a pending asyncs result
+  not made yet, whose keys are unknown until its job is done.
 - Every op is leaf-wise: operators (``+ - * / // % ** @ & | ^ << >>``, reflected and in-place,
   unary ``- + ~``, comparisons give trees of bool tensors), the op registry's ops as methods and
   functions (``ttorch.sigmoid(t)``, ``t.sum()``...). A function given no tree falls back to
@@ -57,7 +60,7 @@ def _tree(d):
 # A tree pickles as _tree(its nested dict): made whole in one call, so torch.load's default
 # (weights_only=True) may read torch.save(tree, f) once this module is imported. Not the class
 # itself: that would let a file make Tensor.__new__'s unmade object (NEWOBJ without a state).
-Tensor.__reduce__ = lambda self: (_tree, (self.to_dict(),))
+Tensor.__reduce__ = lambda self: (_tree, (Tensor.to_dict(self),))
 _torch.serialization.add_safe_globals([_tree])
 
 __all__ = ["Tensor", "Size", "Object", "stream", "apply", "synchronize"]
@@ -109,22 +112,22 @@ class Size(Object):
 
     def __init__(self, data=None):
         super().__init__(data)
-        if not _builtins.all(isinstance(v, _torch.Size) for v in self.leaves()):
+        if not _builtins.all(isinstance(v, _torch.Size) for v in Object.leaves(self)):
             object.__setattr__(self, "_d", _map_dict(self._d, _torch.Size, "Size"))
 
     def __getitem__(self, k):
         """``s[key]``: the child; ``s[0]`` an Object of each leaf's first dimension, ``s[1:]``
         a Size of each leaf's trailing ones (DI-treetensor)."""
         r = super().__getitem__(k)
-        if type(r) is Object and _builtins.all(isinstance(v, _torch.Size) for v in r.leaves()):
+        if type(r) is Object and _builtins.all(isinstance(v, _torch.Size) for v in Object.leaves(r)):
             return Size(r._d)
         return r
 
     def numel(self):
-        return _builtins.sum(s.numel() for s in self.leaves())
+        return _builtins.sum(s.numel() for s in Object.leaves(self))
 
     def count(self, value):
-        return _builtins.sum(s.count(value) for s in self.leaves())
+        return _builtins.sum(s.count(value) for s in Object.leaves(self))
 
     def index(self, value, *args):
         def find(s):
@@ -203,7 +206,7 @@ def _to(self, *args, **kwargs):
 
 
 Tensor.to = _to
-Tensor.cuda = lambda self, device=None: self.to(device if device is not None else "cuda")
+Tensor.cuda = lambda self, device=None: Tensor.to(self, device if device is not None else "cuda")
 
 
 def _dim(self):
@@ -262,7 +265,7 @@ def _method_fn(name, doc=None):
         if not isinstance(input, Tensor):
             input = _tree_arg(input)
         if isinstance(input, Tensor):
-            return getattr(input, name)(*args, **kwargs)
+            return getattr(type(input), name)(input, *args, **kwargs)  # a key 'name' comes first on t
         if _builtins.any(_is_tree(a) for a in args) or _builtins.any(_is_tree(v) for v in kwargs.values()):
             # the tree is not the first argument (ttorch.isclose(tensor, tree))
             args = [_tree_arg(a) for a in args]
@@ -412,8 +415,9 @@ def _leaf_facing_subtree(target, other, path=""):
         return None
     if not _is_tree(target):
         return path or "<root>"
-    if sorted(target.keys()) == sorted(other.keys()):
-        for k in target.keys():
+    keys = type(target).keys(target)  # the classes': keys come before methods
+    if sorted(keys) == sorted(type(other).keys(other)):
+        for k in keys:
             p = _leaf_facing_subtree(target[k], other[k], f"{path}.{k}" if path else k)
             if p is not None:
                 return p
@@ -676,7 +680,7 @@ def _pop(self, key, *default):
         raise KeyError(f"treetensor: no key '{key}' at '{self._path or '<root>'}'")
     value = self[key]
     if isinstance(value, Tensor):
-        value = Tensor(value.to_dict())  # its own root: the view would lose its node
+        value = Tensor(Tensor.to_dict(value))  # its own root: the view would lose its node
     del self[key]
     return value
 
@@ -684,7 +688,7 @@ def _pop(self, key, *default):
 Tensor.pop = _pop
 Tensor.update = _treevalue.update
 Tensor.setdefault = _treevalue.setdefault
-Tensor.json = lambda self: self.to_dict()
+Tensor.json = lambda self: Tensor.to_dict(self)
 Tensor.json.__doc__ = "The nested dict of the leaf tensors (DI-treetensor's json())."
 
 def vmap(func, *args, **kwargs):

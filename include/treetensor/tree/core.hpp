@@ -295,6 +295,16 @@ class Tree {
   bool contains(const Path& path) const { return find(path) != nullptr; }
   bool contains(std::string_view dotted) const { return contains(Path::parse(dotted)); }
 
+  /// The child under `key`, or nullptr (also for a leaf): a binary search, no allocation.
+  /// A deferred tree is made first (this may block and throw as make() does).
+  const Tree* find_child(std::string_view key) const {
+    if (is_leaf()) return nullptr;  // makes a deferred node
+    const auto& c = std::get<0>(node_);
+    auto it = std::lower_bound(c.begin(), c.end(), key,
+                               [](const Entry& e, std::string_view k) { return e.first < k; });
+    return it != c.end() && it->first == key ? &it->second : nullptr;
+  }
+
   /// The node at the path, or nullptr.
   const Tree* find(const Path& path) const {
     const Tree* node = this;
@@ -355,13 +365,6 @@ class Tree {
     throw StructureError({}, "tree node is a leaf, it has no children");
   }
 
-  const Tree* find_child(std::string_view key) const {
-    if (is_leaf()) return nullptr;  // makes a deferred node
-    const auto& c = std::get<0>(node_);
-    auto it = std::lower_bound(c.begin(), c.end(), key,
-                               [](const Entry& e, std::string_view k) { return e.first < k; });
-    return it != c.end() && it->first == key ? &it->second : nullptr;
-  }
 
   std::vector<std::string> keys() const {
     std::vector<std::string> out;
