@@ -213,6 +213,13 @@ CASES = [
     ("fallback-relu-plain", "ttorch.log_softmax(torch.ones(3), 0)", None),
     # DI-engine's idioms
     ("idiom-slice", "T('s')[:2]", None),
+    # a key before a method or property of the same name (treevalue's attribute rule)
+    ("idiom-key-before-method", "(lambda t: (t.mean, t.std, t.sum, t.shape, t.grad))(ttorch.Tensor("
+     "{'mean': torch.tensor([1.0]), 'std': torch.tensor([2.0]), 'sum': torch.tensor([3.0]), "
+     "'shape': torch.tensor([4.0]), 'grad': {'x': torch.tensor([5.0])}}))", None),
+    ("idiom-key-before-method-nested", "(lambda t: t.a.max - t.a.min)(ttorch.Tensor("
+     "{'a': {'max': torch.tensor([3.0]), 'min': torch.tensor([1.0])}}))", None),
+    ("error-idiom-del-missing", "delattr(T('t'), 'nothing')", None),
     ("idiom-index", "T('s')[1]", None),
     ("idiom-split", "ttorch.split(T('s'), 3)", None),
     ("idiom-stack-list", "ttorch.stack([T('t') for _ in range(3)])", None),
@@ -282,6 +289,8 @@ CASES = [
     ("numpy-array_equal", "tnp.array_equal(tnp.array({'a': [1, 2]}), tnp.array({'a': [1, 2]}))", None),
     ("numpy-add", "tnp.array({'a': [1, 2]}) + tnp.array({'a': [3, 4]})", None),
     ("numpy-sum", "tnp.array({'a': [1, 2], 'b': {'x': [3]}}).sum()", None),
+    ("numpy-scalar-leaves", "(lambda n: ((n > 0).all(), (n > 0).any(), (n > 0).sum(), n.tolist()))("
+     "tnp.ndarray({'r': np.array(1.0), 'o': np.array([1.0, 2.0])}))", None),
     ("numpy-eq", "tnp.array({'a': [1, 2]}) == tnp.array({'a': [1, 3]})", None),
     ("numpy-shape", "(tnp.array({'a': [1, 2], 'b': {'x': [3, 4, 5]}}).shape, "
      "tnp.array({'a': [[1, 2]], 'b': {'x': [[3], [4]]}}).shape)", None),
@@ -302,6 +311,12 @@ CASES = [
     ("Object-all", "(tc.Object({'a': True, 'b': {'c': False}}).all(), tc.Object({'a': True}).all())", None),
     ("Object-any", "(tc.Object({'a': False, 'b': {'c': False}}).any(), tc.Object({'a': 1}).any())", None),
     ("Object-plain", "tc.Object(1)", None),
+    ("Object-key-before-method", "(lambda o: (o.type, o.keys, o.map, o.get))(tc.Object({'type': 'ppo', "
+     "'keys': 1, 'map': 'x', 'get': {'c': 2}}))", None),
+    ("Object-leaf-method", "tc.Object({'a': 'abc', 'b': {'c': 'de'}}).upper()", None),
+    ("Object-leaf-attribute", "tc.Object({'a': 1 + 2j, 'b': {'c': 3j}}).imag", None),
+    ("Object-call", "tc.Object({'a': (lambda x: x + 1), 'b': {'c': (lambda x: x * 2)}})(3)", None),
+    ("error-Object-leaf-method-missing", "tc.Object({'a': 'abc', 'b': 1}).upper()", None),
     ("Object-operators", "(lambda o: (o + 1, 2 - o, o * o, o / 2, o // 4, o % 4, o ** 2, 2 ** o, o & 3, "
      "o | 8, o ^ 1, o << 1, 1 << o, o >> 1, -o, +o, ~o))(tc.Object({'a': 6, 'b': {'c': 3}}))", None),
     ("Object-operators-inplace", "(lambda o, alias: (o.__iadd__(1) is o, o.__imul__(2), o.__ixor__(1), "

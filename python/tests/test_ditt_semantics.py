@@ -114,9 +114,12 @@ def test_keys_come_before_torch_names():
     ttorch.Tensor({"a": torch.ones(2)}).argmax()  # the method form is resolved (and kept) first
     t = ttorch.Tensor({"T": torch.ones(2), "argmax": torch.zeros(1), "neg": torch.ones(1)})
     assert torch.equal(t.T, torch.ones(2)) and torch.equal(t.argmax, torch.zeros(1))
-    assert callable(t.neg) and torch.equal(t.neg()["neg"], -torch.ones(1))  # own methods first
-    s = ttorch.Tensor({"sum": torch.ones(2), "shape": torch.zeros(3)})  # DESIGN.md §15
-    assert torch.equal(s.sum(), torch.tensor(2.0)) and s.shape.sum == torch.Size([2])
+    # before its own methods too (treevalue's rule, DESIGN.md §15); the class has them
+    assert torch.equal(t.neg, torch.ones(1)) and torch.equal(ttorch.Tensor.neg(t)["neg"], -torch.ones(1))
+    s = ttorch.Tensor({"sum": torch.ones(2), "shape": torch.zeros(3)})
+    assert torch.equal(s.sum, torch.ones(2)) and torch.equal(s.shape, torch.zeros(3))
+    assert torch.equal(ttorch.Tensor.sum(s), torch.tensor(2.0))
+    assert ttorch.Tensor.shape.__get__(s).sum == torch.Size([2])
     assert torch.equal(s["sum"], torch.ones(2)) and torch.equal(s["shape"], torch.zeros(3))
     view = ttorch.Tensor(sample()).b
     del view.x
@@ -717,3 +720,57 @@ def test_numpy_trees_without_leaves_stay_numpy_trees():
               empty.copy(), tnp.sqrt(empty), empty[0:1], empty.shape, empty.T, empty.dtype):
         assert type(r) is tnp.ndarray, type(r)
     assert tnp.array({"a": {}}).to_dict() == {"a": {}} and tnp.array({}).to_dict() == {}
+
+
+# ---- keys named like methods ----------------------------------------------------------------------
+METHOD_KEYS = ["mean", "std", "sum", "to_dict", "keys", "values", "items", "grad", "shape", "dtype",
+               "detach", "clone", "to", "get", "pop", "map", "numel", "json", "consolidate", "walk",
+               "reduce", "float", "split", "apply", "requires_grad_"]
+
+
+def test_keys_named_like_methods_come_first_and_the_package_still_works(tmp_path):
+    """treevalue's rule: t.mean is the key 'mean' where there is one. The package's own code
+    reaches methods through the class, so such a tree still prints, pickles, saves, stacks,
+    zips and reduces; the methods stay reachable as ttorch.Tensor.<name>(t)."""
+    d = {k: torch.tensor([float(i), -1.0]) for i, k in enumerate(METHOD_KEYS)}
+    d["sub"] = {"max": torch.tensor([5.0]), "min": torch.tensor([1.0])}
+    t = ttorch.Tensor(d)
+    for k in METHOD_KEYS:
+        assert torch.equal(getattr(t, k), d[k]), k
+    assert torch.equal(t.sub.max - t.sub.min, torch.tensor([4.0]))
+    assert callable(t.add) and callable(t._leaf_call)  # no such key: the methods
+    dicts_equal(ttorch.Tensor.to_dict(t), d)
+    assert torch.equal(ttorch.Tensor.mean(t), ttorch.mean(t))
+    assert "requires_grad_" in repr(t)
+    dicts_equal(pickle.loads(pickle.dumps(t)), d)
+    ttorch.save(t, str(tmp_path / "t.pt"))
+    dicts_equal(ttorch.load(str(tmp_path / "t.pt")), d)
+    dicts_equal(ttorch.stack([t, t]), dmap(lambda x: torch.stack([x, x]), d))
+    dicts_equal(t + t, dmap(lambda x: x + x, d))
+    dicts_equal(t.softmax(-1), dmap(lambda x: x.softmax(-1), d))  # the fallback: no such key
+    assert ttorch.Tensor.reduce(t, lambda **kw: len(kw)) == len(d)
+    assert len(list(ttorch.Tensor.walk(t))) == len(d) + 3
+    t.mean = torch.tensor([9.0])  # assigned: the key again
+    assert torch.equal(t.mean, torch.tensor([9.0]))
+    del t.mean
+    assert callable(t.mean)
+    with pytest.raises(AttributeError, match="no key 'mean'"):
+        del t.mean
+
+
+def test_object_and_numpy_keys_come_first_and_leaves_answer_the_rest():
+    o = tc.Object({"type": "ppo", "keys": [1, 2], "items": {"c": "x"}})
+    assert o.type == "ppo" and o.keys == [1, 2] and isinstance(o.items, tc.Object)
+    assert tc.Object.keys(o) == ["items", "keys", "type"] and len(o) == 3
+    assert repr(o).startswith("<Object>") and pickle.loads(pickle.dumps(o)).type == "ppo"
+    assert tc.Object({"a": "abc", "b": {"c": "de"}}).upper().to_dict() == {"a": "ABC", "b": {"c": "DE"}}
+    assert tc.Object({"f": abs, "g": {"h": str}})(-3).to_dict() == {"f": 3, "g": {"h": "-3"}}
+    with pytest.raises(AttributeError, match=r"no key 'nothing' in tree .*'int' object has no attribute"):
+        tc.Object({"a": 1}).nothing
+    n = tnp.ndarray({"r": np.array(1.0), "o": np.array([1.0, 2.0]), "sum": np.array([4.0])})
+    assert isinstance(n.sum, np.ndarray) and tnp.ndarray.sum(n) == 8.0
+    m = tnp.ndarray({"r": np.array(1.0), "o": np.array([1.0, -2.0])})
+    assert (m > 0).any() and not (m > 0).all() and (m > 0).sum() == 2
+    assert m.tolist().to_dict() == {"r": 1.0, "o": [1.0, -2.0]}
+    with pytest.raises(TypeError, match="is not one numpy array"):
+        np.asarray(m)

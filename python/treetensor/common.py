@@ -96,11 +96,38 @@ class Object:
     def _wrap(cls, v):
         return cls(v) if isinstance(v, dict) else v
 
+    def __getattribute__(self, k):
+        # DI-treetensor parity (treevalue's rule): a key comes before a public method of the
+        # same name (Object({'type': 'ppo'}).type is 'ppo'); private names are the package's.
+        if k[:1] != "_":
+            d = object.__getattribute__(self, "_d")
+            if k in d:
+                return object.__getattribute__(self, "_child")(k)
+        return object.__getattribute__(self, k)
+
     def __getattr__(self, k):
+        """A name that is neither a key nor a method: every leaf's attribute of that name, an
+        Object of them (DI-treetensor: ``Object({'a': 'abc'}).upper()`` is ``{'a': 'ABC'}``,
+        through ``__call__``). AttributeError naming the first leaf without it."""
+        if k[:1] == "_":
+            raise AttributeError(f"no key '{k}' in tree (keys: {_sorted_keys(self._d)})")
+        from ._leafwise import call
         try:
-            return self._child(k)
-        except KeyError:
-            raise AttributeError(f"no key '{k}' in tree (keys: {self.keys()})") from None
+            return Object._wrap(call(lambda v: getattr(v, k), (self,), {}, k)[0])
+        except AttributeError as e:
+            raise AttributeError(f"no key '{k}' in tree (keys: {_sorted_keys(self._d)}), and {e}") \
+                from None
+
+    def __array__(self, *args, **kwargs):
+        # numpy must not take a tree for a sequence of its keys (np.asarray(t) gave the keys).
+        raise TypeError(f"treetensor: a tree of {len(_leaves(self._d))} leaves is not one numpy "
+                        f"array: convert a leaf, or use treetensor.numpy's functions on the tree")
+
+    def __call__(self, *args, **kwargs):
+        """Calls every leaf with the arguments (trees among them zipped), an Object of the
+        results (DI-treetensor's ``Object({'f': fn})(x)``)."""
+        from ._leafwise import call
+        return Object._wrap(call(lambda f, *a, **kw: f(*a, **kw), (self, *args), kwargs, "call")[0])
 
     def __getitem__(self, k):
         """``o[key]``: the child ``key``; an index that is no key (``o[0]``, ``o[1:]``) indexes
@@ -124,7 +151,7 @@ class Object:
         try:
             del self[k]
         except KeyError:
-            raise AttributeError(f"no key '{k}' in tree (keys: {self.keys()})") from None
+            raise AttributeError(f"no key '{k}' in tree (keys: {_sorted_keys(self._d)})") from None
 
     def get(self, k, default=None):
         return self._child(k) if k in self._d else default
@@ -133,16 +160,16 @@ class Object:
         return _sorted_keys(self._d)
 
     def values(self):
-        return [self[k] for k in self.keys()]
+        return [self[k] for k in _sorted_keys(self._d)]
 
     def items(self):
-        return [(k, self[k]) for k in self.keys()]
+        return [(k, self[k]) for k in _sorted_keys(self._d)]
 
     def __iter__(self):
-        return iter(self.keys())
+        return iter(_sorted_keys(self._d))
 
     def __reversed__(self):
-        return reversed(self.keys())
+        return reversed(_sorted_keys(self._d))
 
     def __len__(self):
         return len(self._d)
@@ -164,11 +191,11 @@ class Object:
 
     def all(self):
         """Whether every leaf is true (``builtins.all``; DI-treetensor's ``Object.all``)."""
-        return _builtins.all(self.leaves())
+        return _builtins.all(_leaves(self._d))
 
     def any(self):
         """Whether some leaf is true (``builtins.any``)."""
-        return _builtins.any(self.leaves())
+        return _builtins.any(_leaves(self._d))
 
     def __eq__(self, other):
         if isinstance(other, Object):
@@ -186,7 +213,7 @@ class Object:
         printed again, as treevalue does."""
         out = [f"<{type(self).__name__}>"]
         seen = {id(self._d): None}  # a subtree printed -> its path link (see _describe)
-        stack = [(self, self.keys(), 0, "", None)]
+        stack = [(self, _sorted_keys(self._d), 0, "", None)]
         while stack:
             node, keys, i, indent, path = stack.pop()
             if i == len(keys):
@@ -205,7 +232,7 @@ class Object:
                 out.append(f"{indent}{more}{' ' * (len(shown) + 5)}(the same tree as '{where}')")
             else:
                 seen[id(v._d)] = (k, path)
-                stack.append((v, v.keys(), 0, indent + more, (k, path)))
+                stack.append((v, _sorted_keys(v._d), 0, indent + more, (k, path)))
         return "\n".join(out)
 
 

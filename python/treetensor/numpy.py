@@ -22,6 +22,15 @@ __all__ = ["ndarray", "array", "all", "any", "equal", "array_equal", "stack", "c
            "zeros", "ones"]
 
 
+def _leaf_method(name):
+    """A leaf's own method `name` called: numpy scalars (a 0-d comparison's np.bool_) have
+    them too, where numpy.ndarray's unbound ones refuse them."""
+    def method(x, *args, **kwargs):
+        return getattr(x, name)(*args, **kwargs)
+
+    return method
+
+
 class ndarray(Object):
     """A tree of numpy arrays: keys as attributes, then numpy.ndarray's methods and attributes on
     every leaf (``t.sum()``, ``t.shape``: trees), operators leaf-wise."""
@@ -39,7 +48,7 @@ class ndarray(Object):
         if not callable(attr):
             return _leafwise.wrap(_leafwise.call(lambda x: getattr(x, name), (self,), {}, name)[0],
                                   rise=False, empty=ndarray)
-        f = _leafwise.treelized(attr, name, inplace=name.endswith("_"), empty=ndarray)
+        f = _leafwise.treelized(_leaf_method(name), name, inplace=name.endswith("_"), empty=ndarray)
         return lambda *args, **kwargs: _as_ndarray(f(self, *args, **kwargs))
 
     def __getitem__(self, index):
@@ -60,32 +69,32 @@ class ndarray(Object):
 
     def tolist(self):
         """The leaves' ``tolist()`` (an Object)."""
-        return Object(_leafwise.call(_np.ndarray.tolist, (self,), {}, "tolist")[0])
+        return Object(_leafwise.call(lambda x: x.tolist(), (self,), {}, "tolist")[0])
 
     def _total(self, fn, name, reduce, args, kwargs):
         return reduce(_leafwise._leaves(_leafwise.call(fn, (self,) + args, kwargs, name)[0]))
 
     def sum(self, *args, **kwargs):
         """The sum of the leaves' ``sum(...)`` (DI-treetensor)."""
-        return self._total(_np.ndarray.sum, "sum", _builtins.sum, args, kwargs)
+        return self._total(_leaf_method("sum"), "sum", _builtins.sum, args, kwargs)
 
     def all(self, *args, **kwargs):
         """Whether every leaf's ``all(...)`` is true (DI-treetensor)."""
-        return self._total(_np.ndarray.all, "all", _builtins.all, args, kwargs)
+        return self._total(_leaf_method("all"), "all", _builtins.all, args, kwargs)
 
     def any(self, *args, **kwargs):
         """Whether some leaf's ``any(...)`` is true (DI-treetensor)."""
-        return self._total(_np.ndarray.any, "any", _builtins.any, args, kwargs)
+        return self._total(_leaf_method("any"), "any", _builtins.any, args, kwargs)
 
     @property
     def size(self):
         """The element count of every leaf together (DI-treetensor)."""
-        return _builtins.sum(x.size for x in self.leaves())
+        return _builtins.sum(x.size for x in Object.leaves(self))
 
     @property
     def nbytes(self):
         """The bytes of every leaf together (DI-treetensor)."""
-        return _builtins.sum(x.nbytes for x in self.leaves())
+        return _builtins.sum(x.nbytes for x in Object.leaves(self))
 
     def tensor(self, *args, **kwargs):
         """A treetensor.torch.Tensor of torch.from_numpy(leaf) (memory shared), then
