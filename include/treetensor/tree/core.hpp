@@ -365,7 +365,6 @@ class Tree {
     throw StructureError({}, "tree node is a leaf, it has no children");
   }
 
-
   std::vector<std::string> keys() const {
     std::vector<std::string> out;
     if (!is_leaf())
