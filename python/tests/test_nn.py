@@ -2,6 +2,7 @@
 own tensors, training through them matches torch.optim on the unconsolidated model, and every
 case DESIGN.md §21 names (tied, frozen, mixed dtypes, buffers, unused parameters, moved models,
 checkpoints, 2 ranks against DistributedDataParallel) is handled or refused naming the path."""
+import copy
 import os
 import subprocess
 import sys
@@ -542,6 +543,33 @@ def test_a_state_dict_of_ours_loads_into_torch_optim_by_position():
     topt.Adam(tree.params, lr=1e-2).load_state_dict(resumed_opt.state_dict())  # and back
 
 
+def test_the_torch_order_outlives_the_tree():
+    """The numbering is the module's also after tree.close() or a second consolidate_module
+    (it fell back to the sorted paths once the tree was no longer open)."""
+    m = _twelve_linears()
+    tree = tnn.consolidate_module(m)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    _adam_steps(m, opt, 1, torch.randn(4, 3))
+    order = [n for n, _ in m.named_parameters()]
+    tree.close()
+    assert opt.state_dict()["param_groups"][0]["param_names"] == order
+    tnn.consolidate_module(m)
+    assert opt.state_dict()["param_groups"][0]["param_names"] == order
+    assert copy.deepcopy(opt).state_dict()["param_groups"][0]["param_names"] == order
+
+
+def test_a_grads_tree_read_before_a_parameter_is_frozen_is_checked_at_the_step():
+    m = _twelve_linears()
+    tree = tnn.consolidate_module(m)
+    opt = topt.Adam(tree.params, lr=1e-2)
+    grads = tree.grads  # read once, reused
+    m(torch.randn(4, 3)).sum().backward()
+    opt.step(grads)
+    m[5].weight.requires_grad_(False)
+    with pytest.raises(RuntimeError, match=r"parameter '5.weight' was frozen"):
+        opt.step(grads)
+
+
 @pytest.mark.parametrize("named", [False, True], ids=["parameters", "named_parameters"])
 def test_torch_optim_over_a_model_with_frozen_parameters_loads(named):
     """torch.optim over model.parameters(), frozen ones included (they never get state): its
@@ -770,14 +798,21 @@ def test_clipping_after_a_step_in_backward_is_reported_at_step():
         _two_dtypes_loss(m, x).backward()
         head.grad.mul_(0.5)
         with pytest.raises(RuntimeError, match=r"SGD.step: the gradients were changed in place "
-                                               r"after backward had taken this step .*clip_grad_norm_"):
+                                               r"\(clip_grad_norm_, a zero_grad\(\)\) after backward "
+                                               r"had taken this step"):
             opt.step()
         assert opt._taken is None  # acknowledged: the next backward steps again
     tree.zero_grad()
     _two_dtypes_loss(m, x).backward()
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1e-3)
-    with pytest.raises(RuntimeError, match="changed in place"):
+    with pytest.raises(RuntimeError, match=r"changed in place.*ttorch.norm\(tree.grads\)"):
         opt.step()
+    for clear in (lambda: opt.zero_grad(), lambda: m.zero_grad(), lambda: tree.zero_grad(set_to_none=True)):
+        tree.zero_grad()
+        _two_dtypes_loss(m, x).backward()
+        clear()  # torch's default set_to_none=True: not an in-place edit, still too late
+        with pytest.raises(RuntimeError, match=r"a .grad was replaced or set to None"):
+            opt.step()
     tree.close()
 
 
@@ -822,7 +857,7 @@ def test_step_in_backward_refusals_and_off():
     tree.zero_grad()
     with pytest.raises(RuntimeError, match="a second backward before Adam.step"):
         m(x).sum().backward()  # the refused step() acknowledged nothing
-    with pytest.raises(RuntimeError, match="changed in place after backward"):
+    with pytest.raises(RuntimeError, match="changed in place .* after backward"):
         opt.step()  # acknowledged, the zero_grad after the step's backward reported
     assert opt.state["step"] == 1
     before = [p.detach().clone() for p in m.parameters()]

@@ -127,7 +127,7 @@ def _consolidate_in_place(named):
     view into one buffer per (dtype, device): values copied once, then ``t.data = view``."""
     if not named:
         return Tensor({}), []
-    copies = Tensor(_nest((n, t.detach()) for n, t in named.items())).consolidate()
+    copies = Tensor.consolidate(Tensor(_nest((n, t.detach()) for n, t in named.items())))
     views, spec = tree_flatten(copies)
     order = [".".join(p) for p in spec.paths()]
     with _torch.no_grad():
@@ -135,7 +135,7 @@ def _consolidate_in_place(named):
             named[name].data = view
     # The module's own tensors now lie where consolidate() laid the copies: consolidate() of
     # their tree recognises the layout and gives the property back without a copy.
-    tree = Tensor(_nest(named.items())).consolidate()
+    tree = Tensor.consolidate(Tensor(_nest(named.items())))  # a submodule 'consolidate' is a key
     return tree, order
 
 
@@ -358,7 +358,7 @@ class ModuleTree:
         self._param_slots = [self._places.slot(n) for n in self._order]
         self._buffer_slots = [(*self._places.slot(n, "_buffers"), n, t) for n, t in buffers.items()]
         self.param_buffers = buffers_of(self._leaves)
-        self._grads = zeros_like(self.params).consolidate() if self._leaves else Tensor({})
+        self._grads = Tensor.consolidate(zeros_like(self.params)) if self._leaves else Tensor({})
         self._grad_leaves = tree_flatten(self._grads)[0]
         self.grad_buffers = buffers_of(self._grad_leaves)
         # A leaf of each gradient buffer: a buffer's views share one version counter, which an
@@ -536,8 +536,9 @@ class ModuleTree:
           ``param_groups``, through which GradScaler unscales, raise RuntimeError until
           ``step()`` acknowledges the step; ``step(other_grads)`` raises RuntimeError, and so
           do a second backward before ``step()`` (accumulating gradients) and the ``step()``
-          after gradients edited in place since backward (``clip_grad_norm_``, ``zero_grad()``;
-          it acknowledges the step all the same); every backward
+          after gradients edited in place or replaced since backward (``clip_grad_norm_``,
+          even one clipping nothing, ``zero_grad()``; it acknowledges the step all the same);
+          every backward
           that reaches the parameters steps them;
         - ``step()``'s pre and post hooks run when it acknowledges the step, after it;
         - a parameter that backward still needs after its gradient is complete (a
@@ -928,8 +929,27 @@ class _Buckets:
         opt = self.optimizer
         opt.state["step"] = self.step_number
         opt._taken, opt._taken_partial = self.tree._grads, partial
-        heads = self.tree._grad_heads
-        opt._taken_edits = None if partial else (heads, [g._version for g in heads])
+        opt._taken_edits = None if partial else _GradEdits(self.tree)
+
+
+class _GradEdits:
+    """What changed the gradients of a module's tree since it was made, or None: an in-place
+    edit (a buffer's views share one version counter) or a ``.grad`` replaced or cleared. Holds
+    tensors, not the tree (which holds the optimizer)."""
+
+    __slots__ = ("heads", "versions", "leaves", "grads")
+
+    def __init__(self, tree):
+        self.heads, self.leaves, self.grads = tree._grad_heads, tree._leaves, tree._grad_leaves
+        self.versions = [g._version for g in self.heads]
+
+    def __call__(self):
+        if any(g._version != v for g, v in zip(self.heads, self.versions)):
+            return "the gradients were changed in place (clip_grad_norm_, a zero_grad())"
+        for p, g in zip(self.leaves, self.grads):
+            if p.grad is not g:
+                return "a .grad was replaced or set to None (zero_grad(), p.grad = ...)"
+        return None
 
 
 class _EndOfBackward:

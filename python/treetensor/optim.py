@@ -70,7 +70,7 @@ def _torch_flags(owner, capturable=False, differentiable=False):
 
 def _state_like(params):
     s = zeros_like(params)
-    return s.consolidate() if params.is_consolidated() else s
+    return Tensor.consolidate(s) if Tensor.is_consolidated(params) else s  # keys come first
 
 
 def _layout_buffers(name, tree, params):
@@ -78,7 +78,7 @@ def _layout_buffers(name, tree, params):
     buffers of the same number, else ValueError naming ``name``."""
     from .distributed import buffers_of
     leaves, ref = tree_flatten(tree)[0], tree_flatten(params)[0]
-    if not (isinstance(tree, Tensor) and tree.is_consolidated()) or len(leaves) != len(ref) or any(
+    if not (isinstance(tree, Tensor) and Tensor.is_consolidated(tree)) or len(leaves) != len(ref) or any(
             a.storage_offset() != b.storage_offset() or a.shape != b.shape
             for a, b in zip(leaves, ref)):
         raise ValueError(f"the optimizer's {name} are not consolidated as its parameters; a step "
@@ -186,6 +186,13 @@ class _TreeOptimizer(torch.optim.Optimizer):
         self.params = params
         self._leaf_paths = _paths(spec)
         self.state = {"step": 0}
+        # torch.optim's order of a treetensor.nn module's parameters, kept from now on (the
+        # tree may be closed, or the module consolidated again, before a state_dict()):
+        # named_parameters()'s trainable ones, all of them, and the frozen ones' names.
+        owner = _module_tree("params", params)
+        if owner is not None:
+            self._module_names = (list(owner._module_order), list(owner._named_order),
+                                  {n for n, _ in owner._frozen_leaves})
 
     def __getstate__(self):  # torch.optim keeps three attributes; a tree optimizer needs all
         # but its hooks, treetensor.nn's ties to a module's backward (a copy has none) and what an
@@ -304,11 +311,10 @@ class _TreeOptimizer(torch.optim.Optimizer):
     def _torch_order(self):
         """Our leaf indices in torch.optim's order: ``named_parameters()``'s for a
         ``treetensor.nn`` module's params, else the flatten order."""
-        owner = _module_tree("params", self.params)
-        if owner is None:
+        if self._module_names is None:
             return list(range(len(self._leaf_paths)))
         index = {path: i for i, path in enumerate(self._leaf_paths)}
-        return [index[path] for path in owner._module_order]
+        return [index[path] for path in self._module_names[0]]
 
     def _loaded_ids(self, name, group, state):
         """The loaded group's parameter id for each of our leaves: by ``param_names`` where the
@@ -318,10 +324,10 @@ class _TreeOptimizer(torch.optim.Optimizer):
         them all: torch.optim over ``model.parameters()``); refused for another tree of more
         than one leaf, whose order torch's cannot be known to be. A frozen parameter of the
         module the group holds is skipped when it has no state."""
-        owner = _module_tree("params", self.params)
-        frozen = {n for n, _ in owner._frozen_leaves} if owner is not None else set()
+        module = self._module_names
+        trainable, every, frozen = module if module is not None else (None, None, set())
         names = group.get("param_names")
-        if names is None and owner is None and len(self._leaf_paths) > 1:
+        if names is None and module is None and len(self._leaf_paths) > 1:
             raise ValueError(f"{name}: the loaded group has no 'param_names', and torch.optim "
                              f"numbers parameters in the order its optimizer was given them, "
                              f"which a tree (keys sorted) does not know: load it into an "
@@ -329,15 +335,15 @@ class _TreeOptimizer(torch.optim.Optimizer):
                              f"or set the group's 'param_names' (e.g. [n for n, _ in "
                              f"model.named_parameters()])")
         if names is None:
-            names = self._leaf_paths if owner is None else owner._module_order
-            if owner is not None and len(group["params"]) == len(owner._named_order):
-                names = owner._named_order
+            names = self._leaf_paths if module is None else trainable
+            if module is not None and len(group["params"]) == len(every):
+                names = every
         n = len(self._leaf_paths)
         if len(group["params"]) - len(frozen.intersection(names)) != n:
             raise ValueError(f"{name}: loaded state dict contains a parameter group of "
                              f"{len(group['params'])} parameters; this tree has {n} leaves" +
-                             (f" (its module {len(owner._named_order)} parameters, the frozen "
-                              f"ones included)" if owner is not None else ""))
+                             (f" (its module {len(every)} parameters, the frozen ones "
+                              f"included)" if module is not None else ""))
         ids = dict(zip(names, group["params"]))
         for stray in frozen.intersection(names):
             if state.get(ids[stray]):
@@ -443,17 +449,21 @@ class _TreeOptimizer(torch.optim.Optimizer):
                                    f"would be lost: acknowledge it with step(), then "
                                    f"step_in_backward(None) to step after backward")
             edits, self._taken, self._taken_partial, self._taken_edits = self._taken_edits, None, False, None
-            if edits is not None and any(g._version != v for g, v in zip(*edits)):
-                raise RuntimeError(f"{type(self).__name__}.step: the gradients were changed in "
-                                   f"place after backward had taken this step with them "
-                                   f"(ModuleTree.step_in_backward), e.g. by clip_grad_norm_: the "
-                                   f"change did nothing; the step is acknowledged. To clip, "
-                                   f"step_in_backward(None) and step after backward")
+            if edits is not None and (changed := edits()) is not None:
+                raise RuntimeError(f"{type(self).__name__}.step: {changed} after backward had "
+                                   f"taken this step with the gradients (ModuleTree."
+                                   f"step_in_backward): the change did nothing; the step is "
+                                   f"acknowledged. To clip or edit gradients, step_in_backward("
+                                   f"None) and step after backward; to read their norm, "
+                                   f"ttorch.norm(tree.grads) (clip_grad_norm_ writes them even "
+                                   f"when it clips nothing)")
             return
         owner = _module_tree("_grads", grads) if grads is not None else None
         if owner is not None:
-            # A module's gradient tree read before torch.optim's zero_grad() cleared the .grad
-            # fields: the new gradients are copied into it first.
+            # A module's gradient tree, maybe read before torch.optim's zero_grad() cleared the
+            # .grad fields (the new gradients are copied into it first) or before a parameter
+            # was frozen or moved.
+            owner._check_params()
             owner._restore_grads()
         elif grads is None and (module := _module_tree("params", self.params)) is not None:
             # torch's loop (the .grad fields, not tree.grads): a parameter replaced, moved,
@@ -488,7 +498,8 @@ class _TreeOptimizer(torch.optim.Optimizer):
 
     _taken = None  # the grads of a step taken during backward that step() has not acknowledged
     _taken_partial = False  # that step was taken by some buckets only (its backward raised)
-    _taken_edits = None  # (a leaf per gradient buffer, their versions) when that step was taken
+    _taken_edits = None  # treetensor.nn's check of the gradients that step used
+    _module_names = None  # (trainable, all, frozen) parameter names of a treetensor.nn module
     _before_step = None  # treetensor.nn's: a weak method settling a step a backward left
 
     def zero_grad(self, set_to_none=True):
