@@ -86,9 +86,10 @@ const TensorTree* made_node(const PyTree& tree) {
 
 // DI-treetensor parity (treevalue's attribute rule): a key comes before a public method or
 // property of the same name, so a tree with keys 'mean' and 'std' gives its children for
-// t.mean and t.std. Returns the child, or nullptr (no error set) where the method stands: no
-// such key, a private name (the package's own), or a node not made yet (a pending result,
-// whose keys are known only once its job is done: its methods come first until it is read).
+// t.mean and t.std. Returns the child; or nullptr where the method stands (no such key, a
+// private name (the package's own), or a node not made yet: a pending result, whose keys are
+// known only once its job is done, answers with its methods until it is read); or nullptr
+// with a Python error set.
 PyObject* key_before_method(PyObject* self, PyObject* name) {
   Py_ssize_t size = 0;
   const char* key = PyUnicode_AsUTF8AndSize(name, &size);

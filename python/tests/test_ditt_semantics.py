@@ -774,3 +774,29 @@ def test_object_and_numpy_keys_come_first_and_leaves_answer_the_rest():
     assert m.tolist().to_dict() == {"r": 1.0, "o": [1.0, -2.0]}
     with pytest.raises(TypeError, match="is not one numpy array"):
         np.asarray(m)
+
+
+def test_the_package_s_functions_take_trees_with_keys_named_like_methods():
+    """Each of these called a method of a user's tree by attribute (a key of that name came
+    first and was called)."""
+    x = torch.ones(2)
+    assert ttorch.zeros(ttorch.Tensor({"to_dict": x, "b": x}).shape).b.shape == (2,)
+    dicts_equal(ttorch.tensor(ttorch.Tensor({"clone": x, "b": x})), {"clone": x, "b": x})
+    assert torch.equal(tc.Object.to_dict(tc.Object(ttorch.Tensor({"to_dict": x})))["to_dict"], x)
+    assert torch.equal(tc.Object({"n": ttorch.Tensor({"to_dict": x})}).to_dict()["n"]["to_dict"], x)
+    t = ttorch.Tensor({"a": x})
+    ttorch.Tensor.update(t, ttorch.Tensor({"items": 2 * x}))
+    assert torch.equal(t["items"], 2 * x)
+    o = tc.Object({"items": 1, "_x": 2})
+    assert o._x == 2 and o.items == 1
+    p = {"consolidate": torch.nn.Parameter(torch.ones(3)), "b": torch.nn.Parameter(torch.ones(2))}
+    import treetensor.optim as topt
+    opt = topt.SGD(ttorch.Tensor.consolidate(ttorch.Tensor(p)), lr=0.1)
+    opt.step(ttorch.Tensor({"consolidate": torch.ones(3), "b": torch.ones(2)}))
+    assert torch.allclose(opt.params["consolidate"], torch.full((3,), 0.9))
+    import treetensor.nn as tnn
+    m = torch.nn.Module()
+    m.consolidate, m.keys = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    tree = tnn.consolidate_module(m)
+    assert ttorch.Tensor.keys(tree.params) == ["consolidate", "keys"]
+    tree.close()

@@ -91,7 +91,7 @@ class _LeafWise(Constraint):
 
     def check(self, value, path=()):
         if _is_tree(value):
-            for k, v in value.items():
+            for k, v in type(value).items(value):  # the class's: a key 'items' comes first
                 self.check(v, (*path, k))
             return
         try:

@@ -331,7 +331,7 @@ def setdefault(self, key, default=None):
 def update(self, other=(), **kwargs):
     """Sets each child of ``other`` (a dict, a tree or (key, value) pairs) and of kwargs
     (dict.update). Tensor and Object trees alike."""
-    items = other.items() if hasattr(other, "items") else other
+    items = type(other).items(other) if hasattr(type(other), "items") else other
     for k, v in list(items) + list(kwargs.items()):
         self[k] = v
 

@@ -62,7 +62,7 @@ class Object:
         if isinstance(data, Object):
             data = data._d
         elif isinstance(data, _C.Tensor):
-            data = data.to_dict()
+            data = _C.Tensor.to_dict(data)
         elif isinstance(data, dict):
             data = _with_subtrees(data)
         else:
@@ -109,6 +109,8 @@ class Object:
         """A name that is neither a key nor a method: every leaf's attribute of that name, an
         Object of them (DI-treetensor: ``Object({'a': 'abc'}).upper()`` is ``{'a': 'ABC'}``,
         through ``__call__``). AttributeError naming the first leaf without it."""
+        if k in self._d:  # a key '_x': __getattribute__ leaves private names to Python's lookup
+            return self._child(k)
         if k[:1] == "_":
             raise AttributeError(f"no key '{k}' in tree (keys: {_sorted_keys(self._d)})")
         from ._leafwise import call
@@ -333,7 +335,7 @@ def _plain(d, path=(), open_ids=None):
         if isinstance(v, Object):
             return _plain(v._d, at, open_ids)
         if isinstance(v, _C.Tensor):
-            return v.to_dict()
+            return _C.Tensor.to_dict(v)
         if type(v) in (list, tuple):
             return type(v)(value(x, at + (i,)) for i, x in enumerate(v))
         return v

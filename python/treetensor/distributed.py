@@ -384,7 +384,7 @@ def all_reduce(tree, op=None, *, group=None, async_op=False, bucket_cap_mb=25):
                        "nothing to do", UserWarning, stacklevel=2)
         return None
     leaves, spec = tree_flatten(tree)
-    if tree.is_consolidated():  # its leaves are disjoint views of its buffers
+    if Tensor.is_consolidated(tree):  # its leaves are disjoint views of its buffers
         cap = bucket_cap_mb * _MiB
         views = [v for v, _ in bucket_plan(leaves, lambda k: cap)]
     else:

@@ -772,7 +772,7 @@ __all__ += ["equal", "allclose", "cat", "stack"]
 # ---- construction -------------------------------------------------------------------------------
 def _shapes(x):
     if isinstance(x, Object):
-        return x.to_dict()
+        return Object.to_dict(x)
     return _plain_dict(x)
 
 
@@ -916,7 +916,8 @@ def tensor(data, *args, **kwargs):
     if isinstance(data, dict):
         return Tensor(_map_dict(data, lambda v: _torch.tensor(v, *args, **kwargs), "tensor"))
     if isinstance(data, Tensor):
-        return data.clone() if not (args or kwargs) else data.clone().to(*args, **kwargs)
+        copy = Tensor.clone(data)  # the class's: a key 'clone' comes first on data
+        return copy if not (args or kwargs) else Tensor.to(copy, *args, **kwargs)
     return _torch.tensor(data, *args, **kwargs)
 
 
