@@ -7,6 +7,7 @@
 #include <pybind11/eval.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -72,8 +73,8 @@ py::object child_object(const PyTree& self, const TensorTree& child, const std::
   return py::cast(PyTree{self.root, std::move(path), std::move(constraint)});
 }
 
-// The node of `tree` when no node on its path is pending (an asyncs pending result, DESIGN.md
-// §10): found without waiting for a job; else nullptr.
+// The node of `tree` when no node on its path is pending, found without a wait or a pin (the
+// common case, on every method call); else nullptr.
 const TensorTree* made_node(const PyTree& tree) {
   const TensorTree* n = tree.root.get();
   if (n->is_pending()) return nullptr;
@@ -84,12 +85,34 @@ const TensorTree* made_node(const PyTree& tree) {
   return n;
 }
 
+// Whether no job that makes a node on `tree`'s path (an asyncs pending result, DESIGN.md §10)
+// is still running; those done are made on the way (raising a failed job's error).
+bool jobs_done(const PyTree& tree) {
+  const TensorTree* n = tree.root.get();
+  for (std::size_t i = 0;; ++i) {
+    const TensorTree::Source* source = n->pending_source();
+    if (source != nullptr && n->is_pending() && !source->wait_for(std::chrono::milliseconds(0)))
+      return false;
+    if (i == tree.path.size()) return true;
+    n = n->find_child(tree.path[i]);
+    if (n == nullptr) return true;  // node() raises the KeyError
+  }
+}
+
+// The node whose keys come before methods: read as t.a reads it (a pending one waited for),
+// except where a tree call made now goes pending (inside a pending asyncs scope) and its job
+// still runs: nullptr, so that a method call on a pending result chains without a wait.
+const TensorTree* node_for_keys(const PyTree& tree) {
+  if (const TensorTree* n = made_node(tree)) return n;
+  if (asyncs::pending_target() && !jobs_done(tree)) return nullptr;
+  return &tree.node();
+}
+
 // DI-treetensor parity (treevalue's attribute rule): a key comes before a public method or
 // property of the same name, so a tree with keys 'mean' and 'std' gives its children for
 // t.mean and t.std. Returns the child; or nullptr where the method stands (no such key, a
-// private name (the package's own), or a node not made yet: a pending result, whose keys are
-// known only once its job is done, answers with its methods until it is read); or nullptr
-// with a Python error set.
+// private name (the package's own), or inside a pending scope a result whose job still runs:
+// its keys are known only once the job is done); or nullptr with a Python error set.
 PyObject* key_before_method(PyObject* self, PyObject* name) {
   Py_ssize_t size = 0;
   const char* key = PyUnicode_AsUTF8AndSize(name, &size);
@@ -99,7 +122,7 @@ PyObject* key_before_method(PyObject* self, PyObject* name) {
   }
   try {
     const PyTree& tree = py::handle(self).cast<const PyTree&>();
-    const TensorTree* n = made_node(tree);
+    const TensorTree* n = node_for_keys(tree);
     if (n == nullptr || n->is_leaf()) return nullptr;
     const std::string_view k(key, size);
     if (const TensorTree* c = n->find_child(k))

@@ -795,6 +795,13 @@ def test_a_pending_tree_s_methods_come_before_its_keys_until_it_is_made():
         assert w.in_flight() == 2
     assert callable(s)
     ev.set()
-    assert torch.equal(r.a, torch.ones(2))  # read: made
-    assert torch.equal(r.sum, torch.full((2,), 2.0))  # the key now
+    assert torch.equal(r.sum, torch.full((2,), 2.0))  # outside the scope a read: waits, the key
+    with asyncs.thread(w):
+        q = x + 2
+        asyncs.synchronize()
+        assert torch.equal(q.sum, torch.full((2,), 3.0))  # its job done: the key
+    c = x.clone()
+    with asyncs.thread(w):
+        c += 1  # a pending write of c
+    assert torch.equal(c.sum, torch.full((2,), 2.0))
     w.close()

@@ -635,6 +635,9 @@ bounds = TreeValue({"a": torch.zeros(2), "x": {"c": torch.ones(3)}})
 assert torch.equal(t.clamp(min=bounds).x.c, torch.tensor([1.0, 1.0, 2.0]))  # (a dict: TypeError,
 assert torch.equal(ttorch.clamp(t.clone(), bounds, None).x.c, torch.tensor([1.0, 1.0, 2.0]))
 assert torch.equal(t.clone().clamp_(max=bounds).x.c, torch.tensor([0.0, 1.0, 1.0]))  # as theirs)
+named = FastTreeValue({"items": torch.ones(2), "keys": {"values": torch.zeros(1)}})  # keys come
+assert torch.equal(ttorch.Tensor(named)["items"], torch.ones(2))  # first on treevalue's too
+assert tcommon.Object.to_dict(tcommon.Object(named))["keys"]["values"].shape == (1,)
 ttorch.save(d, "d.pt")
 saved = torch.load("d.pt")
 assert torch.equal(saved["x"]["c"], d.x.c) and torch.equal(saved["a"], d.a)

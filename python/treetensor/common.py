@@ -261,7 +261,7 @@ def _foreign_dict(x):
         if depth >= _MAX_DEPTH:
             raise ValueError(f"treetensor: a treevalue TreeValue nested deeper than {_MAX_DEPTH} "
                              "levels (one that contains itself?)")
-        for k, v in node.items():
+        for k, v in tree_value.items(node):  # the class's: a key 'items' comes first there too
             if isinstance(v, tree_value):
                 d[k] = {}
                 todo.append((v, d[k], depth + 1))

@@ -6,8 +6,8 @@ core.
 - ``t.a.b`` / ``t['a']`` (views: assigning through them changes ``t``), ``keys() / values() /
   items()``, iteration over keys, ``len`` (children), ``'a' in t``, ``t.to_dict()``. A key
   comes before a method or property of its name (treevalue's rule: ``t.mean`` is the child
-  'mean' where there is one; ``Tensor.mean(t)`` the method), except on a pending asyncs result
-  not made yet, whose keys are unknown until its job is done.
+  'mean' where there is one; ``Tensor.mean(t)`` the method), except inside a pending asyncs
+  scope on a result whose job still runs (its keys are unknown until the job is done).
 - Every op is leaf-wise: operators (``+ - * / // % ** @ & | ^ << >>``, reflected and in-place,
   unary ``- + ~``, comparisons give trees of bool tensors), the op registry's ops as methods and
   functions (``ttorch.sigmoid(t)``, ``t.sum()``...). A function given no tree falls back to
