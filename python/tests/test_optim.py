@@ -491,3 +491,23 @@ def test_a_large_step_has_the_same_bits_on_any_thread_count_and_steps_after_a_fo
     """)
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_state_looked_up_by_a_parameter_says_how_it_is_laid_out():
+    """torch.optim code reads opt.state[p]; ours holds the moment trees by name: a KeyError that
+    says so (a plain dict's printed the whole tensor), pickles and copies keep the layout."""
+    import copy
+    import pickle
+    p = torch.nn.Parameter(torch.ones(1000))
+    opt = topt.Adam(ttorch.Tensor({"w": p}))
+    opt.step(ttorch.Tensor({"w": torch.ones(1000)}))
+    with pytest.raises(KeyError, match=r"opt.state is looked up by name \(\['exp_avg', 'exp_avg_sq', "
+                                       r"'step'\]\).*got a Parameter of shape \[1000\]") as e:
+        opt.state[p]
+    assert "1., 1." not in str(e.value)
+    with pytest.raises(KeyError, match="^'nothing'$"):
+        opt.state["nothing"]
+    for other in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        assert other.state["step"] == 1 and torch.equal(other.state["exp_avg"]["w"], opt.state["exp_avg"]["w"])
+        with pytest.raises(KeyError, match="looked up by name"):
+            other.state[p]

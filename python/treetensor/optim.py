@@ -133,6 +133,23 @@ def _step_entry(step):
     return entry
 
 
+class _State(dict):
+    """``opt.state``: ``step`` and the moment trees by name, not torch.optim's state per
+    parameter; looking one up by a parameter raises a KeyError that says so (torch's printed the
+    whole tensor)."""
+
+    __slots__ = ()
+
+    def __missing__(self, key):
+        if isinstance(key, str):
+            raise KeyError(key)
+        what = f"a {type(key).__name__}" + (f" of shape {list(key.shape)}" if isinstance(key, torch.Tensor) else "")
+        raise KeyError(f"treetensor.optim: opt.state is looked up by name ({sorted(self)}): 'step' "
+                       f"and the moment trees, consolidated as the parameters, not by parameter "
+                       f"as torch.optim's (got {what}); a parameter's moments are "
+                       f"opt.state['exp_avg'][path], or state_dict()['state'][index] in torch's form")
+
+
 def _paths(spec):
     return [".".join(p) or "<root>" for p in spec.paths()]
 
@@ -185,7 +202,7 @@ class _TreeOptimizer(torch.optim.Optimizer):
         super().__init__(leaves, defaults)
         self.params = params
         self._leaf_paths = _paths(spec)
-        self.state = {"step": 0}
+        self.state = _State(step=0)
         # torch.optim's order of a treetensor.nn module's parameters, kept from now on (the
         # tree may be closed, or the module consolidated again, before a state_dict()):
         # named_parameters()'s trainable ones, all of them, and the frozen ones' names.
