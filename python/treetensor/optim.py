@@ -143,7 +143,9 @@ class _State(dict):
     def __missing__(self, key):
         if isinstance(key, str):
             raise KeyError(key)
-        what = f"a {type(key).__name__}" + (f" of shape {list(key.shape)}" if isinstance(key, torch.Tensor) else "")
+        what = f"a {type(key).__name__}"
+        if isinstance(key, torch.Tensor):
+            what += f" of shape {list(key.shape)}"
         raise KeyError(f"treetensor.optim: opt.state is looked up by name ({sorted(self)}): 'step' "
                        f"and the moment trees, consolidated as the parameters, not by parameter "
                        f"as torch.optim's (got {what}); a parameter's moments are "
