@@ -105,9 +105,13 @@ namespace py = pybind11;
 /// calls (nogil) that hold references into it. Its keys may change only while that count is 0:
 /// otherwise a call reading it on a lane, or a callback of such a call, would see nodes freed
 /// under it.
+struct PyTree;
 struct Root : TreeTensor {
   explicit Root(TreeTensor t) : TreeTensor(std::move(t)) {}
   std::atomic<int> users{0};
+  /// The first of the Python views of this root (objects with a non-empty path, linked
+  /// through PyTree), for detach_views. Touched with the GIL held.
+  PyTree* views = nullptr;
   // Bumped by every change of keys (with the GIL held): a pin noted before a change belongs
   // to an access that made no call (see CallPins).
   std::uint64_t version = 0;
@@ -183,15 +187,39 @@ void wait_interruptibly(const std::function<bool(std::chrono::milliseconds)>& do
 
 /// The object behind `treetensor.torch.Tensor`: a node of a shared root tree. A root has an
 /// empty path; `t.a` is a view (the same root, path "a"), so `t.a.b = x` and in-place ops on
-/// `t.a` change `t`. The node is looked up at each use, so a view whose path has been removed
-/// from the root raises KeyError naming the path.
+/// `t.a` change `t`. The node is looked up at each use; when its key (or one above it) is
+/// replaced or deleted, the view keeps the node it was taken from (detach_views).
+/// Made, copied and destroyed with the GIL held (it links itself into its root's views).
 struct PyTree {
+  PyTree(std::shared_ptr<Root> r, tree::Path p, py::object c)
+      : root(std::move(r)), path(std::move(p)), constraint(std::move(c)) {
+    link();
+  }
+  PyTree(const PyTree& o) : PyTree(o.root, o.path, o.constraint) {}
+  PyTree(PyTree&& o) noexcept
+      : root(o.root), path(std::move(o.path)), constraint(std::move(o.constraint)) {
+    o.unlink();
+    link();
+  }
+  PyTree& operator=(const PyTree&) = delete;
+  PyTree& operator=(PyTree&&) = delete;
+  ~PyTree() { unlink(); }
+
   std::shared_ptr<Root> root;
   tree::Path path;
   /// treevalue's constraint of this object (treetensor/_constraint.py), or null: it belongs to
   /// the object, not the tree (with_constraints gives a new object over the same root), and a
   /// child view gets the part for its key. Touched with the GIL held only.
   py::object constraint;
+
+  /// Moves this view onto another root and path (detach_views).
+  void rebase(std::shared_ptr<Root> r, tree::Path p) {
+    unlink();
+    root = std::move(r);
+    path = std::move(p);
+    link();
+  }
+  PyTree* next_view() const { return next_; }
 
   // Reads go through the const tree: a mutable access would drop a consolidated root's
   // property (consolidate.hpp). The reference may be handed to the next nogil() call, which
@@ -240,7 +268,32 @@ struct PyTree {
     // The old root dies after the change (see outlive_change in module.cpp).
     const TensorTree old = std::exchange(static_cast<TensorTree&>(*root), std::move(t));
   }
+
+ private:
+  void link() {
+    if (path.empty()) return;
+    next_ = root->views;
+    if (next_) next_->prev_ = this;
+    root->views = this;
+    linked_ = true;
+  }
+  void unlink() {
+    if (!linked_) return;
+    (prev_ ? prev_->next_ : root->views) = next_;
+    if (next_) next_->prev_ = prev_;
+    prev_ = next_ = nullptr;
+    linked_ = false;
+  }
+  PyTree* prev_ = nullptr;
+  PyTree* next_ = nullptr;
+  bool linked_ = false;
 };
+
+/// Before the child at `changed` of `root` is replaced or deleted (its copy `old`): every
+/// view at or below it moves onto one new root holding `old` (its tensors shared), so that a
+/// view keeps the node it was taken from (treevalue's, DI-treetensor parity: `prev = t.h;
+/// t.h = prev * 2` leaves `prev` as it was; `t.x, t.y = t.y, t.x` swaps). Needs the GIL.
+void detach_views(Root& root, const tree::Path& changed, const TensorTree& old);
 
 /// The Python type of PyTree (set by the module init).
 PyTypeObject* tree_type();

@@ -435,6 +435,19 @@ CallPins::~CallPins() {
   for (std::size_t i = 0; i < count_; ++i) roots_[i]->users.fetch_sub(1, std::memory_order_relaxed);
 }
 
+void detach_views(Root& root, const tree::Path& changed, const TensorTree& old) {
+  std::shared_ptr<Root> kept;  // made for the first view below `changed`, shared by the others
+  for (PyTree* v = root.views; v != nullptr;) {
+    PyTree* next = v->next_view();  // rebase unlinks v
+    const tree::Path& p = v->path;
+    if (p.size() >= changed.size() && std::equal(changed.begin(), changed.end(), p.begin())) {
+      if (!kept) kept = std::make_shared<Root>(TreeTensor(old));
+      v->rebase(kept, tree::Path(std::vector<std::string>(p.begin() + changed.size(), p.end())));
+    }
+    v = next;
+  }
+}
+
 void begin_change(Root& root, const tree::Path& where) {
   // Both sides hold the GIL here: a call counts itself before it releases the GIL.
   ++root.version;
@@ -816,6 +829,8 @@ released while leaf work runs.)");
     TensorTree& n = self.node_mut();
     if (n.is_leaf()) throw py::type_error("treetensor: '" + self.path.describe() + "' is a leaf");
     const TensorTree replaced = outlive_change(n, key);
+    if (self.root->views && !n.is_leaf() && n.find_child(key))
+      detach_views(*self.root, self.path / key, replaced);
     n.insert(tree::Path{key}, std::move(sub));
   };
   cls.def("__setattr__", set_child);
@@ -823,8 +838,8 @@ released while leaf work runs.)");
     if (PyUnicode_Check(key.ptr())) return set_child(self, key.cast<std::string>(), value);
     // Leaf-wise assignment leaf[key] = value; a tree key (a mask, DI-treetensor's
     // t[t > 0] = 0) or value is zipped by path, its leaf facing a subtree broadcast into it
-    // (treevalue's inherit), anything else broadcast. A leaf's error names its path; the
-    // leaves before it are assigned (as the per-leaf loop leaves them).
+    // (treevalue's inherit), anything else broadcast. A leaf's error names its path and the
+    // leaves assigned before it (as the per-leaf loop leaves them, and as in-place ops say).
     const TensorTree& n = self.node();
     const RootUse use(*self.root);  // torch's __setitem__ may run Python code: the keys stay
     const auto flat = tree::flatten_refs(n);
@@ -848,8 +863,12 @@ released while leaf work runs.)");
       try {
         wrap_tensor(*flat.leaves[i])[k] = v;
       } catch (py::error_already_set& e) {
+        std::string assigned;
+        for (std::size_t j = 0; j < i; ++j) assigned += (j ? ", '" : " '") + paths[j].str() + "'";
         reraise(e.value(), "__setitem__ at leaf '" + paths[i].describe() +
-                               "': " + py::str(e.value()).cast<std::string>());
+                               "': " + py::str(e.value()).cast<std::string>() + " (assigned " +
+                               std::to_string(i) + " of " + std::to_string(paths.size()) +
+                               " leaves before it" + (i ? ":" + assigned : "") + ")");
       }
     }
   });
@@ -858,6 +877,8 @@ released while leaf work runs.)");
   auto del_child = [](PyTree& self, const std::string& key, bool attribute) {
     TensorTree& n = self.node_mut();
     const TensorTree removed = outlive_change(n, key);
+    if (self.root->views && !n.is_leaf() && n.find_child(key))
+      detach_views(*self.root, self.path / key, removed);
     if (n.is_leaf() || !n.erase(tree::Path{key})) {
       const std::string what = "treetensor: no key '" + key + "' at '" + self.path.describe() + "'";
       if (attribute) throw py::attribute_error(what);

@@ -377,6 +377,27 @@ CASES = [
     ("Object-rise", "tc.Object({'a': ([1, 2], 5), 'b': ([3, 4], 6)}).rise()", None),
     ("Object-func", "tc.Object.func()(lambda a: a * 2)(tc.Object({'a': 1, 'b': {'c': 2}}))", None),
     ("Object-of-Objects", "tc.Object({'a': tc.Object({'b': 1, 'c': {'d': 2}}), 'e': 3})", None),
+    # equal broadcasts a tensor, or a leaf facing a subtree, into every leaf (func_treelize)
+    ("equal-tensor", "ttorch.equal(ttorch.tensor({'a': [1., 2.], 'b': {'x': [1., 2.]}}), "
+     "torch.tensor([1., 2.]))", None),
+    ("equal-tensor-first", "ttorch.equal(torch.tensor([1., 2.]), ttorch.tensor({'a': [1., 2.]}))", None),
+    ("equal-tensor-unequal", "ttorch.equal(ttorch.tensor({'a': [1., 2.], 'b': [1., 3.]}), "
+     "torch.tensor([1., 2.]))", None),
+    ("equal-leaf-facing-subtree", "ttorch.equal(ttorch.tensor({'a': [1.], 'b': {'x': [2.], 'y': [2.]}}), "
+     "ttorch.tensor({'a': [1.], 'b': [2.]}))", None),
+    ("equal-leaf-facing-subtree-unequal", "ttorch.equal(ttorch.tensor({'a': [1.], 'b': {'x': [2.], "
+     "'y': [3.]}}), ttorch.tensor({'a': [1.], 'b': [2.]}))", None),
+    # a view keeps the node it was taken from when its key is replaced or deleted
+    ("Tensor-view-kept-after-setattr", "(lambda t: (lambda prev: (t.__setattr__('b', prev * 2 + 1), "
+     "prev, t)[1:])(t.b))(T('t'))", None),
+    ("Tensor-views-swapped", "(lambda t: (lambda x, y: (t.__setattr__('x', y), t.__setattr__('y', x), "
+     "t, x)[2:])(t.x, t.y))(ttorch.tensor({'x': {'c': [1.]}, 'y': {'c': [2.], 'd': [3]}}))", None),
+    ("Tensor-view-kept-after-pop", "(lambda t: (lambda y: (t.pop('y'), y, t)[1:])(t.y))"
+     "(ttorch.tensor({'x': {'c': [1.]}, 'y': {'c': [2.]}}))", None),
+    ("Tensor-view-kept-after-delattr", "(lambda t: (lambda y, c: (t.__delattr__('y'), y, c, t)[1:])"
+     "(t.y, t.y.z))(ttorch.tensor({'x': [1.], 'y': {'z': {'c': [2.]}}}))", None),
+    ("Tensor-view-follows-deeper-change", "(lambda t: (lambda y: (t.y.__setattr__('n', torch.ones(1)), "
+     "y)[1])(t.y))(ttorch.tensor({'y': {'c': [2.]}}))", None),
     ("Object-setitem", "(lambda o: (o.__setitem__('z', 5), o.__delitem__('a'), o)[2])(tc.Object({'a': 1}))", None),
     # bad input: the exception's type
     ("error-sigmoid-str", "ttorch.sigmoid('x')", None),

@@ -127,9 +127,9 @@ def test_keys_come_before_torch_names():
         view.x
     root = ttorch.Tensor(sample())
     view = root.b
-    del root.b
-    with pytest.raises(KeyError, match="'b'"):
-        view.x
+    del root.b  # the view keeps its node (treevalue's): a root of its own now
+    assert "b" not in root
+    dicts_equal(view, sample()["b"])
 
 
 # ---- reductions ---------------------------------------------------------------------------------
@@ -695,8 +695,12 @@ def test_setitem_with_a_tree_mask_and_numpy_trees_back_to_tensor_trees():
     u = t.clone()
     u[u > 0] = 0.  # DI-treetensor: leaf-wise, the mask zipped by path
     assert torch.equal(u.a, torch.tensor([0., -2.])) and torch.equal(u.b.x, torch.tensor([-1., 0.]))
-    with pytest.raises(RuntimeError, match="__setitem__ at leaf 'a'"):
+    with pytest.raises(RuntimeError, match=r"__setitem__ at leaf 'a': .*\(assigned 0 of 2 leaves before it\)"):
         u[0] = torch.zeros(3)
+    v = ttorch.Tensor({"a": torch.tensor([1., 2.]), "b": torch.tensor([3.])})
+    with pytest.raises(IndexError, match=r"at leaf 'b': .*\(assigned 1 of 2 leaves before it: 'a'\)"):
+        v[1] = 5.  # the per-leaf loop's partial write, said in the error
+    assert torch.equal(v.a, torch.tensor([1., 5.])) and torch.equal(v.b, torch.tensor([3.]))
     a = tnp.array({"a": np.array([1, 2]), "b": {"x": np.array([3.5])}})
     back = ttorch.Tensor(a)
     assert torch.equal(back.a, torch.tensor([1, 2])) and torch.equal(back.b.x, torch.tensor([3.5]))
@@ -800,3 +804,15 @@ def test_the_package_s_functions_take_trees_with_keys_named_like_methods():
     tree = tnn.consolidate_module(m)
     assert ttorch.Tensor.keys(tree.params) == ["consolidate", "keys"]
     tree.close()
+
+
+def test_equal_and_allclose_broadcast_a_tensor_and_a_leaf_facing_a_subtree():
+    """DI-treetensor's equal (func_treelize, then all); allclose the same, one bool."""
+    t = ttorch.Tensor({"a": torch.tensor([1., 2.]), "b": {"x": torch.tensor([1., 2.])}})
+    u = ttorch.Tensor({"a": torch.tensor([1., 2.]), "b": torch.tensor([1., 2.])})
+    for f in (ttorch.equal, ttorch.Tensor.equal, ttorch.allclose, ttorch.Tensor.allclose):
+        assert f(t, torch.tensor([1., 2.])) is True and f(t, u) is True and f(u, t) is True
+        assert f(t, torch.tensor([1., 3.])) is False and f(t, u + 1) is False
+        assert f(t, ttorch.Tensor({"a": torch.tensor([1., 2.])})) is False  # other keys
+    assert ttorch.equal(torch.tensor([1., 2.]), t) is True
+    assert ttorch.allclose(t, t + 1e-6) is True and ttorch.equal(t, t + 1e-6) is False

@@ -395,8 +395,8 @@ def test_keys_and_items_follow_every_change_of_keys():
     assert t.keys() == ["b", "c"] and [k for k, _ in t.items()] == ["b", "c"]
     view.y = torch.ones(3)  # through a view: the root's keys changed
     assert t.b.keys() == ["x", "y"] and [k for k, _ in view.items()] == ["x", "y"]
-    t.b = {"z": torch.ones(1), "w": {"q": torch.ones(1)}}
-    assert view.keys() == ["w", "z"] and t.b.w.keys() == ["q"]
+    t.b = {"z": torch.ones(1), "w": {"q": torch.ones(1)}}  # the view keeps the replaced node
+    assert view.keys() == ["x", "y"] and t.b.keys() == ["w", "z"] and t.b.w.keys() == ["q"]
     t.b.w.pop("q")
     assert t.b.w.keys() == [] and t.b.keys() == ["w", "z"]
     t.update({"d": torch.ones(1)})

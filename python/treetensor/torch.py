@@ -223,12 +223,14 @@ for _name, _dt in [("float", _torch.float32), ("double", _torch.float64), ("half
 
 
 def _equal(self, other):
-    """Whether both trees have the same structure and every leaf pair is torch.equal."""
-    return _C._equal(self, other)
+    """Whether every leaf pair is torch.equal, as :func:`equal` (one bool; DI-treetensor's
+    method is its fallback to torch, an ``Object`` of per-leaf bools)."""
+    return equal(self, other)
 
 
 def _allclose(self, other, rtol=1e-5, atol=1e-8, equal_nan=False):
-    return _C._allclose(self, other, rtol, atol, equal_nan)
+    """Whether every leaf pair is torch.allclose, as :func:`allclose`."""
+    return allclose(self, other, rtol, atol, equal_nan)
 
 
 Tensor.equal = _equal
@@ -679,9 +681,7 @@ def _pop(self, key, *default):
             return default[0]
         raise KeyError(f"treetensor: no key '{key}' at '{self._path or '<root>'}'")
     value = self[key]
-    if isinstance(value, Tensor):
-        value = Tensor(Tensor.to_dict(value))  # its own root: the view would lose its node
-    del self[key]
+    del self[key]  # a subtree's view keeps its node: it becomes a root of its own
     return value
 
 
@@ -720,16 +720,42 @@ for _n in ["abs_", "clamp_", "sigmoid_", "round_", "floor_", "ceil_", "neg_", "e
         __all__.append(_n)
 
 
+def _all_leaves(cpp, fn, name, input, other, *args):
+    """One bool over trees: ``cpp`` (the C++ comparison) for two trees of one structure; else
+    ``fn`` over the leaves zipped as DI-treetensor's ``func_treelize`` zips them (a tensor, or
+    a leaf facing a subtree, broadcast into it), all of them; different keys are False."""
+    if _is_tree(input) and _is_tree(other):
+        if cpp(input, other, *args):
+            return True
+        a, b = _tree_arg(input), _tree_arg(other)
+        if _C.tree_flatten(a)[1] == _C.tree_flatten(b)[1]:
+            return False
+    try:
+        d = _leafwise.call(lambda x, y: fn(x, y, *args), (_tree_arg(input), _tree_arg(other)),
+                           {}, name)[0]
+    except ValueError as e:  # different keys (a leaf's own error keeps its type)
+        if "has keys" not in str(e):
+            raise
+        return False
+    return _builtins.all(_leafwise._leaves(d))
+
+
 def equal(input, other):
-    """True when both trees have the same structure and every leaf pair is equal."""
+    """True when every leaf pair is torch.equal: trees of one structure, or (DI-treetensor's
+    ``equal``) a tensor or a leaf facing a subtree broadcast into it; False for different keys.
+    Both plain tensors: torch.equal."""
     if _is_tree(input) or _is_tree(other):
-        return _C._equal(input, other)
+        return _all_leaves(_C._equal, _torch.equal, "equal", input, other)
     return _torch.equal(input, other)
 
 
 def allclose(input, other, rtol=1e-5, atol=1e-8, equal_nan=False):
+    """True when every leaf pair is torch.allclose, broadcast as :func:`equal`'s. One bool
+    (DI-treetensor, which has no allclose of its own, gives an ``Object`` of per-leaf bools
+    through its fallback to torch)."""
     if _is_tree(input) or _is_tree(other):
-        return _C._allclose(input, other, rtol, atol, equal_nan)
+        return _all_leaves(_C._allclose, _torch.allclose, "allclose", input, other, rtol, atol,
+                           equal_nan)
     return _torch.allclose(input, other, rtol, atol, equal_nan)
 
 
