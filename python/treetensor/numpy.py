@@ -16,7 +16,7 @@ import numpy as _np
 from torch import from_numpy as _torch_from_numpy
 
 from . import _leafwise, _treevalue
-from .common import Object, _foreign_dict
+from .common import Object, _foreign_dict, _sorted_keys
 
 __all__ = ["ndarray", "array", "all", "any", "equal", "array_equal", "stack", "concatenate", "split",
            "zeros", "ones"]
@@ -39,12 +39,12 @@ class ndarray(Object):
 
     def __getattr__(self, name):
         d = object.__getattribute__(self, "_d")
-        if name in d:
-            return self._child(name)
-        attr = getattr(_np.ndarray, name, None) if not name.startswith("_") else None
+        if name in d or name[:1] == "_":  # a key, or Object's error for a private name
+            return Object.__getattr__(self, name)
+        attr = getattr(_np.ndarray, name, None)
         if attr is None:
-            raise AttributeError(f"no key '{name}' in tree (keys: {sorted(d)}) and numpy.ndarray "
-                                 f"has no attribute '{name}'")
+            raise AttributeError(f"no key '{name}' in tree (keys: {_sorted_keys(d)}) and "
+                                 f"numpy.ndarray has no attribute '{name}'")
         if not callable(attr):
             return _leafwise.wrap(_leafwise.call(lambda x: getattr(x, name), (self,), {}, name)[0],
                                   rise=False, empty=ndarray)
