@@ -434,3 +434,53 @@ def test_a_missing_file_is_file_not_found_as_torch_load_says(tmp_path):
     with pytest.raises(FileNotFoundError) as ours:
         ttorch.load(missing)
     assert str(ours.value) == str(torch_error.value) and ours.value.filename == str(missing)
+
+
+def test_save_writes_through_a_symlink_a_fifo_and_a_hard_link_as_torch_save(tmp_path):
+    """A rename would replace the entry: a symlink's regular target is replaced (the link
+    stays); a FIFO and a hard-linked file are written in place, as torch.save's open()."""
+    import stat
+    import threading
+    target, link = tmp_path / "epoch1.pt", tmp_path / "latest.pt"
+    torch.save({"a": torch.zeros(2)}, target)
+    link.symlink_to(target)
+    ttorch.save({"a": torch.ones(2)}, link)
+    assert link.is_symlink() and torch.equal(torch.load(target)["a"], torch.ones(2))
+    dangling = tmp_path / "dangling.pt"
+    dangling.symlink_to(tmp_path / "new.pt")
+    ttorch.save({"a": torch.ones(2)}, dangling)
+    assert dangling.is_symlink() and torch.equal(torch.load(tmp_path / "new.pt")["a"], torch.ones(2))
+    twin = tmp_path / "twin.pt"
+    os.link(target, twin)
+    ttorch.save({"a": torch.full((2,), 3.0)}, twin)
+    assert os.stat(target).st_nlink == 2 and torch.equal(torch.load(target)["a"], torch.full((2,), 3.0))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    ttorch.save({"a": torch.arange(3)}, fifo)
+    reader.join(30)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert torch.equal(torch.load(io.BytesIO(got[0]))["a"], torch.arange(3))
+
+
+def test_paths_and_file_strings_that_are_not_utf8(tmp_path):
+    """Any name Linux allows (os.fsdecode's surrogates, or bytes), as torch.load/save take
+    them; a file's own bytes that are not UTF-8 are shown \\xNN in the RuntimeError."""
+    name = tmp_path / os.fsdecode(b"y\xff.pt")
+    torch.save({"a": torch.ones(1)}, name)
+    assert torch.equal(ttorch.load(name).a, torch.ones(1))
+    ttorch.save({"a": torch.full((1,), 2.0)}, name)
+    assert torch.equal(torch.load(name)["a"], torch.full((1,), 2.0))
+    assert torch.equal(ttorch.load(os.fsencode(name)).a, torch.full((1,), 2.0))
+    garbage = tmp_path / os.fsdecode(b"z\xfe.pt")
+    garbage.write_bytes(b"garbage")
+    with pytest.raises(RuntimeError, match=r"z\\xfe\.pt: at byte 0: neither a zip-format"):
+        ttorch.load(garbage)
+    b = io.BytesIO()
+    torch.save({"w": torch.zeros(2)}, b)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b.getvalue().replace(b"collections", b"collecti\xa3ns", 1))
+    with pytest.raises(RuntimeError, match=r"bad\.pt: at byte \d+: global 'collecti\\xa3ns\.OrderedDict' is not allowed"):
+        ttorch.load(bad)

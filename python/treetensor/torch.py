@@ -1063,14 +1063,21 @@ def _trees(x):
 
 
 def _file_arg(f, mode):
-    # A path (str or os.PathLike) or a binary file object (torch.load / torch.save accept both).
+    # A path (str, bytes or os.PathLike) as str, or None for a binary file object (torch.load /
+    # torch.save accept both).
     import os
-    if isinstance(f, (str, os.PathLike)):
-        return os.fspath(f)
+    if isinstance(f, (str, bytes, os.PathLike)):
+        return os.fsdecode(f)
     if hasattr(f, "read" if mode == "r" else "write"):
         return None
     raise TypeError(f"treetensor.torch.{'load' if mode == 'r' else 'save'}: f must be a path or "
                     f"a binary file object, not {type(f).__name__}")
+
+
+def _shown(path):
+    """A path for messages: its bytes that are not UTF-8 as \\xNN (the C++ errors' form)."""
+    import os
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
@@ -1119,21 +1126,23 @@ def load(f, map_location=None, *, weights_only=True, mmap=False, tree=True):
     else:
         import os
         os.stat(path)  # FileNotFoundError / PermissionError as torch.load's open() raises them
-        obj = _C._load(path, map_location, mmap)
+        obj = _C._load(os.fsencode(path), map_location, mmap, name=_shown(path))
     if not tree:
         return obj
     try:
         return _trees(obj)
     except RecursionError:
-        raise ValueError(f"treetensor.torch.load: {path or 'the file object'} nests its lists and "
-                         "dicts deeper than Python's recursion limit lets tree=True rebuild them; "
-                         "tree=False reads it as torch.load does") from None
+        raise ValueError(f"treetensor.torch.load: {_shown(path) if path else 'the file object'} "
+                         "nests its lists and dicts deeper than Python's recursion limit lets "
+                         "tree=True rebuild them; tree=False reads it as torch.load does") from None
 
 
 def save(obj, f):
     """Writes ``obj`` as ``torch.save(obj, f)`` does (the zip format; ``torch.load`` with
     ``weights_only=True`` reads it back) through treetensor's C++ writer: atomic for a path (a
-    reader sees the old file or the new one), tensors sharing a storage written once.
+    reader sees the old file or the new one; a symlink's file is replaced so, the link kept),
+    written in place as torch.save does for a FIFO, a device (``/dev/null``) or a file with
+    other hard links; tensors sharing a storage written once.
 
     ``obj``: a ``Tensor`` tree (written as nested dicts, sorted keys), a ``treetensor.common.Object``
     (its dict), or dicts (str or int keys, in their order), OrderedDicts, lists, tuples and sets
@@ -1143,11 +1152,11 @@ def save(obj, f):
     Raises TypeError naming the path of a value or key the format cannot hold (a key that is not
     str or int, an object of another class); RuntimeError naming the file when it cannot be
     written (the old file is then kept)."""
+    import os
     path = _file_arg(f, "w")
     if path is not None:
-        _C._save(obj, path)
+        _C._save(obj, os.fsencode(path))  # the file system's bytes: any name Linux allows
         return
-    import os
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         name = os.path.join(tmp, "obj.pt")

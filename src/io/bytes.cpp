@@ -8,15 +8,56 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string_view>
 
 namespace treetensor::io {
 
+namespace {
+// The length of the well-formed UTF-8 sequence at s[i] (Python's strict decoder's rules: no
+// overlong forms, no surrogates, nothing above U+10FFFF), 0 when there is none.
+std::size_t utf8_sequence(std::string_view s, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = byte(0);
+  const std::size_t n = c < 0x80                 ? 1
+                        : c >= 0xC2 && c <= 0xDF ? 2
+                        : c >= 0xE0 && c <= 0xEF ? 3
+                        : c >= 0xF0 && c <= 0xF4 ? 4
+                                                 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k)
+    if ((byte(k) & 0xC0) != 0x80) return 0;
+  if ((c == 0xE0 && byte(1) < 0xA0) || (c == 0xED && byte(1) >= 0xA0) ||
+      (c == 0xF0 && byte(1) < 0x90) || (c == 0xF4 && byte(1) >= 0x90))
+    return 0;
+  return n;
+}
+
+// A message that any UTF-8 reader (Python's str) takes: the bytes of a file's own strings or
+// of a path that are not UTF-8 written as \xNN (Python's backslashreplace).
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    if (const std::size_t n = utf8_sequence(s, i)) {
+      out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    char escaped[5];
+    std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned char>(s[i++]));
+    out += escaped;
+  }
+  return out;
+}
+}  // namespace
+
 IoError::IoError(std::string file, std::optional<std::uint64_t> offset, const std::string& what)
-    : std::runtime_error(file + ": " +
-                         (offset ? "at byte " + std::to_string(*offset) + ": " : std::string()) +
-                         what),
+    : std::runtime_error(valid_utf8(
+          file + ": " + (offset ? "at byte " + std::to_string(*offset) + ": " : std::string()) +
+          what)),
       file_(std::move(file)),
       offset_(offset) {}
 
@@ -187,7 +228,55 @@ void sync_folder_of(const std::string& path) {
 }
 }  // namespace
 
-void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write) {
+namespace {
+// What torch.save's open(path, "wb") does, for a target a rename must not replace (a device,
+// a FIFO, a hard-linked file): truncate and write through the existing entry; fsync only a
+// regular file (a FIFO or device refuses it).
+void write_in_place(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  std::FILE* f = fd < 0 ? nullptr : ::fdopen(fd, "wb");
+  if (!f) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw IoError(path, std::nullopt,
+                  std::string("cannot open for writing: ") + std::strerror(err));
+  }
+  try {
+    write(f);
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
+  struct stat st {};
+  bool ok = std::fflush(f) == 0 && !std::ferror(f) && ::fstat(fd, &st) == 0 &&
+            (!S_ISREG(st.st_mode) || ::fsync(fd) == 0);
+  const int err = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) throw IoError(path, std::nullopt, std::string("cannot write: ") + std::strerror(err));
+}
+
+// Where replace_file writes: `path`, or for a symlink the regular file it leads to (so the link
+// stays a link, as torch.save's open follows it); empty when a rename would lose what the
+// entry is: a device, a FIFO, a socket, a file with other hard links, a dangling symlink.
+std::string rename_target(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return path;  // a new file (or an error the write names)
+  if (S_ISLNK(st.st_mode)) {
+    char* real = ::realpath(path.c_str(), nullptr);
+    if (real == nullptr) return {};
+    const std::string resolved(real);
+    std::free(real);
+    return ::stat(resolved.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1
+               ? resolved
+               : std::string();
+  }
+  return S_ISREG(st.st_mode) && st.st_nlink == 1 ? path : std::string();
+}
+}  // namespace
+
+void replace_file(const std::string& target, const std::function<void(std::FILE*)>& write) {
+  const std::string path = rename_target(target);
+  if (path.empty()) return write_in_place(target, write);
   std::string tmp;
   const int fd = create_temporary(path, tmp);
   if (fd < 0)

@@ -82,9 +82,13 @@ Input map_file(const std::string& path, const LoadOptions& options);
 /// a power loss). An existing `path` keeps its permission bits;
 /// a new one gets 0666 & ~umask, as fopen would give it. Readers see the old file or the new
 /// one, never a part; concurrent writers each replace the whole file. On any failure the
-/// temporary file is removed and `path` is left as it was.
+/// temporary file is removed and `path` is left as it was. A symlink to a regular file: its
+/// target is replaced so (the link stays). A path a rename would change the kind of (a device
+/// such as /dev/null, a FIFO, a file with other hard links, a dangling symlink) is written in
+/// place instead, truncated as torch.save's open(path, "wb") does: not atomic.
 /// @throws IoError naming `path` when the temporary file cannot be created, written, synced or
-///         renamed (and whatever `write` throws, after the clean-up).
+///         renamed, or the in-place target cannot be opened or written (and whatever `write`
+///         throws, after the clean-up).
 void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write);
 
 /// A forward cursor over an Input: every read is bounds-checked.

@@ -35,7 +35,9 @@
 // over the target, which keeps its permission bits (a new file gets 0666 & ~umask). A reader
 // sees the old file or the new one; of two concurrent saves to one path, one whole file wins.
 // On any failure (a full disk, too) save() throws IoError, removes its temporary file and
-// leaves the target as it was.
+// leaves the target as it was. A symlink's regular target is replaced so (the link stays); a
+// target a rename would change the kind of (a device such as /dev/null, a FIFO, a file with
+// other hard links) is written in place, truncated, as torch.save does: not atomic.
 //
 // Thread safety: calls on different files may run concurrently.
 
@@ -51,7 +53,9 @@
 namespace treetensor::io {
 
 /// A file that cannot be read or written: names the file, the byte offset (when one applies)
-/// and what was expected. Message: "<file>: at byte <offset>: <what>" or "<file>: <what>".
+/// and what was expected. Message: "<file>: at byte <offset>: <what>" or "<file>: <what>",
+/// valid UTF-8 (bytes of the path or of the file's strings that are not are written \xNN, as
+/// Python's backslashreplace); file() is the path as given.
 class IoError : public std::runtime_error {
  public:
   IoError(std::string file, std::optional<std::uint64_t> offset, const std::string& what);

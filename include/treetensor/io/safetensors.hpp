@@ -16,7 +16,8 @@
 // offset is a multiple of its element size (writers, this one too, pad the header to 8 bytes,
 // so this is the usual case; a misaligned tensor is copied), with LoadOptions::mmap's hazard;
 // with map_location meta, the tensors are on the meta device and no data is read.
-// Saving is atomic, keeps the target's mode, and leaves it as it was on any failure.
+// Saving is atomic, keeps the target's mode, and leaves it as it was on any failure; a symlink,
+// a device, a FIFO or a hard-linked file is written as checkpoint.hpp says.
 
 #include <map>
 #include <string>
