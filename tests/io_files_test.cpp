@@ -136,6 +136,41 @@ TEST(IoSave, APlantedSymlinkIsNotFollowed) {
   fs::remove_all(dir);
 }
 
+TEST(IoSave, ASymlinkKeepsItsLinkAndAFifoOrHardLinkIsWrittenInPlace) {
+  const auto dir = scratch("kinds");
+  const std::string target = (dir / "epoch1.pt").string(), link = (dir / "latest.pt").string();
+  io::save(target, filled(1, 4));
+  fs::create_symlink(target, link);
+  io::save(link, filled(2, 4));
+  EXPECT_TRUE(fs::is_symlink(link)) << "the link's file is replaced, not the link";
+  EXPECT_EQ(only_value(io::load_tensors(target)), 2.0f);
+  const std::string twin = (dir / "twin.pt").string();
+  fs::create_hard_link(target, twin);
+  io::save(twin, filled(3, 4));
+  EXPECT_EQ(fs::hard_link_count(target), 2u);
+  EXPECT_EQ(only_value(io::load_tensors(target)), 3.0f) << "written in place, as torch.save";
+  const std::string fifo = (dir / "pipe").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto read = std::async(std::launch::async, [&] {
+    std::ifstream in(fifo, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  });
+  io::save(fifo, filled(4, 4));
+  ASSERT_EQ(read.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const std::string bytes = read.get();
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  const std::string copy = (dir / "copy.pt").string();
+  std::ofstream(copy, std::ios::binary) << bytes;
+  EXPECT_EQ(only_value(io::load_tensors(copy)), 4.0f);
+  fs::remove_all(dir);
+}
+
+TEST(IoError, MessagesAreValidUtf8WithOtherBytesEscaped) {
+  const io::IoError e("y\xff.pt", 7, "global 'caf\xc3\xa9\xa3' is not allowed");
+  EXPECT_STREQ(e.what(), "y\\xff.pt: at byte 7: global 'caf\xc3\xa9\\xa3' is not allowed");
+  EXPECT_EQ(e.file(), "y\xff.pt") << "the path as given";
+}
+
 TEST(IoSave, TwoThreadsSavingOnePathEachLeaveOneWholeTree) {
   const auto dir = scratch("threads");
   const std::string file = (dir / "x.pt").string();
