@@ -289,6 +289,12 @@ struct PyTree {
   bool linked_ = false;
 };
 
+/// torch.Tensor.<name> over the leaves of tree object `self` in Python (the package's fallback
+/// to torch, DI-treetensor parity), tree arguments zipped (an Object of shapes, a tensor bound):
+/// for arguments a bound method's own signature does not take. Needs the GIL.
+py::object torch_leafwise(py::handle self, const char* name, const py::args& args,
+                          const py::kwargs& kwargs = {});
+
 /// Before the child at `changed` of `root` is replaced or deleted (its copy `old`): every
 /// view at or below it moves onto one new root holding `old` (its tensors shared), so that a
 /// view keeps the node it was taken from (treevalue's, DI-treetensor parity: `prev = t.h;

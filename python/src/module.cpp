@@ -435,6 +435,13 @@ CallPins::~CallPins() {
   for (std::size_t i = 0; i < count_; ++i) roots_[i]->users.fetch_sub(1, std::memory_order_relaxed);
 }
 
+py::object torch_leafwise(py::handle self, const char* name, const py::args& args,
+                          const py::kwargs& kwargs) {
+  if (g_attr_fallback == nullptr)
+    throw py::type_error(std::string("treetensor: ") + name + "(): arguments it does not take");
+  return py::reinterpret_borrow<py::object>(g_attr_fallback)(self, name)(*args, **kwargs);
+}
+
 void detach_views(Root& root, const tree::Path& changed, const TensorTree& old) {
   std::shared_ptr<Root> kept;  // made for the first view below `changed`, shared by the others
   for (PyTree* v = root.views; v != nullptr;) {

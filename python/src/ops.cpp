@@ -378,8 +378,17 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   // ---- more leaf-wise functions -----------------------------------------------------------
   cls.def(
       "clamp",
-      [](const PyTree& s, std::optional<Number> lo, std::optional<Number> hi) {
-        const TensorTree& n = s.operand();
+      [](py::object self, py::handle min, py::handle max) {
+        // Numbers here; a tensor or tree bound is torch's per leaf (DI-treetensor's method).
+        std::optional<Number> lo, hi;
+        try {
+          lo = min.cast<std::optional<Number>>(), hi = max.cast<std::optional<Number>>();
+        } catch (const py::cast_error&) {
+          py::kwargs bounds;
+          bounds["min"] = min, bounds["max"] = max;
+          return torch_leafwise(self, "clamp", py::args(), bounds);
+        }
+        const TensorTree& n = as_tree(self).operand();
         return wrap(nogil([&] { return treetensor::clamp(n, scalar(lo), scalar(hi)); }));
       },
       py::arg("min") = py::none(), py::arg("max") = py::none());
@@ -513,14 +522,22 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   });
 
   // ---- shape ---------------------------------------------------------------------------------
-  cls.def("reshape", [](const PyTree& s, py::args shape) {
+  // One shape for every leaf here; a tree of shapes (`t.reshape(u.shape)`, an Object) or a
+  // dtype (`t.view(torch.int32)`) is torch's per leaf (DI-treetensor's).
+  auto one_shape = [](const py::args& shape) {
+    const PyObject* a = shape.size() == 1 ? shape[0].ptr() : nullptr;
+    return a == nullptr || PyLong_Check(a) || PyTuple_Check(a) || PyList_Check(a);
+  };
+  cls.def("reshape", [one_shape](py::object self, py::args shape) {
+    if (!one_shape(shape)) return torch_leafwise(self, "reshape", shape);
     const auto sh = shape_args(shape);
-    const TensorTree& n = s.operand();
+    const TensorTree& n = as_tree(self).operand();
     return wrap(nogil([&] { return treetensor::reshape(n, sh); }));
   });
-  cls.def("view", [](const PyTree& s, py::args shape) {
+  cls.def("view", [one_shape](py::object self, py::args shape) {
+    if (!one_shape(shape)) return torch_leafwise(self, "view", shape);
     const auto sh = shape_args(shape);
-    const TensorTree& n = s.operand();
+    const TensorTree& n = as_tree(self).operand();
     return wrap(nogil([&] { return treetensor::view(n, sh); }));
   });
   cls.def(

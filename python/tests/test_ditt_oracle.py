@@ -377,6 +377,16 @@ CASES = [
     ("Object-rise", "tc.Object({'a': ([1, 2], 5), 'b': ([3, 4], 6)}).rise()", None),
     ("Object-func", "tc.Object.func()(lambda a: a * 2)(tc.Object({'a': 1, 'b': {'c': 2}}))", None),
     ("Object-of-Objects", "tc.Object({'a': tc.Object({'b': 1, 'c': {'d': 2}}), 'e': 3})", None),
+    # a method's argument its C++ signature does not take is torch's per leaf, zipped
+    ("reshape-shape-tree", "(lambda t, u: t.reshape(u.shape))(ttorch.tensor({'a': [1., 2., 3., 4.], "
+     "'b': {'x': [1, 2]}}), ttorch.zeros({'a': (2, 2), 'b': {'x': (2, 1)}}))", None),
+    ("view-shape-tree", "(lambda t, u: t.view(u.shape))(ttorch.tensor({'a': [1., 2., 3., 4.]}), "
+     "ttorch.zeros({'a': (4, 1)}))", None),
+    ("view-dtype", "ttorch.tensor({'a': [1., 2.], 'b': {'x': [0.5]}}).view(torch.int32)", None),
+    ("clamp-method-tensor", "ttorch.tensor({'a': [1., 2., 3.], 'b': {'x': [0., 5.]}})"
+     ".clamp(torch.tensor(2.))", None),
+    ("clamp-method-tensor-min", "ttorch.tensor({'a': [1., 2., 3.], 'b': {'x': [0., 5.]}})"
+     ".clamp(min=torch.tensor(1.5), max=4)", None),
     # equal broadcasts a tensor, or a leaf facing a subtree, into every leaf (func_treelize)
     ("equal-tensor", "ttorch.equal(ttorch.tensor({'a': [1., 2.], 'b': {'x': [1., 2.]}}), "
      "torch.tensor([1., 2.]))", None),

@@ -148,7 +148,8 @@ class Tensor:
         addcmul_(tensor1, tensor2, *, value=1): self + value * tensor1 * tensor2, in place on every leaf; returns self."""
     def all(self, *args, reduce=..., **kwargs):
         """``all(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.all of each leaf, a tree); with arguments (``dim=``...), torch.all of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
-    def allclose(self, other, rtol=..., atol=..., equal_nan=...): ...
+    def allclose(self, other, rtol=..., atol=..., equal_nan=...):
+        """Whether every leaf pair is torch.allclose, as :func:`allclose`."""
     def any(self, *args, reduce=..., **kwargs):
         """``any(*args, reduce=None, **kwargs)`` (DI-treetensor): without arguments, one tensor over every element of every leaf (``reduce=False``: torch.any of each leaf, a tree); with arguments (``dim=``...), torch.any of each leaf with them (a tree; max/min give torch.return_types of trees), and ``reduce=True`` is ignored with a UserWarning."""
     def apply(self, fn: collections.abc.Callable, *args, **kwargs) -> Any:
@@ -258,7 +259,8 @@ class Tensor:
 
         eq_(b): a == b (bool), in place on every leaf; returns self."""
     def equal(self, other):
-        """Whether both trees have the same structure and every leaf pair is torch.equal."""
+        """Whether every leaf pair is torch.equal, as :func:`equal` (one bool; DI-treetensor's
+        method is its fallback to torch, an ``Object`` of per-leaf bools)."""
     def erf(self) -> Any:
         """erf(): error function, on every leaf."""
     def erf_(self) -> Any:

@@ -438,7 +438,10 @@ def addcmul(input, tensor1, tensor2, *, value=...):
 def all(input, *args, **kwargs):
     """Leaf-wise / tree-level ``all`` (see Tensor.all); torch.all without a tree."""
 
-def allclose(input, other, rtol=..., atol=..., equal_nan=...): ...
+def allclose(input, other, rtol=..., atol=..., equal_nan=...):
+    """True when every leaf pair is torch.allclose, broadcast as :func:`equal`'s. One bool
+    (DI-treetensor, which has no allclose of its own, gives an ``Object`` of per-leaf bools
+    through its fallback to torch)."""
 
 def any(input, *args, **kwargs):
     """Leaf-wise / tree-level ``any`` (see Tensor.any); torch.any without a tree."""
@@ -508,7 +511,9 @@ def eq(input: Any, other: Any) -> Any:
     """eq(a, b): a == b (bool), leaf-wise (torch.eq without a tree)."""
 
 def equal(input, other):
-    """True when both trees have the same structure and every leaf pair is equal."""
+    """True when every leaf pair is torch.equal: trees of one structure, or (DI-treetensor's
+    ``equal``) a tensor or a leaf facing a subtree broadcast into it; False for different keys.
+    Both plain tensors: torch.equal."""
 
 def exp2_(*args, **kwargs):
     """``exp2_`` leaf-wise over trees (DI-treetensor's fallback to torch): torch.exp2_ on every leaf; without a tree argument, the function itself."""
@@ -685,7 +690,9 @@ def round_(*args, **kwargs):
 def save(obj, f):
     """Writes ``obj`` as ``torch.save(obj, f)`` does (the zip format; ``torch.load`` with
     ``weights_only=True`` reads it back) through treetensor's C++ writer: atomic for a path (a
-    reader sees the old file or the new one), tensors sharing a storage written once.
+    reader sees the old file or the new one; a symlink's file is replaced so, the link kept),
+    written in place as torch.save does for a FIFO, a device (``/dev/null``) or a file with
+    other hard links; tensors sharing a storage written once.
 
     ``obj``: a ``Tensor`` tree (written as nested dicts, sorted keys), a ``treetensor.common.Object``
     (its dict), or dicts (str or int keys, in their order), OrderedDicts, lists, tuples and sets
