@@ -830,6 +830,15 @@ released while leaf work runs.)");
     return wrap(TreeTensor(map_py(self, f, "index")));
   });
   auto set_child = [](PyTree& self, const std::string& key, py::handle value) {
+    // The node itself given back (`t.b += 1` is `t.b = t.b.__iadd__(1)`, also `t.b = t.b`):
+    // nothing changes, and its views stay views of `t`.
+    if (is_tree(value)) {
+      const PyTree& v = as_tree(value);
+      if (v.root == self.root && v.path.size() == self.path.size() + 1 &&
+          v.path[self.path.size()] == key &&
+          std::equal(self.path.begin(), self.path.end(), v.path.begin()))
+        return;
+    }
     // Converted first: torch.as_tensor may run Python code, and so let another thread start a
     // call on this tree, which the change must then see (node_mut).
     TensorTree sub(to_tree(value, self.path / key));
@@ -870,8 +879,10 @@ released while leaf work runs.)");
       try {
         wrap_tensor(*flat.leaves[i])[k] = v;
       } catch (py::error_already_set& e) {
-        std::string assigned;
-        for (std::size_t j = 0; j < i; ++j) assigned += (j ? ", '" : " '") + paths[j].str() + "'";
+        std::string assigned;  // the first 8 paths
+        for (std::size_t j = 0; j < std::min<std::size_t>(i, 8); ++j)
+          assigned += (j ? ", '" : " '") + paths[j].str() + "'";
+        if (i > 8) assigned += ", ...";
         reraise(e.value(), "__setitem__ at leaf '" + paths[i].describe() +
                                "': " + py::str(e.value()).cast<std::string>() + " (assigned " +
                                std::to_string(i) + " of " + std::to_string(paths.size()) +

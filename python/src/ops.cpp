@@ -379,9 +379,11 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   cls.def(
       "clamp",
       [](py::object self, py::handle min, py::handle max) {
-        // Numbers here; a tensor or tree bound is torch's per leaf (DI-treetensor's method).
+        // Numbers here; a tensor bound (0-d too: its gradient, no .item()) or a tree bound is
+        // torch's per leaf (DI-treetensor's method).
         std::optional<Number> lo, hi;
         try {
+          if (is_tensor(min) || is_tensor(max)) throw py::cast_error();
           lo = min.cast<std::optional<Number>>(), hi = max.cast<std::optional<Number>>();
         } catch (const py::cast_error&) {
           py::kwargs bounds;

@@ -386,7 +386,9 @@ CASES = [
     ("clamp-method-tensor", "ttorch.tensor({'a': [1., 2., 3.], 'b': {'x': [0., 5.]}})"
      ".clamp(torch.tensor(2.))", None),
     ("clamp-method-tensor-min", "ttorch.tensor({'a': [1., 2., 3.], 'b': {'x': [0., 5.]}})"
-     ".clamp(min=torch.tensor(1.5), max=4)", None),
+     ".clamp(min=torch.tensor([1.5]), max=4)", None),
+    ("clamp-method-tree-bound", "ttorch.tensor({'a': [1., 2., 3.], 'b': {'x': [0., 5.]}})"
+     ".clamp(max=tc.Object({'a': 2., 'b': {'x': 1.}}))", None),
     # equal broadcasts a tensor, or a leaf facing a subtree, into every leaf (func_treelize)
     ("equal-tensor", "ttorch.equal(ttorch.tensor({'a': [1., 2.], 'b': {'x': [1., 2.]}}), "
      "torch.tensor([1., 2.]))", None),
@@ -406,6 +408,8 @@ CASES = [
      "(ttorch.tensor({'x': {'c': [1.]}, 'y': {'c': [2.]}}))", None),
     ("Tensor-view-kept-after-delattr", "(lambda t: (lambda y, c: (t.__delattr__('y'), y, c, t)[1:])"
      "(t.y, t.y.z))(ttorch.tensor({'x': [1.], 'y': {'z': {'c': [2.]}}}))", None),
+    ("Tensor-view-follows-after-iadd", "(lambda t: (lambda v: (t.__setattr__('b', t.b.__iadd__(1)), "
+     "v.__setattr__('y', torch.zeros(1)), t)[2])(t.b))(ttorch.tensor({'b': {'x': [1.]}}))", None),
     ("Tensor-view-follows-deeper-change", "(lambda t: (lambda y: (t.y.__setattr__('n', torch.ones(1)), "
      "y)[1])(t.y))(ttorch.tensor({'y': {'c': [2.]}}))", None),
     ("Object-setitem", "(lambda o: (o.__setitem__('z', 5), o.__delitem__('a'), o)[2])(tc.Object({'a': 1}))", None),

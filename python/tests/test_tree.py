@@ -422,3 +422,26 @@ def test_tree_flatten_spec_follows_every_change_of_keys():
     assert torch.equal(ttorch.tree_unflatten(spec4, leaves4).b.y, torch.ones(2))
     sub_leaves, sub_spec = ttorch.tree_flatten(t.b)
     assert sub_spec.paths() == [("x",), ("y",)] and sub_leaves[1] is t.b.y
+
+
+def test_a_view_keeps_its_node_and_follows_the_tree_until_its_key_changes():
+    """Views detach when their key (or one above) is replaced or deleted; the node itself
+    given back (``t.b += 1``, ``t.b = t.b``, ``t.update(t)``) changes nothing."""
+    t = ttorch.Tensor({"b": {"x": torch.ones(2), "s": {"z": torch.zeros(1)}}, "c": torch.ones(1)})
+    v, deep = t.b, t.b.s
+    t.b += 1
+    t.b = t.b
+    t.update(t)
+    v.y = torch.zeros(1)
+    deep.w = torch.ones(1)
+    assert "y" in t.b and "w" in t.b.s and torch.equal(t.b.x, torch.full((2,), 2.0))
+    t.b = {"q": torch.ones(3)}  # replaced: v and deep keep the old node, together
+    assert v.keys() == ["s", "x", "y"] and t.b.keys() == ["q"] and v.s.keys() == ["w", "z"]
+    deep.k = torch.ones(1)
+    assert "k" in v.s and "k" not in t.b  # one root for both views
+    x = t.b
+    del t["b"]
+    assert x.keys() == ["q"] and "b" not in t
+    t.b = x  # copied in: keys added through x later stay out of t
+    x.new = torch.ones(1)
+    assert "new" not in t.b
