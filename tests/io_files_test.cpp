@@ -165,6 +165,26 @@ TEST(IoSave, ASymlinkKeepsItsLinkAndAFifoOrHardLinkIsWrittenInPlace) {
   fs::remove_all(dir);
 }
 
+TEST(IoSave, AFifoWhoseReaderLeavesIsAnErrorNotASigpipe) {
+  // The default SIGPIPE action kills this process: the save must hold it back.
+  const auto dir = scratch("fifo-closed");
+  const std::string fifo = (dir / "pipe").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto reader = std::async(std::launch::async, [&] {
+    const int fd = ::open(fifo.c_str(), O_RDONLY);
+    char c;
+    const bool got = fd >= 0 && ::read(fd, &c, 1) == 1;  // the writer is in; then it is gone
+    if (fd >= 0) ::close(fd);
+    return got;
+  });
+  EXPECT_THROW(io::save(fifo, filled(1, 1 << 20)), io::IoError) << "4 MiB into a closed pipe";
+  EXPECT_TRUE(reader.get());
+  sigset_t pending;
+  sigpending(&pending);
+  EXPECT_EQ(sigismember(&pending, SIGPIPE), 0) << "no SIGPIPE left pending on this thread";
+  fs::remove_all(dir);
+}
+
 TEST(IoError, MessagesAreValidUtf8WithOtherBytesEscaped) {
   const io::IoError e("y\xff.pt", 7, "global 'caf\xc3\xa9\xa3' is not allowed");
   EXPECT_STREQ(e.what(), "y\\xff.pt: at byte 7: global 'caf\xc3\xa9\\xa3' is not allowed");

@@ -1,6 +1,8 @@
 #include "io/bytes.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -229,10 +231,42 @@ void sync_folder_of(const std::string& path) {
 }  // namespace
 
 namespace {
+// SIGPIPE held back on this thread while it lives: a FIFO whose reader went away makes a write
+// fail with EPIPE (an IoError) instead of killing the process (Python ignores SIGPIPE; a C++
+// program may not). A SIGPIPE raised meanwhile is taken off the thread before it is unblocked.
+class NoSigpipe {
+ public:
+  NoSigpipe() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~NoSigpipe() {
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      const timespec now{0, 0};
+      sigtimedwait(&pipe_, nullptr, &now);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  NoSigpipe(const NoSigpipe&) = delete;
+  NoSigpipe& operator=(const NoSigpipe&) = delete;
+
+ private:
+  sigset_t pipe_{}, old_{};
+  bool was_pending_ = false;
+};
+
 // What torch.save's open(path, "wb") does, for a target a rename must not replace (a device,
-// a FIFO, a hard-linked file): truncate and write through the existing entry; fsync only a
-// regular file (a FIFO or device refuses it).
+// a FIFO, a hard-linked file, a symlink to one) or cannot (a folder this user may not create a
+// file in): truncate and write through the existing entry; fsync only a regular file (a FIFO
+// or device refuses it). Not atomic.
 void write_in_place(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  const NoSigpipe no_sigpipe;
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   std::FILE* f = fd < 0 ? nullptr : ::fdopen(fd, "wb");
   if (!f) {
@@ -250,26 +284,36 @@ void write_in_place(const std::string& path, const std::function<void(std::FILE*
   struct stat st {};
   bool ok = std::fflush(f) == 0 && !std::ferror(f) && ::fstat(fd, &st) == 0 &&
             (!S_ISREG(st.st_mode) || ::fsync(fd) == 0);
-  const int err = errno;
-  ok = std::fclose(f) == 0 && ok;
+  int err = errno;
+  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
   if (!ok) throw IoError(path, std::nullopt, std::string("cannot write: ") + std::strerror(err));
 }
 
-// Where replace_file writes: `path`, or for a symlink the regular file it leads to (so the link
-// stays a link, as torch.save's open follows it); empty when a rename would lose what the
-// entry is: a device, a FIFO, a socket, a file with other hard links, a dangling symlink.
+// The regular file a symlink leads to, resolved by the kernel's own walk (open O_PATH: its
+// protected_symlinks check applies, as to torch.save's open), or empty: a link to anything
+// else, a dangling link, a file with other hard links, a link the walk refuses.
+std::string link_target(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (fd < 0) return {};
+  struct stat st {};
+  std::string resolved(4096, '\0');
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1
+                        ? ::readlink(proc.c_str(), resolved.data(), resolved.size())
+                        : -1;
+  ::close(fd);
+  if (n <= 0 || static_cast<std::size_t>(n) >= resolved.size()) return {};
+  resolved.resize(static_cast<std::size_t>(n));
+  return resolved;
+}
+
+// Where replace_file renames to: `path`, or a symlink's regular file (the link stays a link);
+// empty when a rename would change what the entry is (a device, a FIFO, a socket, a file with
+// other hard links, a symlink to none of a regular file), which is then written in place.
 std::string rename_target(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return path;  // a new file (or an error the write names)
-  if (S_ISLNK(st.st_mode)) {
-    char* real = ::realpath(path.c_str(), nullptr);
-    if (real == nullptr) return {};
-    const std::string resolved(real);
-    std::free(real);
-    return ::stat(resolved.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1
-               ? resolved
-               : std::string();
-  }
+  if (S_ISLNK(st.st_mode)) return link_target(path);
   return S_ISREG(st.st_mode) && st.st_nlink == 1 ? path : std::string();
 }
 }  // namespace
@@ -279,8 +323,11 @@ void replace_file(const std::string& target, const std::function<void(std::FILE*
   if (path.empty()) return write_in_place(target, write);
   std::string tmp;
   const int fd = create_temporary(path, tmp);
+  if (fd < 0 &&
+      (errno == EACCES || errno == EPERM))  // a folder closed to new files: torch.save's way
+    return write_in_place(target, write);
   if (fd < 0)
-    throw IoError(path, std::nullopt,
+    throw IoError(target, std::nullopt,
                   std::string("cannot create a temporary file beside it: ") + std::strerror(errno));
   bool ok = false;
   try {
@@ -292,7 +339,7 @@ void replace_file(const std::string& target, const std::function<void(std::FILE*
   if (!ok) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    throw IoError(path, std::nullopt, std::string("cannot write: ") + std::strerror(err));
+    throw IoError(target, std::nullopt, std::string("cannot write: ") + std::strerror(err));
   }
   sync_folder_of(path);
 }

@@ -82,13 +82,16 @@ Input map_file(const std::string& path, const LoadOptions& options);
 /// a power loss). An existing `path` keeps its permission bits;
 /// a new one gets 0666 & ~umask, as fopen would give it. Readers see the old file or the new
 /// one, never a part; concurrent writers each replace the whole file. On any failure the
-/// temporary file is removed and `path` is left as it was. A symlink to a regular file: its
-/// target is replaced so (the link stays). A path a rename would change the kind of (a device
-/// such as /dev/null, a FIFO, a file with other hard links, a dangling symlink) is written in
-/// place instead, truncated as torch.save's open(path, "wb") does: not atomic.
-/// @throws IoError naming `path` when the temporary file cannot be created, written, synced or
-///         renamed, or the in-place target cannot be opened or written (and whatever `write`
-///         throws, after the clean-up).
+/// temporary file is removed and `path` is left as it was. A symlink to a regular file (as the
+/// kernel's walk resolves it, protected_symlinks included): that file is replaced so, the link
+/// stays. Where a rename would change what the entry is (a device such as /dev/null, a FIFO, a
+/// file with other hard links, a symlink to none of a regular file) or no file can be created
+/// beside it (EACCES, EPERM), `path` is written in place instead, truncated, as torch.save's
+/// open(path, "wb") does: not atomic (a failure leaves a part; concurrent writers interleave),
+/// with SIGPIPE held back on the calling thread (a FIFO's reader gone is an EPIPE IoError).
+/// @throws IoError naming `path` as given when the temporary file cannot be created, written,
+///         synced or renamed, or the in-place target cannot be opened or written (and whatever
+///         `write` throws, after the clean-up).
 void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write);
 
 /// A forward cursor over an Input: every read is bounds-checked.

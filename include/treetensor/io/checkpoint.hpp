@@ -30,14 +30,16 @@
 // there for what that allows; with map_location meta no data is read at all (the structure
 // alone, for files larger than memory). The file must not change while load() runs.
 //
-// Saving: atomic. The archive goes to a new temporary file beside the target (a random name
-// created O_EXCL|O_NOFOLLOW: a symlink planted there is not followed), is fsynced and renamed
-// over the target, which keeps its permission bits (a new file gets 0666 & ~umask). A reader
-// sees the old file or the new one; of two concurrent saves to one path, one whole file wins.
-// On any failure (a full disk, too) save() throws IoError, removes its temporary file and
-// leaves the target as it was. A symlink's regular target is replaced so (the link stays); a
-// target a rename would change the kind of (a device such as /dev/null, a FIFO, a file with
-// other hard links) is written in place, truncated, as torch.save does: not atomic.
+// Saving: atomic for a regular file (or a new path). The archive goes to a new temporary file
+// beside the target (a random name created O_EXCL|O_NOFOLLOW: a symlink planted there is not
+// followed), is fsynced and renamed over the target, which keeps its permission bits (a new
+// file gets 0666 & ~umask). A reader sees the old file or the new one; of two concurrent saves
+// to one path, one whole file wins. On any failure (a full disk, too) save() throws IoError,
+// removes its temporary file and leaves the target as it was. A symlink's regular file is
+// replaced so (the link stays). A target a rename would change (a device such as /dev/null, a
+// FIFO, a file with other hard links), or one in a folder where no file can be created, is
+// written in place, truncated, as torch.save writes it: not atomic (a failure leaves a part),
+// and a FIFO whose reader is gone is an IoError (SIGPIPE is held back), never a death.
 //
 // Thread safety: calls on different files may run concurrently.
 
