@@ -733,8 +733,8 @@ def _all_leaves(cpp, fn, name, input, other, *args):
     try:
         d = _leafwise.call(lambda x, y: fn(x, y, *args), (_tree_arg(input), _tree_arg(other)),
                            {}, name)[0]
-    except ValueError as e:  # different keys (a leaf's own error keeps its type)
-        if "has keys" not in str(e):
+    except ValueError as e:  # different keys; a leaf's own error (its path after the op) stays
+        if not str(e).startswith(f"treetensor: {name}: the trees differ at "):
             raise
         return False
     return _builtins.all(_leafwise._leaves(d))
