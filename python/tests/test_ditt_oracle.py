@@ -413,6 +413,9 @@ CASES = [
     ("Tensor-view-follows-deeper-change", "(lambda t: (lambda y: (t.y.__setattr__('n', torch.ones(1)), "
      "y)[1])(t.y))(ttorch.tensor({'y': {'c': [2.]}}))", None),
     ("Object-setitem", "(lambda o: (o.__setitem__('z', 5), o.__delitem__('a'), o)[2])(tc.Object({'a': 1}))", None),
+    ("Object-setitem-index", "(lambda o: (o.__setitem__(0, 5), o)[1])(tc.Object({'a': [1, 2], "
+     "'b': {'x': [3]}}))", None),
+    ("Object-setitem-slice", "(lambda o: (o.__setitem__(slice(0, 1), [7]), o)[1])(tc.Object({'a': [1, 2]}))", None),
     # bad input: the exception's type
     ("error-sigmoid-str", "ttorch.sigmoid('x')", None),
     ("error-argmax-dim", "T('t').argmax(7)", None),

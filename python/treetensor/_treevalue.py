@@ -336,7 +336,20 @@ def update(self, other=(), **kwargs):
         self[k] = v
 
 
+def _is_key(d, key):
+    """Whether ``o[key] = v`` sets a key of dict ``d`` (as ``o[key]`` reads one): a str, a key it
+    has, any key of an empty Object, an int where it has int keys (an optimizer's state)."""
+    try:
+        return isinstance(key, str) or key in d or not d or (
+            isinstance(key, int) and any(isinstance(k, int) for k in d))
+    except TypeError:  # unhashable: a slice (Python < 3.12), a list
+        return False
+
+
 def _setitem(self, key, value):
+    if not _is_key(self._d, key):  # an index: every leaf's leaf[key] = value (DI-treetensor)
+        _leafwise.call(_operator.setitem, (self, key, value), {}, "setitem")
+        return
     # a tree given as a value is a subtree, as in the constructor (Object's common._with_subtrees)
     if _is_tree(value):
         value = _as_dict(value)
