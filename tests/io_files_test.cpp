@@ -189,6 +189,13 @@ TEST(IoError, MessagesAreValidUtf8WithOtherBytesEscaped) {
   const io::IoError e("y\xff.pt", 7, "global 'caf\xc3\xa9\xa3' is not allowed");
   EXPECT_STREQ(e.what(), "y\\xff.pt: at byte 7: global 'caf\xc3\xa9\\xa3' is not allowed");
   EXPECT_EQ(e.file(), "y\xff.pt") << "the path as given";
+  const std::string nul("a\0b", 3);
+  try {
+    io::save(nul, filled(1, 4));
+    ADD_FAILURE() << "a path with a NUL byte was written";
+  } catch (const io::IoError& e) {
+    EXPECT_STREQ(e.what(), "a\\x00b: the path holds a NUL byte");
+  }
 }
 
 TEST(IoSave, TwoThreadsSavingOnePathEachLeaveOneWholeTree) {

@@ -524,20 +524,21 @@ void bind_ops(py::module_& m, py::class_<PyTree>& cls) {
   });
 
   // ---- shape ---------------------------------------------------------------------------------
-  // One shape for every leaf here; a tree of shapes (`t.reshape(u.shape)`, an Object) or a
-  // dtype (`t.view(torch.int32)`) is torch's per leaf (DI-treetensor's).
+  // One shape for every leaf here; a tree of shapes (`t.reshape(u.shape)`, an Object), a
+  // dtype (`t.view(torch.int32)`) or keywords (`view(dtype=...)`) are torch's per leaf
+  // (DI-treetensor's).
   auto one_shape = [](const py::args& shape) {
     const PyObject* a = shape.size() == 1 ? shape[0].ptr() : nullptr;
     return a == nullptr || PyLong_Check(a) || PyTuple_Check(a) || PyList_Check(a);
   };
-  cls.def("reshape", [one_shape](py::object self, py::args shape) {
-    if (!one_shape(shape)) return torch_leafwise(self, "reshape", shape);
+  cls.def("reshape", [one_shape](py::object self, py::args shape, py::kwargs kw) {
+    if (!kw.empty() || !one_shape(shape)) return torch_leafwise(self, "reshape", shape, kw);
     const auto sh = shape_args(shape);
     const TensorTree& n = as_tree(self).operand();
     return wrap(nogil([&] { return treetensor::reshape(n, sh); }));
   });
-  cls.def("view", [one_shape](py::object self, py::args shape) {
-    if (!one_shape(shape)) return torch_leafwise(self, "view", shape);
+  cls.def("view", [one_shape](py::object self, py::args shape, py::kwargs kw) {
+    if (!kw.empty() || !one_shape(shape)) return torch_leafwise(self, "view", shape, kw);
     const auto sh = shape_args(shape);
     const TensorTree& n = as_tree(self).operand();
     return wrap(nogil([&] { return treetensor::view(n, sh); }));

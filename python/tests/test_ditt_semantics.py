@@ -816,3 +816,11 @@ def test_equal_and_allclose_broadcast_a_tensor_and_a_leaf_facing_a_subtree():
         assert f(t, ttorch.Tensor({"a": torch.tensor([1., 2.])})) is False  # other keys
     assert ttorch.equal(torch.tensor([1., 2.]), t) is True
     assert ttorch.allclose(t, t + 1e-6) is True and ttorch.equal(t, t + 1e-6) is False
+
+
+def test_reshape_and_view_keywords_are_torchs_per_leaf():
+    t = ttorch.Tensor({"a": torch.arange(6.0), "b": {"x": torch.arange(4.0)}})
+    v = t.view(dtype=torch.int32)
+    assert torch.equal(v.a, torch.arange(6.0).view(torch.int32)) and v.b.x.dtype == torch.int32
+    r = t.reshape(shape=(2, -1))
+    assert r.a.shape == (2, 3) and r.b.x.shape == (2, 2)

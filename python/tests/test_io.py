@@ -484,3 +484,13 @@ def test_paths_and_file_strings_that_are_not_utf8(tmp_path):
     bad.write_bytes(b.getvalue().replace(b"collections", b"collecti\xa3ns", 1))
     with pytest.raises(RuntimeError, match=r"bad\.pt: at byte \d+: global 'collecti\\xa3ns\.OrderedDict' is not allowed"):
         ttorch.load(bad)
+
+
+def test_a_path_with_a_nul_byte_is_a_value_error(tmp_path):
+    """As open() and torch.load: the system would take the name before the NUL."""
+    for f in (str(tmp_path / "a\x00b"), os.fsencode(tmp_path / "a\x00b")):
+        with pytest.raises(ValueError, match="embedded null byte"):
+            ttorch.save({"a": torch.ones(1)}, f)
+        with pytest.raises(ValueError, match="embedded null byte"):
+            ttorch.load(f)
+    assert not (tmp_path / "a").exists()

@@ -1067,7 +1067,10 @@ def _file_arg(f, mode):
     # torch.save accept both).
     import os
     if isinstance(f, (str, bytes, os.PathLike)):
-        return os.fsdecode(f)
+        path = os.fsdecode(f)
+        if "\x00" in path:
+            raise ValueError("embedded null byte")  # as open() and torch.load raise it
+        return path
     if hasattr(f, "read" if mode == "r" else "write"):
         return None
     raise TypeError(f"treetensor.torch.{'load' if mode == 'r' else 'save'}: f must be a path or "

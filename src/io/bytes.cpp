@@ -19,11 +19,12 @@ namespace treetensor::io {
 
 namespace {
 // The length of the well-formed UTF-8 sequence at s[i] (Python's strict decoder's rules: no
-// overlong forms, no surrogates, nothing above U+10FFFF), 0 when there is none.
+// overlong forms, no surrogates, nothing above U+10FFFF), 0 when there is none or it is NUL.
 std::size_t utf8_sequence(std::string_view s, std::size_t i) {
   const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
   const unsigned char c = byte(0);
-  const std::size_t n = c < 0x80                 ? 1
+  const std::size_t n = c == 0                   ? 0  // valid, but a C string ends there
+                        : c < 0x80               ? 1
                         : c >= 0xC2 && c <= 0xDF ? 2
                         : c >= 0xE0 && c <= 0xEF ? 3
                         : c >= 0xF0 && c <= 0xF4 ? 4
@@ -319,6 +320,8 @@ std::string rename_target(const std::string& path) {
 }  // namespace
 
 void replace_file(const std::string& target, const std::function<void(std::FILE*)>& write) {
+  if (target.find('\0') != std::string::npos)  // the system would write to the name before it
+    throw IoError(target, std::nullopt, "the path holds a NUL byte");
   const std::string path = rename_target(target);
   if (path.empty()) return write_in_place(target, write);
   std::string tmp;

@@ -89,7 +89,8 @@ Input map_file(const std::string& path, const LoadOptions& options);
 /// beside it (EACCES, EPERM), `path` is written in place instead, truncated, as torch.save's
 /// open(path, "wb") does: not atomic (a failure leaves a part; concurrent writers interleave),
 /// with SIGPIPE held back on the calling thread (a FIFO's reader gone is an EPIPE IoError).
-/// @throws IoError naming `path` as given when the temporary file cannot be created, written,
+/// @throws IoError naming `path` as given when it holds a NUL byte, the temporary file cannot be
+/// created, written,
 ///         synced or renamed, or the in-place target cannot be opened or written (and whatever
 ///         `write` throws, after the clean-up).
 void replace_file(const std::string& path, const std::function<void(std::FILE*)>& write);

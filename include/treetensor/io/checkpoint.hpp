@@ -56,8 +56,8 @@ namespace treetensor::io {
 
 /// A file that cannot be read or written: names the file, the byte offset (when one applies)
 /// and what was expected. Message: "<file>: at byte <offset>: <what>" or "<file>: <what>",
-/// valid UTF-8 (bytes of the path or of the file's strings that are not are written \xNN, as
-/// Python's backslashreplace); file() is the path as given.
+/// valid UTF-8 without NUL (bytes of the path or of the file's strings that are not UTF-8, and NUL,
+/// are written \xNN, as Python's backslashreplace); file() is the path as given.
 class IoError : public std::runtime_error {
  public:
   IoError(std::string file, std::optional<std::uint64_t> offset, const std::string& what);
